@@ -1,0 +1,547 @@
+"""A Flax (linen) T5 encoder-decoder: v1.0 and v1.1, with a key/value cache for incremental decoding.
+
+Numerics follow the T5 reference (and so HF `T5ForConditionalGeneration`, which parity tests check):
+
+* RMS layer norm without mean subtraction or bias, computed in float32;
+* attention logits are *not* scaled by 1/sqrt(d_kv) (the scale is folded into the initialisation);
+* one relative-position bias table per stack (bidirectional buckets in the encoder, causal ones in the
+  decoder), owned by the stack and added in every layer; cross-attention has no position bias;
+* v1.0: ReLU FFN, logits through the shared embedding with the d_model**-0.5 output scaling;
+  v1.1: gated-GELU (tanh approximation) FFN, a separate `lm_head`, no output scaling.
+
+Dimension letters used in array names (the project-wide list is in WORKSPACE.md):
+B batch, L encoder length, T decoder length, S decoder cache length, D d_model, H heads, Q d_kv (per-head
+dim), F d_ff, V vocabulary.
+
+Parameters carry logical axis names (`nn.with_logical_partitioning`); `param_axes(config)` returns them as a
+tree of `PartitionSpec`s of logical names, which `training/partitioning.py` maps onto a mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from typing import Any, Callable, Optional
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+PAD_ID = 0  # T5: padding, also the decoder start token
+EOS_ID = 1
+UNK_ID = 2
+
+_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "relu": jax.nn.relu,
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+}
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    """Hyper-parameters of a T5 network; field names follow HF's `T5Config` where one exists."""
+
+    vocab_size: int = 32128
+    d_model: int = 512
+    d_kv: int = 64
+    d_ff: int = 2048
+    num_layers: int = 6
+    num_decoder_layers: int = 6
+    num_heads: int = 8
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    dropout_rate: float = 0.1
+    layer_norm_epsilon: float = 1e-6
+    # "relu" (v1.0), "gated-gelu" (v1.1), or "[gated-]<act>" with <act> in _ACTIVATIONS.
+    feed_forward_proj: str = "relu"
+    # Logits through the shared input embedding (v1.0) or through a separate lm_head (v1.1).
+    tie_word_embeddings: bool = True
+    # Multiply decoder outputs by d_model**-0.5 before the output projection (v1.0).
+    scale_decoder_outputs: bool = True
+    # Compute dtype ("float32" or "bfloat16"); parameters are kept in float32.
+    dtype: str = "float32"
+    pad_token_id: int = PAD_ID
+    eos_token_id: int = EOS_ID
+    decoder_start_token_id: int = PAD_ID
+
+    def __post_init__(self):
+        self.activation  # validates feed_forward_proj
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"T5Config.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        for name in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def is_gated(self) -> bool:
+        return self.feed_forward_proj.startswith("gated-")
+
+    @property
+    def activation(self) -> Callable[[Array], Array]:
+        name = self.feed_forward_proj.split("-", 1)[1] if self.is_gated else self.feed_forward_proj
+        if name == "gelu" and self.is_gated:
+            name = "gelu_new"  # T5 v1.1 uses the tanh approximation (as HF maps "gated-gelu")
+        if name not in _ACTIVATIONS:
+            raise ValueError(
+                f"T5Config.feed_forward_proj={self.feed_forward_proj!r}: unknown activation {name!r}; "
+                f"expected '[gated-]<act>' with <act> in {sorted(_ACTIVATIONS)}"
+            )
+        return _ACTIVATIONS[name]
+
+    @property
+    def compute_dtype(self):
+        return _DTYPES[self.dtype]
+
+    def replace(self, **changes) -> "T5Config":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "T5Config":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown T5Config fields: {unknown}")
+        return cls(**d)
+
+
+def _v1_0(d_model, d_ff, heads, layers, **kw) -> T5Config:
+    return T5Config(d_model=d_model, d_ff=d_ff, num_heads=heads, num_layers=layers,
+                    num_decoder_layers=layers, **kw)
+
+
+def _v1_1(d_model, d_ff, heads, layers, **kw) -> T5Config:
+    return T5Config(d_model=d_model, d_ff=d_ff, num_heads=heads, num_layers=layers, num_decoder_layers=layers,
+                    feed_forward_proj="gated-gelu", tie_word_embeddings=False, scale_decoder_outputs=False, **kw)
+
+
+# Named sizes. "tiny" is for tests and CPU benchmarks (d_model 64, 2+2 layers, V = 512).
+CONFIGS: dict[str, T5Config] = {
+    "tiny": _v1_0(64, 256, 4, 2, d_kv=16, vocab_size=512),
+    "t5_small": _v1_0(512, 2048, 8, 6),
+    "t5_base": _v1_0(768, 3072, 12, 12),
+    "t5_large": _v1_0(1024, 4096, 16, 24),
+    "t5_1_1_tiny": _v1_1(64, 128, 4, 2, d_kv=16, vocab_size=512),
+    "t5_1_1_small": _v1_1(512, 1024, 6, 8),
+    "t5_1_1_base": _v1_1(768, 2048, 12, 12),
+    "t5_1_1_large": _v1_1(1024, 2816, 16, 24),
+    "t5_1_1_xl": _v1_1(2048, 5120, 32, 24),
+    "t5_1_1_xxl": _v1_1(4096, 10240, 64, 24),
+}
+
+
+def get_config(name: str, **overrides) -> T5Config:
+    if name not in CONFIGS:
+        raise ValueError(f"unknown T5 config {name!r}; known: {sorted(CONFIGS)}")
+    return CONFIGS[name].replace(**overrides)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Building blocks
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _normal(std: float):
+    return nn.initializers.normal(stddev=std)
+
+
+def relative_position_bucket(relative_position: Array, bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> Array:
+    """Maps (memory position - query position) to a bucket id, as the T5 reference does."""
+    buckets = jnp.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative_position > 0).astype(relative_position.dtype) * num_buckets
+        distance = jnp.abs(relative_position)
+    else:
+        distance = -jnp.minimum(relative_position, 0)
+    max_exact = num_buckets // 2
+    is_small = distance < max_exact
+    # log-spaced buckets beyond max_exact; float32 then truncation toward zero, as the reference.
+    safe = jnp.maximum(distance, 1).astype(jnp.float32)
+    large = max_exact + (
+        jnp.log(safe / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).astype(relative_position.dtype)
+    large = jnp.minimum(large, num_buckets - 1)
+    return buckets + jnp.where(is_small, distance, large)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                           (x.shape[-1],), jnp.float32)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+        return (y * scale).astype(self.dtype)
+
+
+class Dense(nn.Module):
+    """A bias-free projection with a kernel of shape [in, out] and logical axis names."""
+
+    features: int
+    axes: tuple[str, str]
+    std: float
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        kernel = self.param("kernel", nn.with_logical_partitioning(_normal(self.std), self.axes),
+                            (x.shape[-1], self.features), jnp.float32)
+        return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+class RelativePositionBias(nn.Module):
+    num_buckets: int
+    max_distance: int
+    num_heads: int
+    bidirectional: bool
+    std: float
+
+    @nn.compact
+    def __call__(self, query_positions: Array, key_positions: Array) -> Array:
+        """Returns the bias of shape [1, H, Tq, Tk] for the given absolute positions."""
+        table = self.param("rel_embedding", nn.with_logical_partitioning(_normal(self.std), ("relpos_buckets", "heads")),
+                           (self.num_buckets, self.num_heads), jnp.float32)
+        rel = key_positions[None, :] - query_positions[:, None]
+        buckets = relative_position_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
+        bias_TxTxH = jnp.take(table, buckets, axis=0)
+        return jnp.transpose(bias_TxTxH, (2, 0, 1))[None]
+
+
+def _attend(q_BxTxHxQ: Array, k_BxSxHxQ: Array, v_BxSxHxQ: Array, bias: Optional[Array], mask: Array,
+            dropout: Callable[[Array], Array], dtype) -> Array:
+    """Softmax attention in float32. `mask` broadcasts to [B, H, T, S] (True = may attend)."""
+    scores = jnp.einsum("bthq,bshq->bhts", q_BxTxHxQ, k_BxSxHxQ, preferred_element_type=jnp.float32)
+    if bias is not None:
+        scores = scores + bias.astype(jnp.float32)
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = dropout(jax.nn.softmax(scores, axis=-1)).astype(dtype)
+    return jnp.einsum("bhts,bshq->bthq", probs, v_BxSxHxQ)
+
+
+class Attention(nn.Module):
+    """Multi-head attention: q/k/v/o projections of T5 (no biases, no 1/sqrt(d) scaling)."""
+
+    config: T5Config
+
+    def setup(self):
+        c = self.config
+        inner = c.num_heads * c.d_kv
+        dt = c.compute_dtype
+        self.q = Dense(inner, ("embed", "joined_kv"), (c.d_model * c.d_kv) ** -0.5, dt)
+        self.k = Dense(inner, ("embed", "joined_kv"), c.d_model ** -0.5, dt)
+        self.v = Dense(inner, ("embed", "joined_kv"), c.d_model ** -0.5, dt)
+        self.o = Dense(c.d_model, ("joined_kv", "embed"), inner ** -0.5, dt)
+        self.dropout = nn.Dropout(c.dropout_rate)
+
+    def _heads(self, x: Array) -> Array:
+        return x.reshape(*x.shape[:-1], self.config.num_heads, self.config.d_kv)
+
+    def project_kv(self, x_BxSxD: Array) -> tuple[Array, Array]:
+        return self._heads(self.k(x_BxSxD)), self._heads(self.v(x_BxSxD))
+
+    def __call__(self, x_BxTxD: Array, k_BxSxHxQ: Array, v_BxSxHxQ: Array, bias: Optional[Array], mask: Array,
+                 deterministic: bool) -> Array:
+        q = self._heads(self.q(x_BxTxD))
+        out = _attend(q, k_BxSxHxQ, v_BxSxHxQ, bias, mask,
+                      functools.partial(self.dropout, deterministic=deterministic), self.config.compute_dtype)
+        return self.o(out.reshape(*out.shape[:2], -1))
+
+
+class FeedForward(nn.Module):
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        c = self.config
+        dt = c.compute_dtype
+        if c.is_gated:
+            h = c.activation(Dense(c.d_ff, ("embed", "mlp"), c.d_model ** -0.5, dt, name="wi_0")(x))
+            h = h * Dense(c.d_ff, ("embed", "mlp"), c.d_model ** -0.5, dt, name="wi_1")(x)
+        else:
+            h = c.activation(Dense(c.d_ff, ("embed", "mlp"), c.d_model ** -0.5, dt, name="wi")(x))
+        h = nn.Dropout(c.dropout_rate)(h, deterministic=deterministic)
+        h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+        return Dense(c.d_model, ("mlp", "embed"), c.d_ff ** -0.5, dt, name="wo")(h)
+
+
+class EncoderLayer(nn.Module):
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, x: Array, bias: Array, mask: Array, deterministic: bool) -> Array:
+        c = self.config
+        drop = nn.Dropout(c.dropout_rate)
+        h = RMSNorm(c.layer_norm_epsilon, c.compute_dtype, name="attention_norm")(x)
+        attn = Attention(c, name="attention")
+        k, v = attn.project_kv(h)
+        x = x + drop(attn(h, k, v, bias, mask, deterministic), deterministic=deterministic)
+        h = RMSNorm(c.layer_norm_epsilon, c.compute_dtype, name="mlp_norm")(x)
+        x = x + drop(FeedForward(c, name="mlp")(h, deterministic), deterministic=deterministic)
+        return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+class DecoderLayer(nn.Module):
+    config: T5Config
+
+    def setup(self):
+        c = self.config
+        self.self_attention_norm = RMSNorm(c.layer_norm_epsilon, c.compute_dtype)
+        self.self_attention = Attention(c)
+        self.cross_attention_norm = RMSNorm(c.layer_norm_epsilon, c.compute_dtype)
+        self.cross_attention = Attention(c)
+        self.mlp_norm = RMSNorm(c.layer_norm_epsilon, c.compute_dtype)
+        self.mlp = FeedForward(c)
+        self.drop = nn.Dropout(c.dropout_rate)
+
+    def cross_kv(self, encoded_BxLxD: Array) -> tuple[Array, Array]:
+        return self.cross_attention.project_kv(encoded_BxLxD)
+
+    def __call__(self, x: Array, self_kv: Optional[tuple[Array, Array]], bias: Array, self_mask: Array,
+                 cross_kv: tuple[Array, Array], cross_mask: Array, deterministic: bool,
+                 write_index: Optional[Array] = None):
+        """One decoder layer. With `write_index`, the new keys/values are written into `self_kv` (the cache)
+        at that position and the updated cache is returned; otherwise `self_kv` is ignored."""
+        h = self.self_attention_norm(x)
+        k_new, v_new = self.self_attention.project_kv(h)
+        if write_index is None:
+            k, v = k_new, v_new
+        else:
+            k_cache, v_cache = self_kv
+            start = (0, write_index, 0, 0)
+            k = jax.lax.dynamic_update_slice(k_cache, k_new.astype(k_cache.dtype), start)
+            v = jax.lax.dynamic_update_slice(v_cache, v_new.astype(v_cache.dtype), start)
+        x = x + self.drop(self.self_attention(h, k, v, bias, self_mask, deterministic), deterministic=deterministic)
+        h = self.cross_attention_norm(x)
+        x = x + self.drop(self.cross_attention(h, *cross_kv, None, cross_mask, deterministic),
+                          deterministic=deterministic)
+        h = self.mlp_norm(x)
+        x = x + self.drop(self.mlp(h, deterministic), deterministic=deterministic)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        return x, (k, v)
+
+
+@flax.struct.dataclass
+class DecodeCache:
+    """Everything incremental decoding needs, batch axis first in every array but `index`.
+
+    self_k/self_v: per decoder layer [B, S, H, Q]; cross_k/cross_v: per layer [B, L, H, Q] (the projected
+    encoder states, computed once); encoder_mask: [B, L]; index: the next position to write (scalar).
+    """
+
+    index: Array
+    self_k: tuple[Array, ...]
+    self_v: tuple[Array, ...]
+    cross_k: tuple[Array, ...]
+    cross_v: tuple[Array, ...]
+    encoder_mask: Array
+
+    @property
+    def max_length(self) -> int:
+        return self.self_k[0].shape[1]
+
+    def _map_batch(self, fn) -> "DecodeCache":
+        batched = (self.self_k, self.self_v, self.cross_k, self.cross_v, self.encoder_mask)
+        sk, sv, ck, cv, m = jax.tree_util.tree_map(fn, batched)
+        return self.replace(self_k=sk, self_v=sv, cross_k=ck, cross_v=cv, encoder_mask=m)
+
+    def repeat(self, n: int) -> "DecodeCache":
+        """Repeats every batch row n times (row b becomes rows b*n .. b*n+n-1), e.g. for beams."""
+        return self._map_batch(lambda a: jnp.repeat(a, n, axis=0))
+
+    def gather(self, rows: Array) -> "DecodeCache":
+        """Selects batch rows (beam search's reordering after pruning)."""
+        return self._map_batch(lambda a: jnp.take(a, rows, axis=0))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Stacks and the full network
+# ----------------------------------------------------------------------------------------------------------
+
+
+class Encoder(nn.Module):
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, x_BxLxD: Array, mask_BxL: Array, deterministic: bool) -> Array:
+        c = self.config
+        L = x_BxLxD.shape[1]
+        positions = jnp.arange(L)
+        bias = RelativePositionBias(c.relative_attention_num_buckets, c.relative_attention_max_distance,
+                                    c.num_heads, bidirectional=True, std=c.d_model ** -0.5,
+                                    name="relpos_bias")(positions, positions)
+        mask = mask_BxL[:, None, None, :]
+        x = nn.Dropout(c.dropout_rate)(x_BxLxD, deterministic=deterministic)
+        for i in range(c.num_layers):
+            x = EncoderLayer(c, name=f"layers_{i}")(x, bias, mask, deterministic)
+        x = RMSNorm(c.layer_norm_epsilon, c.compute_dtype, name="final_norm")(x)
+        return nn.Dropout(c.dropout_rate)(x, deterministic=deterministic)
+
+
+class Decoder(nn.Module):
+    config: T5Config
+
+    def setup(self):
+        c = self.config
+        self.relpos_bias = RelativePositionBias(c.relative_attention_num_buckets, c.relative_attention_max_distance,
+                                                c.num_heads, bidirectional=False, std=c.d_model ** -0.5)
+        self.layers = [DecoderLayer(c) for _ in range(c.num_decoder_layers)]
+        self.final_norm = RMSNorm(c.layer_norm_epsilon, c.compute_dtype)
+        self.dropout = nn.Dropout(c.dropout_rate)
+
+    def cross_kv(self, encoded_BxLxD: Array):
+        kvs = [layer.cross_kv(encoded_BxLxD) for layer in self.layers]
+        return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
+
+    def __call__(self, x_BxTxD: Array, encoded_BxLxD: Array, encoder_mask_BxL: Array, deterministic: bool) -> Array:
+        """Teacher-forced pass over the whole decoder input (causal self-attention)."""
+        T = x_BxTxD.shape[1]
+        positions = jnp.arange(T)
+        bias = self.relpos_bias(positions, positions)
+        causal = (positions[None, :] <= positions[:, None])[None, None]
+        cross_mask = encoder_mask_BxL[:, None, None, :]
+        ck, cv = self.cross_kv(encoded_BxLxD)
+        x = self.dropout(x_BxTxD, deterministic=deterministic)
+        for i, layer in enumerate(self.layers):
+            x, _ = layer(x, None, bias, causal, (ck[i], cv[i]), cross_mask, deterministic)
+        return self.dropout(self.final_norm(x), deterministic=deterministic)
+
+    def step(self, x_Bx1xD: Array, cache: DecodeCache) -> tuple[Array, DecodeCache]:
+        """One incremental step at position cache.index; returns hidden [B, 1, D] and the updated cache."""
+        S = cache.max_length
+        index = cache.index
+        keys = jnp.arange(S)
+        bias = self.relpos_bias(index[None], keys)
+        self_mask = (keys <= index)[None, None, None, :]
+        cross_mask = cache.encoder_mask[:, None, None, :]
+        x = x_Bx1xD
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            x, (k, v) = layer(x, (cache.self_k[i], cache.self_v[i]), bias, self_mask,
+                              (cache.cross_k[i], cache.cross_v[i]), cross_mask, True, write_index=index)
+            new_k.append(k)
+            new_v.append(v)
+        x = self.final_norm(x)
+        return x, cache.replace(index=index + 1, self_k=tuple(new_k), self_v=tuple(new_v))
+
+
+class T5(nn.Module):
+    """The T5 network. Methods (call with `model.apply(params, ..., method=...)`):
+
+    `encode`, `decode` (teacher forcing → logits), `__call__` (both), `decode_hidden` and `logits`
+    (for custom docid heads), `init_cache` and `decode_step` (incremental decoding).
+    """
+
+    config: T5Config
+
+    def setup(self):
+        c = self.config
+        self.embedding = self.param("embedding", nn.with_logical_partitioning(_normal(1.0), ("vocab", "embed")),
+                                    (c.vocab_size, c.d_model), jnp.float32)
+        self.encoder = Encoder(c)
+        self.decoder = Decoder(c)
+        if not c.tie_word_embeddings:
+            self.lm_head = Dense(c.vocab_size, ("embed", "vocab"), 1.0, c.compute_dtype)
+
+    def embed(self, tokens: Array) -> Array:
+        return jnp.take(self.embedding, tokens, axis=0).astype(self.config.compute_dtype)
+
+    def encode(self, encoder_input_tokens: Array, encoder_mask: Optional[Array] = None,
+               deterministic: bool = True) -> Array:
+        if encoder_mask is None:
+            encoder_mask = encoder_input_tokens != self.config.pad_token_id
+        return self.encoder(self.embed(encoder_input_tokens), encoder_mask.astype(bool), deterministic)
+
+    def logits(self, hidden_BxTxD: Array) -> Array:
+        """Output projection in float32 (decoder hidden states → vocabulary logits)."""
+        c = self.config
+        h = hidden_BxTxD
+        if c.scale_decoder_outputs:
+            h = h * (c.d_model ** -0.5)
+        if c.tie_word_embeddings:
+            out = jnp.dot(h.astype(c.compute_dtype), self.embedding.T.astype(c.compute_dtype),
+                          preferred_element_type=jnp.float32)
+        else:
+            out = self.lm_head(h)
+        return out.astype(jnp.float32)
+
+    def decode_hidden(self, encoded: Array, encoder_mask: Array, decoder_input_tokens: Array,
+                      deterministic: bool = True) -> Array:
+        return self.decoder(self.embed(decoder_input_tokens), encoded, encoder_mask.astype(bool), deterministic)
+
+    def decode(self, encoded: Array, encoder_mask: Array, decoder_input_tokens: Array,
+               deterministic: bool = True) -> Array:
+        return self.logits(self.decode_hidden(encoded, encoder_mask, decoder_input_tokens, deterministic))
+
+    def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
+                 encoder_mask: Optional[Array] = None, deterministic: bool = True) -> Array:
+        if encoder_mask is None:
+            encoder_mask = encoder_input_tokens != self.config.pad_token_id
+        encoded = self.encode(encoder_input_tokens, encoder_mask, deterministic)
+        return self.decode(encoded, encoder_mask, decoder_input_tokens, deterministic)
+
+    def init_cache(self, encoded: Array, encoder_mask: Array, max_decode_length: int) -> DecodeCache:
+        c = self.config
+        B = encoded.shape[0]
+        ck, cv = self.decoder.cross_kv(encoded)
+        shape = (B, max_decode_length, c.num_heads, c.d_kv)
+        zeros = tuple(jnp.zeros(shape, c.compute_dtype) for _ in range(c.num_decoder_layers))
+        return DecodeCache(index=jnp.zeros((), jnp.int32), self_k=zeros, self_v=zeros, cross_k=ck, cross_v=cv,
+                           encoder_mask=encoder_mask.astype(bool))
+
+    def decode_step_hidden(self, cache: DecodeCache, tokens_B: Array) -> tuple[Array, DecodeCache]:
+        hidden, cache = self.decoder.step(self.embed(tokens_B[:, None]), cache)
+        return hidden[:, 0], cache
+
+    def decode_step(self, cache: DecodeCache, tokens_B: Array) -> tuple[Array, DecodeCache]:
+        """Feeds one token per row at position cache.index; returns logits [B, V] (float32) and the cache."""
+        hidden, cache = self.decode_step_hidden(cache, tokens_B)
+        return self.logits(hidden), cache
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------------------
+
+
+def init_params(config: T5Config, seed: int = 0, encoder_length: int = 8, decoder_length: int = 4) -> dict:
+    """Random parameters (plain arrays, logical-axis boxes removed)."""
+    model = T5(config)
+    enc = jnp.ones((1, encoder_length), jnp.int32)
+    dec = jnp.ones((1, decoder_length), jnp.int32)
+    variables = jax.jit(model.init)(jax.random.PRNGKey(seed), enc, dec)
+    return nn.unbox(variables["params"])
+
+
+def param_axes(config: T5Config) -> Any:
+    """A tree matching the params whose leaves are `PartitionSpec`s of logical axis names."""
+    model = T5(config)
+    enc = jnp.ones((1, 4), jnp.int32)
+    abstract = jax.eval_shape(model.init, jax.random.PRNGKey(0), enc, enc)
+    return nn.get_partition_spec(abstract["params"])
+
+
+def shift_right(targets: Array, start_id: int = PAD_ID) -> Array:
+    """Decoder inputs for teacher forcing: [start, t0, t1, ...]."""
+    start = jnp.full((*targets.shape[:-1], 1), start_id, targets.dtype)
+    return jnp.concatenate([start, targets[..., :-1]], axis=-1)
+
+
+def param_count(params) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))

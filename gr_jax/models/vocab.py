@@ -1,0 +1,260 @@
+"""Vocabularies: T5's SentencePiece model (or an HF tokenizer directory), and docid token spaces.
+
+Docid tokens come in two kinds (see `DocidTokenSpace`):
+
+* `"text"` — ids placed above the text vocabulary (PAG-style `<docid_N>` tokens) and shared by every docid
+  position; the model's embedding/output matrix is grown to hold them with `grow_vocab`;
+* `"codebook"` — a separate per-position codebook of L positions × V codes (NCI / RQ docids); position l,
+  code c is row `l * V + c` of a docid head's own table, so the text vocabulary is untouched.
+
+`grow_vocab` is deterministic: the new rows depend only on (seed, old size, new size), and the old rows are
+kept bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Mapping, Protocol, Sequence
+
+import jax
+import numpy as np
+
+from gr_jax.models.t5 import EOS_ID, PAD_ID, UNK_ID, T5Config
+
+log = logging.getLogger(__name__)
+
+T5_EXTRA_IDS = 100  # <extra_id_0> .. <extra_id_99> at the top of T5's text vocabulary
+
+
+class Vocabulary(Protocol):
+    pad_id: int
+    eos_id: int
+    unk_id: int
+
+    @property
+    def size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class SentencePieceVocabulary:
+    """A SentencePiece model file plus T5's sentinel ids; ids are those of T5 (pad 0, eos 1, unk 2).
+
+    `encode` does not append EOS; the data pipeline decides where sequences end.
+    """
+
+    pad_id = PAD_ID
+    eos_id = EOS_ID
+    unk_id = UNK_ID
+
+    def __init__(self, model_file: str | os.PathLike, extra_ids: int = 0):
+        import sentencepiece as spm
+
+        self.model_file = Path(model_file)
+        self.extra_ids = int(extra_ids)
+        try:
+            proto = self.model_file.read_bytes()
+        except OSError as e:
+            raise ValueError(f"{self.model_file}: cannot read SentencePiece model ({e.strerror})") from None
+        self._sp = spm.SentencePieceProcessor()
+        try:
+            self._sp.LoadFromSerializedProto(proto)
+        except Exception as e:  # sentencepiece raises RuntimeError or OSError depending on the build
+            raise ValueError(f"{self.model_file}: not a SentencePiece model ({e})") from None
+        specials = {"pad": (self._sp.pad_id(), PAD_ID), "eos": (self._sp.eos_id(), EOS_ID),
+                    "unk": (self._sp.unk_id(), UNK_ID)}
+        wrong = {k: got for k, (got, want) in specials.items() if got != want}
+        if wrong:
+            raise ValueError(f"{self.model_file}: special ids {wrong} differ from T5's pad=0 eos=1 unk=2; "
+                             f"train it with --pad_id=0 --eos_id=1 --unk_id=2 --bos_id=-1")
+
+    @property
+    def base_size(self) -> int:
+        return self._sp.GetPieceSize()
+
+    @property
+    def size(self) -> int:
+        return self.base_size + self.extra_ids
+
+    def extra_id(self, n: int) -> int:
+        """Id of `<extra_id_n>` (T5 counts them down from the top of the vocabulary)."""
+        if not 0 <= n < self.extra_ids:
+            raise ValueError(f"extra id {n} out of range (vocabulary has {self.extra_ids})")
+        return self.size - 1 - n
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._sp.EncodeAsIds(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        ids = [int(i) for i in ids]
+        if EOS_ID in ids:
+            ids = ids[: ids.index(EOS_ID)]
+        return self._sp.DecodeIds([i for i in ids if i != PAD_ID and i < self.base_size])
+
+    def id_to_piece(self, i: int) -> str:
+        if self.base_size <= i < self.size:
+            return f"<extra_id_{self.size - 1 - i}>"
+        return self._sp.IdToPiece(int(i))
+
+
+class HFTokenizerVocabulary:
+    """An HF `tokenizer.json` (fast tokenizer) when no `spiece.model` is present; needs `tokenizers`."""
+
+    pad_id = PAD_ID
+    eos_id = EOS_ID
+    unk_id = UNK_ID
+
+    def __init__(self, tokenizer_json: str | os.PathLike):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ValueError(f"{tokenizer_json}: reading tokenizer.json needs the 'tokenizers' package "
+                             f"(pip install 'gr_jax[torch]')") from None
+        try:
+            self._tok = Tokenizer.from_file(str(tokenizer_json))
+        except Exception as e:  # tokenizers raises a bare Exception on parse errors
+            raise ValueError(f"{tokenizer_json}: not a tokenizer.json ({e})") from None
+        for name, want in (("<pad>", PAD_ID), ("</s>", EOS_ID), ("<unk>", UNK_ID)):
+            got = self._tok.token_to_id(name)
+            if got != want:
+                raise ValueError(f"{tokenizer_json}: {name} has id {got}, T5 expects {want}")
+
+    @property
+    def size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return list(ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        ids = [int(i) for i in ids]
+        if EOS_ID in ids:
+            ids = ids[: ids.index(EOS_ID)]
+        return self._tok.decode([i for i in ids if i != PAD_ID], skip_special_tokens=True)
+
+
+def load_vocabulary(path: str | os.PathLike, extra_ids: int | None = None) -> Vocabulary:
+    """A `.model` SentencePiece file, or an HF tokenizer directory (spiece.model or tokenizer.json).
+
+    For a directory, the number of sentinel ids comes from `tokenizer_config.json` ("extra_ids"), else 100
+    as in T5's released tokenizers, unless `extra_ids` is given.
+    """
+    p = Path(path)
+    if p.is_file():
+        return SentencePieceVocabulary(p, extra_ids or 0)
+    if not p.is_dir():
+        raise ValueError(f"{p}: no such vocabulary file or tokenizer directory")
+    if extra_ids is None:
+        extra_ids = T5_EXTRA_IDS
+        cfg_path = p / "tokenizer_config.json"
+        if cfg_path.exists():
+            try:
+                extra_ids = int(json.loads(cfg_path.read_text()).get("extra_ids", T5_EXTRA_IDS))
+            except (json.JSONDecodeError, TypeError, ValueError) as e:
+                raise ValueError(f"{cfg_path}: cannot read extra_ids ({e})") from None
+    if (p / "spiece.model").exists():
+        return SentencePieceVocabulary(p / "spiece.model", extra_ids)
+    if (p / "tokenizer.json").exists():
+        return HFTokenizerVocabulary(p / "tokenizer.json")
+    raise ValueError(f"{p}: neither spiece.model nor tokenizer.json found")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Docid token spaces
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DocidTokenSpace:
+    """Where docid tokens live.
+
+    kind "text": `size` ids `offset .. offset + size - 1` in the model's vocabulary, valid at every position.
+    kind "codebook": `length` positions × `size` codes in a separate table (row = position * size + code).
+    """
+
+    kind: str
+    size: int
+    offset: int = 0
+    length: int = 0
+
+    def __post_init__(self):
+        if self.kind not in ("text", "codebook"):
+            raise ValueError(f"DocidTokenSpace.kind must be 'text' or 'codebook', got {self.kind!r}")
+        if self.size <= 0:
+            raise ValueError(f"DocidTokenSpace.size must be positive, got {self.size}")
+        if self.kind == "codebook" and self.length <= 0:
+            raise ValueError("a codebook DocidTokenSpace needs length > 0 (the number of docid positions)")
+
+    @classmethod
+    def above_text(cls, vocab_size: int, count: int) -> "DocidTokenSpace":
+        """`count` new ids right above a model vocabulary of `vocab_size` rows (PAG-style)."""
+        return cls("text", count, offset=vocab_size)
+
+    @classmethod
+    def codebook(cls, length: int, codes: int) -> "DocidTokenSpace":
+        return cls("codebook", codes, length=length)
+
+    @property
+    def end(self) -> int:
+        """One past the last model-vocabulary id this space needs (text kind)."""
+        return self.offset + self.size
+
+    def token_id(self, code: int | np.ndarray, position: int | np.ndarray = 0):
+        """Model id (text) or codebook row (codebook) of a code."""
+        code = np.asarray(code)
+        if np.any((code < 0) | (code >= self.size)):
+            raise ValueError(f"docid code out of range [0, {self.size})")
+        if self.kind == "text":
+            return code + self.offset
+        position = np.asarray(position)
+        if np.any((position < 0) | (position >= self.length)):
+            raise ValueError(f"docid position out of range [0, {self.length})")
+        return position * self.size + code
+
+    def code(self, token_id: int | np.ndarray, position: int | np.ndarray = 0):
+        """Inverse of `token_id`."""
+        t = np.asarray(token_id)
+        code = t - self.offset if self.kind == "text" else t - np.asarray(position) * self.size
+        if np.any((code < 0) | (code >= self.size)):
+            raise ValueError(f"token id(s) {t} outside this docid space")
+        return code
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def grow_vocab(params: Mapping, config: T5Config, new_vocab_size: int, seed: int = 0,
+               pad_to_multiple: int = 1) -> tuple[dict, T5Config]:
+    """Grows the embedding (and an untied lm_head) to `new_vocab_size` rows, rounded up to a multiple of
+    `pad_to_multiple`. Old rows are unchanged; new rows ~ N(mean of old rows, std of old rows) drawn from
+    `seed`, so a resumed or re-run experiment gets the same matrix."""
+    new_size = -(-int(new_vocab_size) // pad_to_multiple) * pad_to_multiple
+    old = config.vocab_size
+    if new_size < old:
+        raise ValueError(f"grow_vocab: new size {new_size} is smaller than the current {old}")
+    if new_size == old:
+        return dict(params), config
+    n_new = new_size - old
+    key_emb, key_head = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), old * 1_000_003 + new_size))
+
+    def new_rows(table_VxD: np.ndarray, key) -> np.ndarray:
+        mean = table_VxD.mean(axis=0)
+        std = table_VxD.std(axis=0) + 1e-6
+        noise = np.asarray(jax.random.normal(key, (n_new, table_VxD.shape[1]), np.float32))
+        return (mean + std * noise).astype(table_VxD.dtype)
+
+    out = jax.tree_util.tree_map(lambda x: x, dict(params))
+    emb = np.asarray(params["embedding"])
+    out["embedding"] = np.concatenate([emb, new_rows(emb, key_emb)], axis=0)
+    if not config.tie_word_embeddings:
+        head_DxV = np.asarray(params["lm_head"]["kernel"])
+        out["lm_head"] = {"kernel": np.concatenate([head_DxV, new_rows(head_DxV.T, key_head).T], axis=1)}
+    log.info("grew vocabulary %d → %d rows (seed %d)", old, new_size, seed)
+    return out, config.replace(vocab_size=new_size)

@@ -1,0 +1,32 @@
+"""Shared fixtures. Optional dependencies: a test that needs one skips locally when it is missing, but under
+CI (CI=true) a missing dependency is an error, so a broken install cannot hide behind skipped tests."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(module: str):
+    """Imports `module`, or skips (locally) / fails (CI) the calling test."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        if IN_CI:
+            pytest.fail(f"{module} is required in CI but cannot be imported: {e}")
+        pytest.skip(f"{module} not installed")
+
+
+@pytest.fixture(scope="session")
+def hf_t5_dirs(tmp_path_factory):
+    """Tiny random HF T5 checkpoints written by transformers' save_pretrained: {"1.0": dir, "1.1": dir}."""
+    require("torch")
+    require("transformers")
+    from gr_jax.models import parity
+
+    root = tmp_path_factory.mktemp("hf")
+    return {v: parity.write_random_hf_t5(root / f"t5_v{v}", v, seed=3) for v in ("1.0", "1.1")}
