@@ -386,11 +386,27 @@ def load_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[T5Config, dict]:
         raise CheckpointError(f"{params_dir}: missing (the orbax parameter checkpoint)")
     try:
         with ocp.StandardCheckpointer() as ckptr:
+            stored = ckptr.metadata(params_dir).item_metadata.tree
+            _check_tree_shapes(stored, target, source=str(params_dir))
             params = ckptr.restore(params_dir, target)
-    except Exception as e:  # orbax/tensorstore raise many types for corrupt or mismatched data
+    except CheckpointError:
+        raise
+    except Exception as e:  # orbax/tensorstore raise many types for corrupt data
         raise CheckpointError(f"{params_dir}: cannot restore parameters for this config "
                               f"({type(e).__name__}: {str(e)[:500]})") from None
     return config, params
+
+
+def _check_tree_shapes(stored, expected, source: str) -> None:
+    """Orbax restores whatever shape was stored, so compare the stored metadata with the config first."""
+    def flat(tree):
+        return {"/".join(str(getattr(k, "key", k)) for k in path): tuple(leaf.shape)
+                for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+    have, want = flat(stored), flat(expected)
+    mis_shaped = [(k, have[k], want[k]) for k in sorted(set(have) & set(want)) if have[k] != want[k]]
+    if set(have) != set(want) or mis_shaped:
+        raise CheckpointMismatchError(source, set(want) - set(have), set(have) - set(want), mis_shaped)
 
 
 def convert_hf_to_checkpoint(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
