@@ -1,0 +1,194 @@
+"""Jit-compiled beam search over a batch of queries, constrained by a `TrieIndex` (or unconstrained).
+
+The model is any step function `step_fn(cache, tokens_R) -> (logits_RxV, cache)` over R = B·N rows, whose
+cache is a pytree with the row axis first (the T5 `DecodeCache`, or a toy scorer in tests). Rows are tiled
+and reordered with `jnp.repeat`/`jnp.take` on every cache leaf whose leading axis has that many rows.
+
+Per level the beams gather the K child slots of their trie node (CSR) or read a dense row, score them, and
+keep the top N of N·K — never N·V on CSR levels. Beams that reach a leaf move to a *finished* pool of N;
+the rest stay *alive*. The search runs every level of the trie (no early stop), so the result is the
+canonical beam search: with N ≥ number of docids it equals the exhaustive ranking.
+
+Score modes (`score_mode`):
+  "log_softmax"   log-softmax over the full vocabulary, then restricted to allowed children (what HF
+                  `generate(prefix_allowed_tokens_fn=...)` computes);
+  "renormalized"  log-softmax over the allowed children only;
+  "raw"           raw logits, summed (PAG's additive score).
+A finished docid of n tokens scores sum / n**length_penalty (HF's convention: n counts every generated
+token, EOS included). `bonus_fn(level, child_node_ids, query_state) -> bonus` is added to the *pruning* score
+only (PAG's look-ahead); `scores` stays the model's score and `prune_scores` carries the sum with bonuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from gr_jax.index.device import DeviceTrie, level_candidates
+
+StepFn = Callable[[Any, jax.Array], tuple[jax.Array, Any]]
+BonusFn = Callable[[int, jax.Array, Any], jax.Array]
+SCORE_MODES = ("log_softmax", "renormalized", "raw")
+NEG_INF = -jnp.inf
+
+
+@flax.struct.dataclass
+class BeamResult:
+    """Per query, the N best docids in decreasing `prune_scores` order (equal to `scores` without a bonus)."""
+
+    tokens: jax.Array  # int32 [B, N, D], -1 after the end
+    lengths: jax.Array  # int32 [B, N]
+    scores: jax.Array  # float32 [B, N] model score, length-penalised; -inf where not valid
+    prune_scores: jax.Array  # float32 [B, N] model score + bonuses, length-penalised
+    leaf_ids: jax.Array  # int32 [B, N] leaf of the docid in the index (-1 where not valid)
+    valid: jax.Array  # bool [B, N] False where fewer than N docids could be found
+
+
+def tile_rows(tree, n: int, rows: int):
+    """Repeats every leaf whose leading axis has `rows` rows n times (row r → rows r·n .. r·n+n-1)."""
+    return jax.tree_util.tree_map(lambda x: jnp.repeat(x, n, axis=0) if x.ndim and x.shape[0] == rows else x, tree)
+
+
+def gather_rows(tree, index: jax.Array, rows: int):
+    return jax.tree_util.tree_map(lambda x: jnp.take(x, index, axis=0) if x.ndim and x.shape[0] == rows else x,
+                                  tree)
+
+
+def _token_scores(logits_BxNxV, tokens, valid, score_mode: str):
+    """Per-slot step scores [B, N, C] (-inf where not valid)."""
+    if score_mode not in SCORE_MODES:
+        raise ValueError(f"score_mode must be one of {SCORE_MODES}, got {score_mode!r}")
+    base = jax.nn.log_softmax(logits_BxNxV, axis=-1) if score_mode == "log_softmax" else logits_BxNxV
+    s = base if tokens is None else jnp.take_along_axis(base, tokens, axis=-1)
+    if score_mode == "renormalized":
+        s = s - jax.nn.logsumexp(jnp.where(valid, s, NEG_INF), axis=-1, keepdims=True)
+    return jnp.where(valid, s, NEG_INF)
+
+
+@flax.struct.dataclass
+class _State:
+    tokens: jax.Array
+    score: jax.Array
+    prune: jax.Array
+    node: jax.Array  # alive: node id at the current depth; finished: leaf id
+    length: jax.Array
+    valid: jax.Array
+
+
+def _empty(B, N, D) -> _State:
+    return _State(tokens=jnp.full((B, N, D), -1, jnp.int32), score=jnp.full((B, N), NEG_INF),
+                  prune=jnp.full((B, N), NEG_INF), node=jnp.full((B, N), -1, jnp.int32),
+                  length=jnp.zeros((B, N), jnp.int32), valid=jnp.zeros((B, N), bool))
+
+
+def _extend(alive: _State, flat_idx, C: int, d: int, tokens_BxNxC, score, prune, node, length: int) -> _State:
+    """The states reached by taking slot flat_idx % C of beam flat_idx // C; flat_idx [B, k]."""
+    parent = flat_idx // C
+    take = lambda x: jnp.take_along_axis(x.reshape(x.shape[0], -1), flat_idx, axis=1)  # noqa: E731
+    seq = jnp.take_along_axis(alive.tokens, parent[..., None], axis=1)
+    seq = seq.at[:, :, d].set(take(tokens_BxNxC))
+    s, p = take(score), take(prune)
+    node = jnp.full(s.shape, -1, jnp.int32) if node is None else take(node)
+    return _State(tokens=seq, score=s, prune=p, node=node, length=jnp.full(s.shape, length, jnp.int32),
+                  valid=p > NEG_INF)
+
+
+def _merge_finished(finished: _State, new: _State, N: int) -> _State:
+    both = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=1), finished, new)
+    _, idx = jax.lax.top_k(both.prune, N)
+    return jax.tree_util.tree_map(
+        lambda x: jnp.take_along_axis(x, idx[..., None] if x.ndim == 3 else idx, axis=1), both)
+
+
+def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, num_beams: int,
+                score_mode: str = "log_softmax", length_penalty: float = 0.0, bonus_fn: Optional[BonusFn] = None,
+                query_state=None, start_token: int = 0) -> BeamResult:
+    """Constrained beam search (pure; call it under `jax.jit`). `cache` has `batch_size` rows."""
+    B, N, D = batch_size, num_beams, trie.depth
+    cache = tile_rows(cache, N, B)
+    first = jnp.arange(N) == 0  # one live beam at the root, so no docid can be found twice
+    alive = _empty(B, N, D).replace(score=jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0),
+                                    prune=jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0),
+                                    node=jnp.zeros((B, N), jnp.int32), valid=first[None].repeat(B, 0))
+    finished = _empty(B, N, D)
+    last = jnp.full((B * N,), start_token, jnp.int32)
+    for d in range(D):
+        spec = trie.specs[d]
+        logits, cache = step_fn(cache, last)
+        logits = logits.reshape(B, N, -1).astype(jnp.float32)
+        tokens, child, leaf, valid = level_candidates(trie, d, alive.node)
+        valid = valid & alive.valid[..., None]
+        step = _token_scores(logits, tokens, valid, score_mode)
+        score = alive.score[..., None] + step
+        prune = alive.prune[..., None] + step
+        if bonus_fn is not None:
+            prune = prune + jnp.where(valid, bonus_fn(d, child, query_state), 0.0)
+        C = step.shape[-1]
+        if tokens is None:
+            tokens = jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), step.shape)
+        is_leaf = leaf >= 0
+        if spec.has_leaves:
+            penalty = float(d + 1) ** length_penalty
+            leaf_prune = jnp.where(is_leaf, prune, NEG_INF).reshape(B, N * C)
+            _, idx = jax.lax.top_k(leaf_prune, min(N, N * C))
+            new = _extend(alive, idx, C, d, tokens, score / penalty, jnp.where(is_leaf, prune, NEG_INF) / penalty,
+                          leaf, d + 1)
+            finished = _merge_finished(finished, new, N)
+        if d + 1 < D:
+            go_prune = jnp.where(is_leaf, NEG_INF, prune).reshape(B, N * C)
+            _, idx = jax.lax.top_k(go_prune, min(N, N * C))
+            nxt = _extend(alive, idx, C, d, tokens, score, jnp.where(is_leaf, NEG_INF, prune), child, d + 1)
+            if idx.shape[1] < N:  # fewer slots than beams (tiny tries): pad with dead beams
+                pad = _empty(B, N - idx.shape[1], D)
+                nxt = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=1), nxt, pad)
+                idx = jnp.concatenate([idx, jnp.zeros((B, N - idx.shape[1]), idx.dtype)], axis=1)
+            rows = (jnp.arange(B)[:, None] * N + idx // C).reshape(-1)
+            cache = gather_rows(cache, rows, B * N)
+            last = jnp.where(nxt.valid, nxt.tokens[:, :, d], start_token).reshape(-1)
+            alive = nxt
+    return BeamResult(tokens=finished.tokens, lengths=finished.length,
+                      scores=jnp.where(finished.valid, finished.score, NEG_INF),
+                      prune_scores=jnp.where(finished.valid, finished.prune, NEG_INF),
+                      leaf_ids=jnp.where(finished.valid, finished.node, -1), valid=finished.valid)
+
+
+def beam_search_unconstrained(step_fn: StepFn, cache, *, batch_size: int, num_beams: int, max_length: int,
+                              eos_id: int, vocab_size: int, score_mode: str = "log_softmax",
+                              length_penalty: float = 0.0, start_token: int = 0) -> BeamResult:
+    """The same search over the whole vocabulary (EOS ends a sequence), for comparison; `leaf_ids` is -1."""
+    B, N, D, V = batch_size, num_beams, max_length, vocab_size
+    cache = tile_rows(cache, N, B)
+    first = jnp.arange(N) == 0
+    alive = _empty(B, N, D).replace(score=jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0),
+                                    prune=jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0),
+                                    valid=first[None].repeat(B, 0))
+    finished = _empty(B, N, D)
+    last = jnp.full((B * N,), start_token, jnp.int32)
+    vocab = jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), (B, N, V))
+    for d in range(D):
+        logits, cache = step_fn(cache, last)
+        logits = logits.reshape(B, N, -1).astype(jnp.float32)
+        valid = jnp.broadcast_to(alive.valid[..., None], logits.shape)
+        step = _token_scores(logits, None, valid, score_mode)
+        score = alive.score[..., None] + step
+        # finishing: the EOS slot of each beam (N candidates, not N·V)
+        penalty = float(d + 1) ** length_penalty
+        eos_idx = jnp.arange(N)[None, :] * V + eos_id
+        eos_idx = jnp.broadcast_to(eos_idx, (B, N))
+        new = _extend(alive, eos_idx, V, d, vocab, score / penalty, score / penalty, None, d + 1)
+        finished = _merge_finished(finished, new, N)
+        if d + 1 < D:
+            go = jnp.where(jnp.arange(V) == eos_id, NEG_INF, score).reshape(B, N * V)
+            _, idx = jax.lax.top_k(go, N)
+            nxt = _extend(alive, idx, V, d, vocab, score, score, None, d + 1)
+            rows = (jnp.arange(B)[:, None] * N + idx // V).reshape(-1)
+            cache = gather_rows(cache, rows, B * N)
+            last = jnp.where(nxt.valid, nxt.tokens[:, :, d], start_token).reshape(-1)
+            alive = nxt
+    return BeamResult(tokens=finished.tokens, lengths=finished.length,
+                      scores=jnp.where(finished.valid, finished.score, NEG_INF),
+                      prune_scores=jnp.where(finished.valid, finished.prune, NEG_INF),
+                      leaf_ids=jnp.full((B, N), -1, jnp.int32), valid=finished.valid)

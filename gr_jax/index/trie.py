@@ -1,0 +1,642 @@
+"""`TrieIndex`: the prefix tree of docids, laid out as flat arrays for decoding on an accelerator.
+
+Layout (STATIC-style, extended):
+
+* Nodes are numbered per depth in lexicographic order of their prefixes; depth 0 is the root. The trie
+  state of a beam is a node id at a known depth — never a (position, previous token) pair, which would let
+  the decoder cross from one docid into another.
+* Children of a node at depth d are a contiguous range of depth-(d+1) nodes, sorted by token:
+  `offsets[d][n] .. offsets[d][n+1]` (CSR), with `tokens[d+1]` the token on the edge into each node and
+  `max_children[d]` the branching factor K gathered per beam at that depth.
+* Where `n_d × V × 4` bytes fit `dense_budget_bytes`, depth d also gets a dense `[n_d, V]` child table
+  (the top 1–2 levels of a large numeric index), so the beam step reads one row instead of K slots.
+* Leaves (the end of a docid) may sit at any depth (ragged, EOS-terminated lexical docids). Leaf ids are
+  numbered by (depth, node): `leaf_base[d] + rank`; a depth whose nodes are all leaves stores no rank array.
+* Payload: leaf → documents in CSR (`doc_offsets`, `doc_ids`): several documents per docid (collisions) and
+  several docids per document (multi-docid) are both legal.
+* `insert()` adds docids without a rebuild: new nodes get ids after the existing ones at their depth and are
+  recorded in a small per-depth *extras* table sorted by (parent, token), which decoding consults next to the
+  main CSR; existing sequences only gain payload entries. `compact()` folds everything back into plain CSR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+FORMAT_TAG = "gr_jax.trie.v1"
+_PAD = -1  # padding of ragged sequences inside this module (never a valid token)
+
+
+@dataclasses.dataclass
+class _Extras:
+    """Nodes added by insert() below depth-d parents, sorted by (parent, token)."""
+
+    parent: np.ndarray  # int64 [X] parent node id at depth d
+    token: np.ndarray  # int32 [X]
+    child: np.ndarray  # int32 [X] child node id at depth d+1 (>= number of main nodes there)
+    leaf: np.ndarray  # int32 [X] leaf id of the child, or -1
+
+    @classmethod
+    def empty(cls) -> "_Extras":
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32))
+
+    def __len__(self) -> int:
+        return len(self.parent)
+
+
+def _as_padded(sequences, vocab_size: int, eos_id: Optional[int], append_eos: bool, source: str):
+    """Validates docid token sequences and returns (int32 [M, D] padded with -1, lengths [M])."""
+    if isinstance(sequences, np.ndarray) and sequences.ndim == 2:
+        arr = sequences.astype(np.int64, copy=False)
+        lengths = np.full(len(arr), arr.shape[1], np.int64)
+        if append_eos:
+            if eos_id is None:
+                raise ValueError(f"{source}: append_eos needs eos_id")
+            arr = np.concatenate([arr, np.full((len(arr), 1), eos_id, np.int64)], axis=1)
+            lengths += 1
+        if arr.shape[1] == 0 and len(arr):
+            raise ValueError(f"{source}: empty docid sequences (length 0)")
+        bad = (arr < 0) | (arr >= vocab_size)
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise ValueError(f"{source}: token {arr[row, col]} at sequence {row}, position {col} is outside the "
+                             f"vocabulary [0, {vocab_size})")
+        if eos_id is not None and arr.shape[1] > 1 and (arr[:, :-1] == eos_id).any():
+            row, col = np.argwhere(arr[:, :-1] == eos_id)[0]
+            raise ValueError(f"{source}: EOS ({eos_id}) inside sequence {row} at position {col}")
+        return arr.astype(np.int32), lengths
+    seqs = [list(map(int, s)) for s in sequences]
+    if append_eos:
+        if eos_id is None:
+            raise ValueError(f"{source}: append_eos needs eos_id")
+        seqs = [s if (s and s[-1] == eos_id) else s + [eos_id] for s in seqs]
+    lengths = np.array([len(s) for s in seqs], np.int64)
+    if len(seqs) and lengths.min() == 0:
+        raise ValueError(f"{source}: sequence {int(np.argmin(lengths))} is empty")
+    D = int(lengths.max()) if len(seqs) else 0
+    arr = np.full((len(seqs), D), _PAD, np.int64)
+    for i, s in enumerate(seqs):
+        arr[i, : len(s)] = s
+    valid = np.arange(D)[None, :] < lengths[:, None]
+    bad = valid & ((arr < 0) | (arr >= vocab_size))
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        raise ValueError(f"{source}: token {arr[row, col]} at sequence {row}, position {col} is outside the "
+                         f"vocabulary [0, {vocab_size})")
+    if eos_id is not None:
+        inner = valid & (np.arange(D)[None, :] < (lengths - 1)[:, None]) & (arr == eos_id)
+        if inner.any():
+            row, col = np.argwhere(inner)[0]
+            raise ValueError(f"{source}: EOS ({eos_id}) inside sequence {row} at position {col}")
+    return arr.astype(np.int32), lengths
+
+
+def _lexsort_rows(arr: np.ndarray, *extra_minor_keys: np.ndarray) -> np.ndarray:
+    keys = list(extra_minor_keys) + [arr[:, j] for j in range(arr.shape[1] - 1, -1, -1)]
+    return np.lexsort(keys) if keys else np.arange(len(arr))
+
+
+def _first_difference(arr: np.ndarray) -> np.ndarray:
+    """fd[i] = first column where row i differs from row i-1 (D if equal); fd[0] = 0."""
+    M, D = arr.shape
+    fd = np.zeros(M, np.int64)
+    if M > 1:
+        fd[1:] = D
+        for j in range(D - 1, -1, -1):  # column by column keeps memory at O(M)
+            differs = arr[1:, j] != arr[:-1, j]
+            fd[1:][differs] = j
+    return fd
+
+
+class TrieIndex:
+    """Prefix tree over docid token sequences with a leaf → documents payload. Build with `TrieIndex.build`."""
+
+    def __init__(self, *, vocab_size: int, eos_id: Optional[int], offsets: list, tokens: list, leaf_rank: list,
+                 leaf_all: list, doc_offsets: np.ndarray, doc_ids: np.ndarray, dense_budget_bytes: int):
+        self.vocab_size = int(vocab_size)
+        self.eos_id = eos_id
+        self.offsets = offsets  # per parent depth d in [0, D): int32/int64 [n_d + 1]
+        self.tokens = tokens  # per depth d in [0, D]: int [n_d] (tokens[0] is empty: the root has no edge)
+        self.leaf_rank = leaf_rank  # per depth: None, or int32 [n_d] rank among leaves at that depth (-1: none)
+        self.leaf_all = leaf_all  # per depth: True when every main node at that depth is a leaf
+        self.doc_offsets = doc_offsets  # int64 [n_main_leaves + 1]
+        self.doc_ids = doc_ids  # int64 [pairs]
+        self.dense_budget_bytes = int(dense_budget_bytes)
+        self._init_derived()
+        self.extras = [_Extras.empty() for _ in range(self.depth)]
+        self.new_nodes = [0] * (self.depth + 1)  # nodes added by insert() per depth
+        self.new_leaves = np.zeros(0, np.int64)  # depth of each leaf added by insert()
+        self.extra_pairs = np.zeros((0, 2), np.int64)  # (leaf id, doc id) added by insert(), sorted
+        self._device = None
+
+    # ------------------------------------------------------------------------------------------------------
+    # construction
+    # ------------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, sequences, doc_ids: Optional[Sequence[int]] = None, *, vocab_size: int,
+              eos_id: Optional[int] = None, append_eos: bool = False, dense_budget_bytes: int = 64 << 20,
+              source: str = "docids") -> "TrieIndex":
+        """Builds the trie.
+
+        sequences: int array [M, D] (fixed-length docids), or M token lists (ragged; with `eos_id`, each must
+            end with EOS, or pass `append_eos=True`). Without EOS a docid that is a strict prefix of another is
+            an error (a leaf cannot have children).
+        doc_ids: the document of each sequence (default: 0..M-1). Repeated sequences with different documents
+            are collisions; repeated (sequence, document) pairs are kept once.
+        """
+        arr, lengths = _as_padded(sequences, vocab_size, eos_id, append_eos, source)
+        M = len(arr)
+        docs = np.arange(M, dtype=np.int64) if doc_ids is None else np.asarray(doc_ids, np.int64)
+        if docs.shape != (M,):
+            raise ValueError(f"{source}: {len(docs)} document ids for {M} sequences")
+        if M == 0:
+            raise ValueError(f"{source}: no docids to index")
+        order = _lexsort_rows(arr, docs)
+        arr, lengths, docs = arr[order], lengths[order], docs[order]
+        fd = _first_difference(arr)
+        D = arr.shape[1]
+        same_seq = fd == D
+        same_seq[0] = False
+        keep = ~(same_seq & np.r_[False, docs[1:] == docs[:-1]])  # drop duplicate (sequence, doc) pairs
+        arr, lengths, docs, fd, same_seq = arr[keep], lengths[keep], docs[keep], fd[keep], same_seq[keep]
+        uniq = ~same_seq
+        u_arr, u_len, u_fd = arr[uniq], lengths[uniq], fd[uniq]
+        U = len(u_arr)
+        # A docid that is a strict prefix of the next one (sorted order puts extensions right after it).
+        if U > 1:
+            prefix = u_fd[1:] >= u_len[:-1]
+            if prefix.any():
+                i = int(np.argmax(prefix))
+                raise ValueError(f"{source}: docid {u_arr[i, :u_len[i]].tolist()} is a strict prefix of "
+                                 f"{u_arr[i + 1, :u_len[i + 1]].tolist()}; end lexical docids with EOS")
+        offsets, tokens, leaf_rank, leaf_all = [], [np.zeros(0, np.int32)], [None], [False]
+        tok_dtype = np.int16 if vocab_size <= np.iinfo(np.int16).max else np.int32
+        node_prev = np.zeros(U, np.int64)  # depth-0 node (root) of every unique row
+        n_prev = 1
+        leaf_count = 0
+        leaf_of_row = np.full(U, -1, np.int64)
+        for d in range(1, D + 1):
+            has = u_len >= d
+            new = has & (u_fd < d)
+            node_d = np.cumsum(new) - 1
+            n_d = int(new.sum())
+            parents = node_prev[new]
+            counts = np.bincount(parents, minlength=n_prev)
+            off_dtype = np.int32 if n_d < np.iinfo(np.int32).max else np.int64
+            offsets.append(np.concatenate([[0], np.cumsum(counts)]).astype(off_dtype))
+            tokens.append(u_arr[new, d - 1].astype(tok_dtype))
+            ends = u_len == d
+            n_leaves_d = int(ends.sum())
+            if n_leaves_d == n_d and n_d > 0:
+                leaf_rank.append(None)
+                leaf_all.append(True)
+                leaf_of_row[ends] = leaf_count + node_d[ends]
+            elif n_leaves_d:
+                rank = np.full(n_d, -1, np.int32)
+                rank[node_d[ends]] = np.arange(n_leaves_d, dtype=np.int32)
+                leaf_rank.append(rank)
+                leaf_all.append(False)
+                leaf_of_row[ends] = leaf_count + rank[node_d[ends]]
+            else:
+                leaf_rank.append(None)
+                leaf_all.append(False)
+            leaf_count += n_leaves_d
+            node_prev = np.where(has, node_d, -1)
+            n_prev = n_d
+        # Payload in leaf order: pair p belongs to unique row (cumsum of uniq) - 1.
+        row_of_pair = np.cumsum(uniq) - 1
+        leaf_of_pair = leaf_of_row[row_of_pair]
+        if not np.all(leaf_of_pair[1:] >= leaf_of_pair[:-1]):
+            o = np.argsort(leaf_of_pair, kind="stable")
+            leaf_of_pair, docs = leaf_of_pair[o], docs[o]
+        doc_offsets = np.concatenate([[0], np.cumsum(np.bincount(leaf_of_pair, minlength=leaf_count))])
+        index = cls(vocab_size=vocab_size, eos_id=eos_id, offsets=offsets, tokens=tokens, leaf_rank=leaf_rank,
+                    leaf_all=leaf_all, doc_offsets=doc_offsets.astype(np.int64), doc_ids=docs,
+                    dense_budget_bytes=dense_budget_bytes)
+        log.info("built trie: %d docids, %d documents, depth %d, %.1f MB", U, len(np.unique(docs)), D,
+                 index.nbytes / 2**20)
+        return index
+
+    def _init_derived(self):
+        self.depth = len(self.offsets)
+        self.main_nodes = [len(t) for t in self.tokens]
+        self.main_nodes[0] = 1
+        leaves_per_depth = [0] + [
+            self.main_nodes[d] if self.leaf_all[d] else (0 if self.leaf_rank[d] is None
+                                                         else int((self.leaf_rank[d] >= 0).sum()))
+            for d in range(1, self.depth + 1)]
+        self.leaf_base = np.concatenate([[0], np.cumsum(leaves_per_depth)]).astype(np.int64)[:-1].tolist()
+        self.main_leaves = int(sum(leaves_per_depth))
+        self.max_children = [int(np.max(np.diff(o))) if len(o) > 1 else 0 for o in self.offsets]
+        self.dense = []
+        for d, off in enumerate(self.offsets):
+            n = len(off) - 1
+            if n * self.vocab_size * 4 <= self.dense_budget_bytes and n > 0:
+                table = np.full((n, self.vocab_size), -1, np.int32)
+                parent = np.repeat(np.arange(n), np.diff(off))
+                table[parent, self.tokens[d + 1].astype(np.int64)] = np.arange(len(parent), dtype=np.int32)
+                self.dense.append(table)
+            else:
+                self.dense.append(None)
+
+    # ------------------------------------------------------------------------------------------------------
+    # sizes
+    # ------------------------------------------------------------------------------------------------------
+
+    @property
+    def num_leaves(self) -> int:
+        return self.main_leaves + len(self.new_leaves)
+
+    @property
+    def num_docids(self) -> int:
+        return self.num_leaves
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(self.main_nodes) + sum(self.new_nodes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every array of the index (CSR, dense tables, leaf ranks, payload, extras)."""
+        arrays = [*self.offsets, *self.tokens, *(r for r in self.leaf_rank if r is not None),
+                  *(t for t in self.dense if t is not None), self.doc_offsets, self.doc_ids, self.extra_pairs]
+        for x in getattr(self, "extras", []):
+            arrays += [x.parent, x.token, x.child, x.leaf]
+        return int(sum(a.nbytes for a in arrays))
+
+    def nodes_at(self, depth: int) -> int:
+        return self.main_nodes[depth] + self.new_nodes[depth]
+
+    def device(self):
+        """The arrays on the default device (`index.device.DeviceTrie`), cached until the next insert()."""
+        if self._device is None:
+            from gr_jax.index.device import to_device
+
+            self._device = to_device(self)
+        return self._device
+
+    # ------------------------------------------------------------------------------------------------------
+    # lookups (host side)
+    # ------------------------------------------------------------------------------------------------------
+
+    def _main_child(self, d: int, parent: np.ndarray, token: np.ndarray) -> np.ndarray:
+        """Child of main nodes at depth d with the given tokens, or -1 (vectorised binary search)."""
+        out = np.full(len(parent), -1, np.int64)
+        if d >= self.depth or len(self.tokens[d + 1]) == 0:
+            return out
+        ok = (parent >= 0) & (parent < self.main_nodes[d])
+        p = parent[ok]
+        lo = self.offsets[d][p].astype(np.int64)
+        hi = self.offsets[d][p + 1].astype(np.int64)
+        t = token[ok]
+        toks = self.tokens[d + 1]
+        for _ in range(max(1, int(np.ceil(np.log2(self.max_children[d] + 1))) + 1)):
+            mid = (lo + hi) // 2
+            go_right = (mid < hi) & (toks[np.minimum(mid, len(toks) - 1)] < t)
+            lo = np.where(go_right, mid + 1, lo)
+            hi = np.where(go_right, hi, mid)
+        found = (lo < self.offsets[d][p + 1]) & (toks[np.minimum(lo, len(toks) - 1)] == t)
+        out[np.flatnonzero(ok)[found]] = lo[found]
+        return out
+
+    def _extra_child(self, d: int, parent: np.ndarray, token: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = self.extras[d] if d < self.depth else _Extras.empty()
+        child = np.full(len(parent), -1, np.int64)
+        leaf = np.full(len(parent), -1, np.int64)
+        if len(x) == 0:
+            return child, leaf
+        key = x.parent * (self.vocab_size + 1) + x.token
+        q = parent.astype(np.int64) * (self.vocab_size + 1) + token
+        j = np.searchsorted(key, q)
+        found = (j < len(key)) & (key[np.minimum(j, len(key) - 1)] == q) & (parent >= 0)
+        child[found] = x.child[j[found]]
+        leaf[found] = x.leaf[j[found]]
+        return child, leaf
+
+    def _leaf_of_main(self, d: int, node: np.ndarray) -> np.ndarray:
+        out = np.full(len(node), -1, np.int64)
+        ok = (node >= 0) & (node < self.main_nodes[d]) if d <= self.depth else np.zeros(len(node), bool)
+        if d == 0 or d > self.depth or not ok.any():
+            return out
+        if self.leaf_all[d]:
+            out[ok] = self.leaf_base[d] + node[ok]
+        elif self.leaf_rank[d] is not None:
+            r = self.leaf_rank[d][node[ok]]
+            out[ok] = np.where(r >= 0, self.leaf_base[d] + r, -1)
+        return out
+
+    def _has_children(self, d: int, node: np.ndarray) -> np.ndarray:
+        has = np.zeros(len(node), bool)
+        if d < self.depth:
+            main = (node >= 0) & (node < self.main_nodes[d])
+            off = self.offsets[d]
+            nm = node[main]
+            has[main] = off[nm + 1] > off[nm]
+            x = self.extras[d]
+            if len(x):
+                has |= np.isin(node, x.parent)
+        return has
+
+    def lookup(self, sequences) -> np.ndarray:
+        """Leaf id of each sequence, or -1 when it is not a docid of the index."""
+        arr, lengths = _as_padded(sequences, self.vocab_size, None, False, "lookup")
+        node = np.zeros(len(arr), np.int64)
+        for d in range(arr.shape[1]):
+            active = lengths > d
+            t = arr[:, d].astype(np.int64)
+            main = self._main_child(d, np.where(active, node, -1), t)
+            extra, _ = self._extra_child(d, np.where(active, node, -1), t)
+            node = np.where(active, np.where(main >= 0, main, extra), node)
+        return self._leaf_at(lengths, node)
+
+    def _leaf_at(self, lengths: np.ndarray, node: np.ndarray) -> np.ndarray:
+        """Leaf id of (depth, node) pairs, -1 where that node is not a leaf or does not exist."""
+        out = np.full(len(node), -1, np.int64)
+        for d in np.unique(lengths):
+            sel = (lengths == d) & (node >= 0)
+            if not sel.any():
+                continue
+            n = node[sel]
+            leaf = self._leaf_of_main(int(d), n)
+            new = n >= self.main_nodes[int(d)] if int(d) <= self.depth else np.ones(len(n), bool)
+            if new.any() and int(d) >= 1:
+                x = self.extras[int(d) - 1]
+                pos = {int(c): int(lf) for c, lf in zip(x.child, x.leaf)}
+                leaf[new] = [pos.get(int(c), -1) for c in n[new]]
+            out[sel] = leaf
+        return out
+
+    def documents(self, leaf_id: int) -> np.ndarray:
+        """Sorted document ids of a leaf (main payload plus pairs added by insert())."""
+        leaf_id = int(leaf_id)
+        if not 0 <= leaf_id < self.num_leaves:
+            raise ValueError(f"leaf id {leaf_id} out of range [0, {self.num_leaves})")
+        docs = self.doc_ids[self.doc_offsets[leaf_id]:self.doc_offsets[leaf_id + 1]] \
+            if leaf_id < self.main_leaves else np.zeros(0, np.int64)
+        if len(self.extra_pairs):
+            lo, hi = np.searchsorted(self.extra_pairs[:, 0], [leaf_id, leaf_id + 1])
+            docs = np.union1d(docs, self.extra_pairs[lo:hi, 1])
+        return np.sort(docs)
+
+    # ------------------------------------------------------------------------------------------------------
+    # enumeration
+    # ------------------------------------------------------------------------------------------------------
+
+    def _parent_and_token(self, d: int, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Parent (at depth d-1) and edge token of depth-d nodes."""
+        parent = np.zeros(len(node), np.int64)
+        token = np.zeros(len(node), np.int64)
+        main = node < self.main_nodes[d]
+        parent[main] = np.searchsorted(self.offsets[d - 1], node[main], side="right") - 1
+        token[main] = self.tokens[d][node[main]]
+        if (~main).any():
+            x = self.extras[d - 1]
+            o = np.argsort(x.child)
+            j = o[np.searchsorted(x.child[o], node[~main])]
+            parent[~main] = x.parent[j]
+            token[~main] = x.token[j]
+        return parent, token
+
+    def leaf_sequences(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every docid as (int32 [num_leaves, max_depth] padded with -1 in leaf-id order, lengths)."""
+        n = self.num_leaves
+        D = self.depth
+        out = np.full((n, D), _PAD, np.int32)
+        lengths = np.zeros(n, np.int64)
+        for d in range(1, D + 1):
+            nodes = np.arange(self.main_nodes[d])
+            leaves = self._leaf_of_main(d, nodes)
+            sel = leaves >= 0
+            nodes, leaves = nodes[sel], leaves[sel]
+            x = self.extras[d - 1]
+            new = x.leaf >= 0
+            nodes = np.concatenate([nodes, x.child[new].astype(np.int64)])
+            leaves = np.concatenate([leaves, x.leaf[new].astype(np.int64)])
+            lengths[leaves] = d
+            cur = nodes
+            for dd in range(d, 0, -1):
+                cur, tok = self._parent_and_token(dd, cur)
+                out[leaves, dd - 1] = tok
+        return out, lengths
+
+    def pairs(self) -> tuple[list, np.ndarray]:
+        """All (sequence, document) pairs: (list of token lists, doc ids)."""
+        seqs, lengths = self.leaf_sequences()
+        leaf = np.repeat(np.arange(self.main_leaves), np.diff(self.doc_offsets))
+        leaf = np.concatenate([leaf, self.extra_pairs[:, 0]]).astype(np.int64)
+        docs = np.concatenate([self.doc_ids, self.extra_pairs[:, 1]])
+        return [seqs[i, :lengths[i]].tolist() for i in leaf], docs
+
+    # ------------------------------------------------------------------------------------------------------
+    # insertion
+    # ------------------------------------------------------------------------------------------------------
+
+    def insert(self, sequences, doc_ids: Sequence[int], append_eos: bool = False,
+               source: str = "inserted docids") -> dict:
+        """Adds (docid, document) pairs; cost grows with the number of new pairs, not with the index.
+
+        Existing pairs are ignored; an existing docid with a new document only extends its payload.
+        Returns counts: {"pairs_added", "docids_added", "nodes_added"}.
+        """
+        arr, lengths = _as_padded(sequences, self.vocab_size, self.eos_id, append_eos, source)
+        docs = np.asarray(doc_ids, np.int64)
+        if docs.shape != (len(arr),):
+            raise ValueError(f"{source}: {len(docs)} document ids for {len(arr)} sequences")
+        if len(arr) == 0:
+            return {"pairs_added": 0, "docids_added": 0, "nodes_added": 0}
+        D_new = arr.shape[1]
+        if D_new > self.depth:
+            self._grow_depth(D_new)
+        node = np.zeros(len(arr), np.int64)
+        exists = np.ones(len(arr), bool)  # still on nodes that existed before this call
+        nodes_added = 0
+        pending: list[tuple[int, _Extras]] = []
+        for d in range(D_new):
+            active = lengths > d
+            t = arr[:, d].astype(np.int64)
+            p = np.where(active, node, -1)
+            # a docid cannot continue below an existing leaf
+            if d > 0:
+                leaf_here = self._leaf_at(np.full(len(p), d), np.where(active & exists, p, -1)) >= 0
+                if leaf_here.any():
+                    i = int(np.argmax(leaf_here))
+                    self._rollback(pending)
+                    raise ValueError(f"{source}: sequence {arr[i, :lengths[i]].tolist()} extends an existing "
+                                     f"docid (a leaf cannot have children)")
+            main = self._main_child(d, np.where(exists, p, -1), t)
+            extra, _ = self._extra_child(d, np.where(exists, p, -1), t)
+            found = active & exists & ((main >= 0) | (extra >= 0))
+            nxt = np.where(main >= 0, main, extra)
+            make = active & ~found
+            if make.any():
+                key = p[make] * (self.vocab_size + 1) + t[make]
+                uniq_key, inverse = np.unique(key, return_inverse=True)
+                base = self.nodes_at(d + 1)
+                new_ids = base + np.arange(len(uniq_key))
+                nxt[np.flatnonzero(make)] = new_ids[inverse]
+                self.new_nodes[d + 1] += len(uniq_key)
+                nodes_added += len(uniq_key)
+                pending.append((d, _Extras(uniq_key // (self.vocab_size + 1), (uniq_key % (self.vocab_size + 1))
+                                           .astype(np.int32), new_ids.astype(np.int32),
+                                           np.full(len(uniq_key), -1, np.int32))))
+                self._merge_extras(d, pending[-1][1])
+            node = np.where(active, nxt, node)
+            exists = exists & found | ~active & exists
+        # End nodes: existing ones must be leaves; new ones become leaves and must not have children.
+        leaf = self._leaf_at(lengths, np.where(exists, node, -1))
+        interior = exists & (leaf < 0)
+        if interior.any():
+            i = int(np.argmax(interior))
+            self._rollback(pending)
+            raise ValueError(f"{source}: sequence {arr[i, :lengths[i]].tolist()} is a strict prefix of an existing "
+                             f"docid; end lexical docids with EOS")
+        new_end = ~exists
+        n_new_leaves = 0
+        if new_end.any():
+            key = lengths[new_end] * (1 << 40) + node[new_end]
+            uniq_key, inverse = np.unique(key, return_inverse=True)
+            end_depth, end_node = uniq_key >> 40, uniq_key & ((1 << 40) - 1)
+            has_kids = np.array([self._has_children(int(dd), np.array([nn]))[0] for dd, nn in zip(end_depth, end_node)])
+            if has_kids.any():
+                self._rollback(pending)
+                j = int(np.flatnonzero(new_end)[np.flatnonzero(inverse == int(np.argmax(has_kids)))[0]])
+                raise ValueError(f"{source}: sequence {arr[j, :lengths[j]].tolist()} is a strict prefix of another "
+                                 f"inserted docid; end lexical docids with EOS")
+            n_new_leaves = len(uniq_key)
+            new_leaf_ids = self.num_leaves + np.arange(n_new_leaves)
+            for dd, nn, lf in zip(end_depth, end_node, new_leaf_ids):
+                x = self.extras[int(dd) - 1]
+                x.leaf[np.flatnonzero(x.child == nn)] = lf
+            self.new_leaves = np.concatenate([self.new_leaves, end_depth])
+            leaf[np.flatnonzero(new_end)] = new_leaf_ids[inverse]
+        # Payload: skip pairs already present.
+        pairs = np.unique(np.stack([leaf, docs], 1), axis=0)
+        present = np.array([doc in self.documents(lf) for lf, doc in pairs], bool) if len(pairs) else np.zeros(0, bool)
+        add = pairs[~present]
+        if len(add):
+            merged = np.concatenate([self.extra_pairs, add])
+            self.extra_pairs = merged[np.lexsort((merged[:, 1], merged[:, 0]))]
+        self._device = None
+        return {"pairs_added": int(len(add)), "docids_added": int(n_new_leaves), "nodes_added": int(nodes_added)}
+
+    def _merge_extras(self, d: int, add: _Extras) -> None:
+        x = self.extras[d]
+        parent = np.concatenate([x.parent, add.parent])
+        token = np.concatenate([x.token, add.token])
+        o = np.lexsort((token, parent))
+        self.extras[d] = _Extras(parent[o], token[o], np.concatenate([x.child, add.child])[o],
+                                 np.concatenate([x.leaf, add.leaf])[o])
+
+    def _rollback(self, pending) -> None:
+        for d, add in pending:
+            x = self.extras[d]
+            keep = ~np.isin(x.child, add.child)
+            self.extras[d] = _Extras(x.parent[keep], x.token[keep], x.child[keep], x.leaf[keep])
+            self.new_nodes[d + 1] -= len(add)
+
+    def _grow_depth(self, D: int) -> None:
+        """Adds empty main levels so docids longer than the current depth can be inserted."""
+        while self.depth < D:
+            n = self.main_nodes[self.depth]
+            self.offsets.append(np.zeros(n + 1, np.int32))
+            self.tokens.append(np.zeros(0, self.tokens[-1].dtype))
+            self.leaf_rank.append(None)
+            self.leaf_all.append(False)
+            self.depth += 1
+            self.main_nodes.append(0)
+            self.new_nodes.append(0)
+            self.max_children.append(0)
+            self.dense.append(None)
+            self.extras.append(_Extras.empty())
+            self.leaf_base.append(self.leaf_base[-1])
+
+    def compact(self) -> "TrieIndex":
+        """A new index with everything in plain CSR (the result of building from all pairs at once)."""
+        seqs, docs = self.pairs()
+        fixed = len({len(s) for s in seqs}) == 1
+        seqs_in = np.asarray(seqs, np.int64) if fixed else seqs
+        return TrieIndex.build(seqs_in, docs, vocab_size=self.vocab_size, eos_id=self.eos_id,
+                               dense_budget_bytes=self.dense_budget_bytes)
+
+    # ------------------------------------------------------------------------------------------------------
+    # save / load
+    # ------------------------------------------------------------------------------------------------------
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        a = {"doc_offsets": self.doc_offsets, "doc_ids": self.doc_ids, "extra_pairs": self.extra_pairs,
+             "new_leaves": self.new_leaves, "new_nodes": np.asarray(self.new_nodes, np.int64)}
+        for d in range(self.depth):
+            a[f"offsets_{d}"] = self.offsets[d]
+            x = self.extras[d]
+            a[f"extras_{d}_parent"], a[f"extras_{d}_token"] = x.parent, x.token
+            a[f"extras_{d}_child"], a[f"extras_{d}_leaf"] = x.child, x.leaf
+        for d in range(1, self.depth + 1):
+            a[f"tokens_{d}"] = self.tokens[d]
+            if self.leaf_rank[d] is not None:
+                a[f"leaf_rank_{d}"] = self.leaf_rank[d]
+        return a
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes `path/index.npz` and `path/index.json` (metadata + sha256 of the npz); atomic."""
+        path = Path(path)
+        buf = io.BytesIO()
+        np.savez(buf, **self._arrays())
+        data = buf.getvalue()
+        meta = {"format": FORMAT_TAG, "vocab_size": self.vocab_size, "eos_id": self.eos_id, "depth": self.depth,
+                "leaf_all": self.leaf_all, "dense_budget_bytes": self.dense_budget_bytes,
+                "num_leaves": self.num_leaves, "sha256": hashlib.sha256(data).hexdigest()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        try:
+            (tmp / "index.npz").write_bytes(data)
+            (tmp / "index.json").write_text(json.dumps(meta, indent=2))
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "TrieIndex":
+        path = Path(path)
+        try:
+            meta = json.loads((path / "index.json").read_text())
+            data = (path / "index.npz").read_bytes()
+        except FileNotFoundError as e:
+            raise ValueError(f"{path}: not a saved TrieIndex ({e.filename} missing)") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path / 'index.json'}: invalid JSON ({e})") from None
+        if meta.get("format") != FORMAT_TAG:
+            raise ValueError(f"{path / 'index.json'}: format {meta.get('format')!r}, expected {FORMAT_TAG!r}")
+        if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+            raise ValueError(f"{path / 'index.npz'}: checksum mismatch (file corrupt or modified)")
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            a = {k: z[k] for k in z.files}
+        D = int(meta["depth"])
+        index = cls(vocab_size=meta["vocab_size"], eos_id=meta["eos_id"],
+                    offsets=[a[f"offsets_{d}"] for d in range(D)],
+                    tokens=[np.zeros(0, np.int32)] + [a[f"tokens_{d}"] for d in range(1, D + 1)],
+                    leaf_rank=[None] + [a.get(f"leaf_rank_{d}") for d in range(1, D + 1)],
+                    leaf_all=list(meta["leaf_all"]), doc_offsets=a["doc_offsets"], doc_ids=a["doc_ids"],
+                    dense_budget_bytes=meta["dense_budget_bytes"])
+        index.extras = [_Extras(a[f"extras_{d}_parent"], a[f"extras_{d}_token"], a[f"extras_{d}_child"],
+                                a[f"extras_{d}_leaf"]) for d in range(D)]
+        index.new_nodes = a["new_nodes"].astype(int).tolist()
+        index.new_leaves = a["new_leaves"]
+        index.extra_pairs = a["extra_pairs"].reshape(-1, 2)
+        return index
