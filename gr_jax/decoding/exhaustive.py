@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.decoding.beam_search import StepFn, _token_scores, tile_rows
+from gr_jax.decoding.beam_search import _token_scores, tile_rows
 from gr_jax.index.device import DeviceTrie, level_candidates
 
 
@@ -33,16 +33,21 @@ def _path_nodes(index, seqs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return nodes
 
 
+@functools.lru_cache(maxsize=None)
+def _without_params(step_fn):
+    return lambda params, cache, tokens: step_fn(cache, tokens)
+
+
 @functools.partial(jax.jit, static_argnames=("step_fn", "batch_size", "score_mode", "length_penalty", "start_token"))
-def _score_chunk(step_fn, cache, trie: DeviceTrie, seqs_MxD, lengths_M, nodes_MxD, *, batch_size: int,
-                 score_mode: str, length_penalty: float, start_token: int):
+def _score_chunk(step_fn, step_params, cache, trie: DeviceTrie, seqs_MxD, lengths_M, nodes_MxD, *,
+                 batch_size: int, score_mode: str, length_penalty: float, start_token: int):
     B = batch_size
     M, D = seqs_MxD.shape
     cache = tile_rows(cache, M, B)  # row b*M + m: query b, docid m
     total = jnp.zeros((B, M), jnp.float32)
     last = jnp.full((B * M,), start_token, jnp.int32)
     for t in range(D):
-        logits, cache = step_fn(cache, last)
+        logits, cache = step_fn(step_params, cache, last)
         logits = logits.reshape(B, M, -1).astype(jnp.float32)
         tokens, _, _, valid = level_candidates(trie, t, jnp.asarray(nodes_MxD[:, t]))
         if tokens is None:
@@ -58,13 +63,16 @@ def _score_chunk(step_fn, cache, trie: DeviceTrie, seqs_MxD, lengths_M, nodes_Mx
     return total / (lengths_M.astype(jnp.float32)[None] ** length_penalty)
 
 
-def exhaustive_scores(step_fn: StepFn, cache, index, *, batch_size: int, score_mode: str = "log_softmax",
-                      length_penalty: float = 0.0, start_token: int = 0, chunk_size: int = 512) -> np.ndarray:
+def exhaustive_scores(step_fn, cache, index, *, batch_size: int, score_mode: str = "log_softmax",
+                      length_penalty: float = 0.0, start_token: int = 0, chunk_size: int = 512,
+                      step_params=None) -> np.ndarray:
     """Scores [B, num_leaves] of every docid (column = leaf id) for each query; `cache` has B rows.
 
-    `step_fn` must be hashable and stable across calls (a module-level function or a cached partial) so the
-    chunk function compiles once.
+    `step_fn(cache, tokens)`, or `step_fn(step_params, cache, tokens)` when `step_params` is given (model
+    parameters then travel as jit arguments rather than constants). `step_fn` is a static jit argument:
+    pass the same object across calls so each chunk shape compiles once.
     """
+    fn = _without_params(step_fn) if step_params is None else step_fn
     seqs, lengths = index.leaf_sequences()
     nodes = _path_nodes(index, seqs, lengths)
     trie = index.device()
@@ -76,7 +84,7 @@ def exhaustive_scores(step_fn: StepFn, cache, index, *, batch_size: int, score_m
         ln = np.pad(lengths[lo:hi], (0, pad), constant_values=1)
         nd = np.pad(nodes[lo:hi], ((0, pad), (0, 0)))
         s = np.where(s < 0, 0, s)
-        scores = _score_chunk(step_fn, cache, trie, jnp.asarray(s, jnp.int32), jnp.asarray(ln, jnp.int32),
+        scores = _score_chunk(fn, step_params, cache, trie, jnp.asarray(s, jnp.int32), jnp.asarray(ln, jnp.int32),
                               jnp.asarray(nd, jnp.int32), batch_size=batch_size, score_mode=score_mode,
                               length_penalty=float(length_penalty), start_token=start_token)
         out.append(np.asarray(scores)[:, : hi - lo])

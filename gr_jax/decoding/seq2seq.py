@@ -39,6 +39,8 @@ class T5Searcher:
         self.score_mode = score_mode
         self.length_penalty = length_penalty
         self.bonus_fn = bonus_fn
+        self._step = functools.partial(_t5_step, model)  # one object: exhaustive scoring compiles once
+        self._cache = jax.jit(functools.partial(_t5_cache, model), static_argnums=(2,))
         self._search = jax.jit(self._search_impl)
         self._unconstrained = jax.jit(self._unconstrained_impl, static_argnames=("max_length",))
 
@@ -70,25 +72,8 @@ class T5Searcher:
     def exhaustive_scores(self, params, query_tokens, index, chunk_size: int = 512) -> np.ndarray:
         """Exact scores [B, num_docids] under the same score mode and length penalty."""
         query_tokens = jnp.asarray(query_tokens)
-        cache = jax.jit(_t5_cache, static_argnums=(0, 3))(self.model, params, query_tokens, index.depth)
-        step = _StepWithParams(self.model, params)
-        return exhaustive.exhaustive_scores(step, cache, index, batch_size=query_tokens.shape[0],
+        cache = self._cache(params, query_tokens, index.depth)
+        return exhaustive.exhaustive_scores(self._step, cache, index, batch_size=query_tokens.shape[0],
                                             score_mode=self.score_mode, length_penalty=self.length_penalty,
                                             start_token=self.model.config.decoder_start_token_id,
-                                            chunk_size=chunk_size)
-
-
-class _StepWithParams:
-    """A hashable step function (by model and params identity) so exhaustive scoring compiles once."""
-
-    def __init__(self, model, params):
-        self.model, self.params = model, params
-
-    def __call__(self, cache, tokens):
-        return _t5_step(self.model, self.params, cache, tokens)
-
-    def __hash__(self):
-        return hash((self.model, id(self.params)))
-
-    def __eq__(self, other):
-        return isinstance(other, _StepWithParams) and self.model == other.model and self.params is other.params
+                                            chunk_size=chunk_size, step_params=params)

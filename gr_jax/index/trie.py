@@ -562,7 +562,7 @@ class TrieIndex:
             self.max_children.append(0)
             self.dense.append(None)
             self.extras.append(_Extras.empty())
-            self.leaf_base.append(self.leaf_base[-1])
+            self.leaf_base.append(self.main_leaves)
 
     def compact(self) -> "TrieIndex":
         """A new index with everything in plain CSR (the result of building from all pairs at once)."""

@@ -1,0 +1,182 @@
+"""Constrained beam search with a toy step function: exactness against exhaustive scoring, validity, no
+duplicates, insert ≡ rebuild, score modes, the bonus hook, shapes with and without jit."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gr_jax.decoding.beam_search import beam_search, beam_search_unconstrained
+from gr_jax.decoding.exhaustive import exhaustive_ranking, exhaustive_scores, search_error
+from gr_jax.index.trie import TrieIndex
+
+V, H, EOS, B = 9, 12, 1, 3
+_rng = np.random.default_rng(0)
+_E = jnp.asarray(_rng.normal(size=(V, H)), jnp.float32)
+_W = jnp.asarray(_rng.normal(size=(H, H)) / 3, jnp.float32)
+_U = jnp.asarray(_rng.normal(size=(H, V)) * 1.5, jnp.float32)
+
+
+def toy_step(cache, tokens):
+    """A tiny recurrent scorer: the next-token logits depend on the query and on the whole prefix."""
+    h = jnp.tanh(cache["h"] @ _W + _E[tokens] + cache["q"])
+    return h @ _U, {"q": cache["q"], "h": h, "index": cache["index"] + 1}
+
+
+def toy_cache(seed=1, batch=B):
+    q = jax.random.normal(jax.random.PRNGKey(seed), (batch, H))
+    return {"q": q, "h": jnp.zeros((batch, H)), "index": jnp.zeros((), jnp.int32)}  # a scalar leaf, like T5's
+
+
+@functools.lru_cache(maxsize=None)
+def _searcher(num_beams, score_mode, length_penalty):
+    return jax.jit(lambda cache, trie: beam_search(toy_step, cache, trie, batch_size=B, num_beams=num_beams,
+                                                   score_mode=score_mode, length_penalty=length_penalty))
+
+
+@st.composite
+def tries(draw):
+    ragged = draw(st.booleans())
+    n = draw(st.integers(1, 24))
+    alphabet = st.integers(2, 5)
+    if ragged:
+        seqs = draw(st.lists(st.lists(alphabet, min_size=1, max_size=3), min_size=n, max_size=n, unique_by=tuple))
+        seqs = [s + [EOS] for s in seqs]
+    else:
+        L = draw(st.integers(1, 3))
+        seqs = draw(st.lists(st.lists(alphabet, min_size=L, max_size=L), min_size=n, max_size=n, unique_by=tuple))
+    dense = draw(st.sampled_from([0, 1 << 20]))
+    split = draw(st.integers(1, n))
+    return ragged, seqs, dense, split
+
+
+def _build(seqs, ragged, dense, docs=None):
+    return TrieIndex.build(seqs if ragged else np.array(seqs), docs, vocab_size=V, eos_id=EOS if ragged else None,
+                           dense_budget_bytes=dense)
+
+
+def _check_valid(index, res):
+    tokens, lengths = np.asarray(res.tokens), np.asarray(res.lengths)
+    leaf, valid = np.asarray(res.leaf_ids), np.asarray(res.valid)
+    for b in range(tokens.shape[0]):
+        got = [tuple(tokens[b, i, :lengths[b, i]]) for i in range(tokens.shape[1]) if valid[b, i]]
+        assert len(set(got)) == len(got), "duplicate docid"
+        found = index.lookup([list(g) for g in got]) if got else np.zeros(0)
+        np.testing.assert_array_equal(found, leaf[b, valid[b]])  # every docid exists and its leaf is right
+        assert (found >= 0).all()
+    scores = np.asarray(res.prune_scores)
+    for b in range(len(scores)):
+        n = int(valid[b].sum())
+        assert valid[b, :n].all()  # valid results come first ...
+        assert (np.diff(scores[b, :n]) <= 1e-6).all()  # ... in decreasing order
+
+
+@settings(max_examples=20, deadline=None)
+@given(tries(), st.sampled_from(["log_softmax", "renormalized", "raw"]), st.sampled_from([0.0, 1.0]))
+def test_full_beam_equals_exhaustive_and_insert_equals_rebuild(data, mode, lp):
+    ragged, seqs, dense, split = data
+    full = _build(seqs, ragged, dense)
+    M = full.num_leaves
+    N = 24  # ≥ every M the strategy draws: no pruning
+    cache = toy_cache()
+    res = _searcher(N, mode, lp)(cache, full.device())
+    _check_valid(full, res)
+    assert int(np.asarray(res.valid).sum()) == B * M  # fewer docids than beams: exactly M valid each
+    exact = exhaustive_scores(toy_step, cache, full, batch_size=B, score_mode=mode, length_penalty=lp,
+                              chunk_size=8)
+    order, scores = exhaustive_ranking(exact, M)
+    np.testing.assert_array_equal(np.asarray(res.leaf_ids)[:, :M], order)
+    np.testing.assert_allclose(np.asarray(res.scores)[:, :M], scores, atol=1e-5, rtol=0)
+    # Inserting the last docids into a smaller index decodes exactly like the full build, with a small beam too.
+    part = _build(seqs[:split], ragged, dense)
+    if split < len(seqs):
+        part.insert(seqs[split:] if ragged else np.array(seqs[split:]), list(range(split, len(seqs))))
+    for n in (N, 2):
+        a = _searcher(n, mode, lp)(cache, full.device())
+        b = _searcher(n, mode, lp)(cache, part.device())
+        _check_valid(part, b)
+        ta, tb = np.asarray(a.tokens), np.asarray(b.tokens)
+        np.testing.assert_array_equal(np.where(np.asarray(a.valid)[..., None], ta, -9),
+                                      np.where(np.asarray(b.valid)[..., None], tb, -9))
+        np.testing.assert_allclose(np.asarray(a.scores), np.asarray(b.scores), atol=1e-5)
+
+
+def test_small_beam_prunes_and_search_error_measures_it():
+    rng = np.random.default_rng(3)
+    seqs = np.unique(rng.integers(2, V, (200, 4)), axis=0)
+    index = TrieIndex.build(seqs, vocab_size=V)
+    cache = toy_cache(seed=5, batch=8)
+    exact = exhaustive_scores(toy_step, cache, index, batch_size=8, chunk_size=64)
+    res = jax.jit(lambda c, t: beam_search(toy_step, c, t, batch_size=8, num_beams=1))(cache, index.device())
+    err = search_error(np.asarray(res.leaf_ids), exact)
+    big = jax.jit(lambda c, t: beam_search(toy_step, c, t, batch_size=8, num_beams=40))(cache, index.device())
+    assert search_error(np.asarray(big.leaf_ids), exact) <= err
+    # beam 1 is greedy: its score can never beat the exact best
+    assert (np.asarray(res.scores)[:, 0] <= exact.max(axis=1) + 1e-5).all()
+
+
+def test_search_error_by_hand():
+    exact = np.array([[0.1, 0.9, 0.3], [0.5, 0.2, 0.1]])
+    assert search_error(np.array([[1, 0], [1, 2]]), exact) == 0.5
+
+
+def test_bonus_changes_pruning_not_model_scores():
+    seqs = np.array([[2, 3], [2, 4], [5, 3], [5, 6]])
+    index = TrieIndex.build(seqs, vocab_size=V, dense_budget_bytes=0)
+    cache = toy_cache(batch=B)
+    target = int(index.lookup(np.array([[5, 6]]))[0])
+    node_56 = int(index.main_nodes[2] - 1)  # (5,6) sorts last at depth 2
+
+    def bonus(level, child, state):
+        return jnp.where((level == 1) & (child == node_56), state, 0.0)
+
+    run = jax.jit(lambda c, t, s: beam_search(toy_step, c, t, batch_size=B, num_beams=4, bonus_fn=bonus,
+                                              query_state=s))
+    plain = run(cache, index.device(), jnp.zeros((B, 1, 1)))
+    boosted = run(cache, index.device(), jnp.full((B, 1, 1), 100.0))
+    assert (np.asarray(boosted.leaf_ids)[:, 0] == target).all()
+    i = np.argmax(np.asarray(plain.leaf_ids) == target, axis=1)
+    np.testing.assert_allclose(np.asarray(boosted.scores)[:, 0], np.asarray(plain.scores)[np.arange(B), i], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(boosted.prune_scores)[:, 0], np.asarray(boosted.scores)[:, 0] + 100.0,
+                               atol=1e-4)
+
+
+def test_unconstrained_matches_enumeration():
+    """With beams ≥ all prefixes, the unconstrained search finds the exact best EOS-terminated sequence."""
+    cache = toy_cache(batch=2)
+    L = 3
+    res = jax.jit(lambda c: beam_search_unconstrained(toy_step, c, batch_size=2, num_beams=V ** 2, max_length=L,
+                                                      eos_id=EOS, vocab_size=V))(cache)
+    # enumerate every sequence of ≤ L tokens ending with EOS
+    seqs = [[EOS]] + [[a, EOS] for a in range(V) if a != EOS] + \
+        [[a, b, EOS] for a in range(V) for b in range(V) if EOS not in (a, b)]
+    index = TrieIndex.build(seqs, vocab_size=V, eos_id=EOS)
+    exact = exhaustive_scores(toy_step, cache, index, batch_size=2, chunk_size=128)
+    best = exact.max(axis=1)
+    np.testing.assert_allclose(np.asarray(res.scores)[:, 0], best, atol=1e-5)
+    lengths = np.asarray(res.lengths)[:, 0]
+    toks = np.asarray(res.tokens)[:, 0]
+    assert all(toks[b, lengths[b] - 1] == EOS for b in range(2))
+
+
+class TestShapes(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_result_shapes(self):
+        index = TrieIndex.build([[2, 3, EOS], [2, EOS], [4, EOS]], vocab_size=V, eos_id=EOS)
+        fn = self.variant(lambda c, t: beam_search(toy_step, c, t, batch_size=B, num_beams=5, score_mode="raw"))
+        res = fn(toy_cache(), index.device())
+        chex.assert_shape(res.tokens, (B, 5, 3))
+        chex.assert_shape([res.scores, res.prune_scores, res.leaf_ids, res.lengths, res.valid], (B, 5))
+        chex.assert_tree_all_finite(jnp.where(res.valid, res.scores, 0.0))
+        assert int(np.asarray(res.valid).sum()) == 3 * B
+
+
+def test_unknown_score_mode():
+    index = TrieIndex.build(np.array([[2, 3]]), vocab_size=V)
+    with pytest.raises(ValueError, match="score_mode"):
+        beam_search(toy_step, toy_cache(), index.device(), batch_size=B, num_beams=2, score_mode="softmax")
