@@ -104,6 +104,13 @@ def _as_padded(sequences, vocab_size: int, eos_id: Optional[int], append_eos: bo
     return arr.astype(np.int32), lengths
 
 
+def _check_doc_ids(docs: np.ndarray, source: str) -> None:
+    bad = (docs < 0) | (docs >= 1 << 32)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{source}: document id {docs[i]} (row {i}) must be in [0, 2**32)")
+
+
 def _lexsort_rows(arr: np.ndarray, *extra_minor_keys: np.ndarray) -> np.ndarray:
     keys = list(extra_minor_keys) + [arr[:, j] for j in range(arr.shape[1] - 1, -1, -1)]
     return np.lexsort(keys) if keys else np.arange(len(arr))
@@ -163,6 +170,7 @@ class TrieIndex:
         docs = np.arange(M, dtype=np.int64) if doc_ids is None else np.asarray(doc_ids, np.int64)
         if docs.shape != (M,):
             raise ValueError(f"{source}: {len(docs)} document ids for {M} sequences")
+        _check_doc_ids(docs, source)
         if M == 0:
             raise ValueError(f"{source}: no docids to index")
         order = _lexsort_rows(arr, docs)
@@ -293,6 +301,22 @@ class TrieIndex:
     # lookups (host side)
     # ------------------------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _find_in_ranges(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, target: np.ndarray,
+                        max_range: int) -> np.ndarray:
+        """Position of `target` inside sorted `values[lo:hi]` per query (vectorised binary search), or -1."""
+        lo, hi = lo.astype(np.int64), hi.astype(np.int64)
+        end = hi.copy()
+        if len(values) == 0:
+            return np.full(len(lo), -1, np.int64)
+        for _ in range(int(np.ceil(np.log2(max_range + 1))) + 1):
+            mid = (lo + hi) // 2
+            go_right = (mid < hi) & (values[np.minimum(mid, len(values) - 1)] < target)
+            lo = np.where(go_right, mid + 1, lo)
+            hi = np.where(go_right, hi, mid)
+        found = (lo < end) & (values[np.minimum(lo, len(values) - 1)] == target)
+        return np.where(found, lo, -1)
+
     def _main_child(self, d: int, parent: np.ndarray, token: np.ndarray) -> np.ndarray:
         """Child of main nodes at depth d with the given tokens, or -1 (vectorised binary search)."""
         out = np.full(len(parent), -1, np.int64)
@@ -300,17 +324,11 @@ class TrieIndex:
             return out
         ok = (parent >= 0) & (parent < self.main_nodes[d])
         p = parent[ok]
-        lo = self.offsets[d][p].astype(np.int64)
-        hi = self.offsets[d][p + 1].astype(np.int64)
-        t = token[ok]
-        toks = self.tokens[d + 1]
-        for _ in range(max(1, int(np.ceil(np.log2(self.max_children[d] + 1))) + 1)):
-            mid = (lo + hi) // 2
-            go_right = (mid < hi) & (toks[np.minimum(mid, len(toks) - 1)] < t)
-            lo = np.where(go_right, mid + 1, lo)
-            hi = np.where(go_right, hi, mid)
-        found = (lo < self.offsets[d][p + 1]) & (toks[np.minimum(lo, len(toks) - 1)] == t)
-        out[np.flatnonzero(ok)[found]] = lo[found]
+        if self.dense[d] is not None:
+            out[ok] = self.dense[d][p, token[ok]]
+        else:
+            out[ok] = self._find_in_ranges(self.tokens[d + 1], self.offsets[d][p], self.offsets[d][p + 1], token[ok],
+                                           self.max_children[d])
         return out
 
     def _extra_child(self, d: int, parent: np.ndarray, token: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -375,8 +393,11 @@ class TrieIndex:
             new = n >= self.main_nodes[int(d)] if int(d) <= self.depth else np.ones(len(n), bool)
             if new.any() and int(d) >= 1:
                 x = self.extras[int(d) - 1]
-                pos = {int(c): int(lf) for c, lf in zip(x.child, x.leaf)}
-                leaf[new] = [pos.get(int(c), -1) for c in n[new]]
+                if len(x):
+                    o = np.argsort(x.child)
+                    j = np.clip(np.searchsorted(x.child[o], n[new]), 0, len(o) - 1)
+                    hit = x.child[o][j] == n[new]
+                    leaf[new] = np.where(hit, x.leaf[o][j], -1)
             out[sel] = leaf
         return out
 
@@ -456,6 +477,7 @@ class TrieIndex:
         docs = np.asarray(doc_ids, np.int64)
         if docs.shape != (len(arr),):
             raise ValueError(f"{source}: {len(docs)} document ids for {len(arr)} sequences")
+        _check_doc_ids(docs, source)
         if len(arr) == 0:
             return {"pairs_added": 0, "docids_added": 0, "nodes_added": 0}
         D_new = arr.shape[1]
@@ -510,7 +532,10 @@ class TrieIndex:
             key = lengths[new_end] * (1 << 40) + node[new_end]
             uniq_key, inverse = np.unique(key, return_inverse=True)
             end_depth, end_node = uniq_key >> 40, uniq_key & ((1 << 40) - 1)
-            has_kids = np.array([self._has_children(int(dd), np.array([nn]))[0] for dd, nn in zip(end_depth, end_node)])
+            has_kids = np.zeros(len(uniq_key), bool)
+            for dd in np.unique(end_depth):
+                sel = end_depth == dd
+                has_kids[sel] = self._has_children(int(dd), end_node[sel])
             if has_kids.any():
                 self._rollback(pending)
                 j = int(np.flatnonzero(new_end)[np.flatnonzero(inverse == int(np.argmax(has_kids)))[0]])
@@ -518,28 +543,50 @@ class TrieIndex:
                                  f"inserted docid; end lexical docids with EOS")
             n_new_leaves = len(uniq_key)
             new_leaf_ids = self.num_leaves + np.arange(n_new_leaves)
-            for dd, nn, lf in zip(end_depth, end_node, new_leaf_ids):
+            for dd in np.unique(end_depth):
                 x = self.extras[int(dd) - 1]
-                x.leaf[np.flatnonzero(x.child == nn)] = lf
+                sel = end_depth == dd
+                o = np.argsort(x.child)
+                x.leaf[o[np.searchsorted(x.child[o], end_node[sel])]] = new_leaf_ids[sel]
             self.new_leaves = np.concatenate([self.new_leaves, end_depth])
             leaf[np.flatnonzero(new_end)] = new_leaf_ids[inverse]
         # Payload: skip pairs already present.
-        pairs = np.unique(np.stack([leaf, docs], 1), axis=0)
-        present = np.array([doc in self.documents(lf) for lf, doc in pairs], bool) if len(pairs) else np.zeros(0, bool)
-        add = pairs[~present]
+        key = np.unique(leaf * (1 << 32) + docs)
+        pairs = np.stack([key >> 32, key & ((1 << 32) - 1)], 1)
+        add = pairs[~self._pairs_present(pairs)]
         if len(add):
             merged = np.concatenate([self.extra_pairs, add])
             self.extra_pairs = merged[np.lexsort((merged[:, 1], merged[:, 0]))]
         self._device = None
         return {"pairs_added": int(len(add)), "docids_added": int(n_new_leaves), "nodes_added": int(nodes_added)}
 
+    def _pairs_present(self, pairs: np.ndarray) -> np.ndarray:
+        """Which (leaf, doc) rows are already in the payload (main CSR, sorted per leaf, or inserted pairs)."""
+        leaf, doc = pairs[:, 0], pairs[:, 1]
+        present = np.zeros(len(pairs), bool)
+        main = leaf < self.main_leaves
+        if main.any():
+            lf = leaf[main]
+            lo, hi = self.doc_offsets[lf], self.doc_offsets[lf + 1]
+            max_range = int((hi - lo).max()) if len(lo) else 0
+            present[main] = self._find_in_ranges(self.doc_ids, lo, hi, doc[main], max_range) >= 0
+        if len(self.extra_pairs):
+            key = self.extra_pairs[:, 0] * (1 << 32) + self.extra_pairs[:, 1]
+            q = leaf * (1 << 32) + doc
+            j = np.clip(np.searchsorted(key, q), 0, len(key) - 1)
+            present |= key[j] == q
+        return present
+
     def _merge_extras(self, d: int, add: _Extras) -> None:
+        """Merges entries already sorted by (parent, token) into depth d's extras: O(existing + new)."""
         x = self.extras[d]
-        parent = np.concatenate([x.parent, add.parent])
-        token = np.concatenate([x.token, add.token])
-        o = np.lexsort((token, parent))
-        self.extras[d] = _Extras(parent[o], token[o], np.concatenate([x.child, add.child])[o],
-                                 np.concatenate([x.leaf, add.leaf])[o])
+        if len(x) == 0:
+            self.extras[d] = add
+            return
+        base = self.vocab_size + 1
+        at = np.searchsorted(x.parent * base + x.token, add.parent * base + add.token)
+        self.extras[d] = _Extras(np.insert(x.parent, at, add.parent), np.insert(x.token, at, add.token),
+                                 np.insert(x.child, at, add.child), np.insert(x.leaf, at, add.leaf))
 
     def _rollback(self, pending) -> None:
         for d, add in pending:

@@ -1,0 +1,300 @@
+"""Decoding and index benchmarks; prints one JSON line per figure and appends a section to BENCHMARKS.md.
+
+    python tools/bench_decoding.py --quick            # small version, under two minutes on 2 CPU cores
+    python tools/bench_decoding.py                    # full: tiny + small T5, 100k / 1M / 8.8M docids
+
+(a) gr_jax vs transformers `generate(num_beams=k, prefix_allowed_tokens_fn=<dict trie>)`: same converted T5
+    weights, same random docids, k = 10 and 100; ms/query and whether both return the same docids.
+(b) constrained vs unconstrained search time (same model, beams and number of steps).
+(c) TrieIndex build time and bytes for random docids, L = 8, V = 2048; decode time on that trie with a
+    trivial model (batch 2, beam 70: STATIC's configuration).
+(d) insert 10% new docids into a built index vs rebuilding from scratch.
+(e) GPU only: T5-base random weights, 8.8M docids, beam 10 and 100, batch 16 (skipped without a GPU).
+Speed claims are ratios measured side by side in this run; absolute times are only meaningful on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import platform
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.cli import setup_logging
+from gr_jax.decoding import beam_search as bs
+from gr_jax.decoding.seq2seq import T5Searcher
+from gr_jax.index.trie import TrieIndex
+from gr_jax.models import convert, t5
+
+ROOT = Path(__file__).resolve().parents[1]
+EOS = 1
+ROWS: list[dict] = []
+
+
+def emit(**row):
+    ROWS.append(row)
+    sys.stdout.write(json.dumps(row) + "\n")
+    sys.stdout.flush()
+
+
+def timed(fn, repeats: int = 3) -> float:
+    """Best wall time of `repeats` calls (after one warm-up call), in seconds."""
+    jax.block_until_ready(fn())
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def random_docids(n: int, length: int, vocab: int, seed: int, low: int = 3) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    out = np.unique(rng.integers(low, vocab, (int(n * 1.02) + 16, length), dtype=np.int32), axis=0)
+    return out[rng.permutation(len(out))[:n]]
+
+
+def dict_trie(docids: np.ndarray) -> dict:
+    root: dict = {}
+    for seq in docids.tolist():
+        node = root
+        for tok in seq:
+            node = node.setdefault(tok, {})
+    return root
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (a) + (b): against transformers
+# ----------------------------------------------------------------------------------------------------------
+
+
+def bench_vs_transformers(model_name: str, n_docids: int, beams: list[int], n_queries: int, length: int):
+    import torch
+    import transformers  # noqa: F401
+
+    from gr_jax.models.parity import load_torch_t5
+
+    torch.set_num_threads(2)
+    config = t5.get_config(model_name, dropout_rate=0.0)
+    if model_name == "t5_small":
+        config = config.replace(vocab_size=2048)
+    params = t5.init_params(config, seed=0)
+    docids = random_docids(n_docids, length, config.vocab_size, seed=1)
+    docids = np.concatenate([docids, np.full((len(docids), 1), EOS, np.int32)], axis=1)
+    index = TrieIndex.build(docids, vocab_size=config.vocab_size, eos_id=EOS)
+    trie = index.device()
+    rng = np.random.default_rng(2)
+    queries = rng.integers(3, config.vocab_size, (n_queries, 16))
+    with tempfile.TemporaryDirectory() as tmp:
+        convert.save_hf(params, config, Path(tmp) / "hf")
+        hf = load_torch_t5(Path(tmp) / "hf")
+    tree = dict_trie(docids)
+
+    def allowed(batch_id, sent):
+        node = tree
+        for tok in sent.tolist()[1:]:
+            node = node.get(tok, {})
+        return list(node) or [EOS]
+
+    q_t = torch.tensor(queries)
+    for k in beams:
+        searcher = T5Searcher(t5.T5(config), num_beams=k, score_mode="log_softmax", length_penalty=1.0)
+        ours_c = timed(lambda: searcher.search(params, queries, trie).scores)
+        ours_u = timed(lambda: searcher.search_unconstrained(params, queries, docids.shape[1]).scores)
+        res = searcher.search(params, queries, trie)
+
+        def hf_run(constrained: bool):
+            with torch.no_grad():
+                return hf.generate(input_ids=q_t, attention_mask=q_t != 0, num_beams=k, num_return_sequences=k,
+                                   max_new_tokens=docids.shape[1], min_new_tokens=docids.shape[1] if not constrained
+                                   else 0, prefix_allowed_tokens_fn=allowed if constrained else None,
+                                   length_penalty=1.0, do_sample=False, return_dict_in_generate=True,
+                                   output_scores=True)
+
+        t0 = time.perf_counter()
+        out = hf_run(True)
+        hf_c = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        hf_run(False)
+        hf_u = time.perf_counter() - t0
+        hf_seqs = out.sequences[:, 1:].numpy().reshape(n_queries, k, -1)
+        ours = np.asarray(res.tokens)[:, :, :hf_seqs.shape[2]]
+        same = float(np.mean([set(map(tuple, ours[b])) == set(map(tuple, hf_seqs[b])) for b in range(n_queries)]))
+        same_order = float(np.mean(np.all(ours == hf_seqs, axis=(1, 2))))
+        emit(figure="a_vs_transformers", model=model_name, docids=int(len(docids)), beam=k, queries=n_queries,
+             gr_jax_constrained_ms_per_query=1e3 * ours_c / n_queries,
+             gr_jax_unconstrained_ms_per_query=1e3 * ours_u / n_queries,
+             transformers_constrained_ms_per_query=1e3 * hf_c / n_queries,
+             transformers_unconstrained_ms_per_query=1e3 * hf_u / n_queries,
+             speedup_constrained=hf_c / ours_c, same_docid_sets=same, same_ranking=same_order,
+             ours_constrained_vs_their_unconstrained=ours_c / hf_u)
+        emit(figure="b_constrained_vs_unconstrained", model=model_name, beam=k, ratio=ours_c / ours_u)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (c) + (d): index build, bytes, decode with a trivial model, insert
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _trivial_step(cache, tokens):
+    return cache["q"] + cache["table"][tokens], cache
+
+
+def bench_index(sizes: list[int], length: int = 8, vocab: int = 2048, decode: bool = True):
+    for n in sizes:
+        docids = random_docids(n, length, vocab, seed=n, low=0)
+        gc.collect()
+        t0 = time.perf_counter()
+        index = TrieIndex.build(docids, vocab_size=vocab)
+        build_s = time.perf_counter() - t0
+        row = dict(figure="c_build", docids=int(n), length=length, vocab=vocab, build_s=build_s,
+                   index_mb=index.nbytes / 2**20, nodes=int(index.num_nodes),
+                   dense_levels=[d for d in range(index.depth) if index.dense[d] is not None],
+                   max_children=index.max_children, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        if decode:
+            trie = index.device()
+            rng = np.random.default_rng(0)
+            B, N = 2, 70
+            cache = {"q": jnp.asarray(rng.normal(size=(B, vocab)), jnp.float32),
+                     "table": jnp.asarray(rng.normal(size=(vocab, vocab)), jnp.float32)}
+            search = jax.jit(lambda c, t: bs.beam_search(_trivial_step, c, t, batch_size=B, num_beams=N,
+                                                         score_mode="raw").scores)
+            t0 = time.perf_counter()
+            jax.block_until_ready(search(cache, trie))
+            row["decode_compile_s"] = time.perf_counter() - t0
+            row["decode_ms_batch2_beam70"] = 1e3 * timed(lambda: search(cache, trie), repeats=5)
+        emit(**row)
+        del index
+        gc.collect()
+
+
+def bench_insert(n: int, length: int = 8, vocab: int = 2048):
+    docids = random_docids(n, length, vocab, seed=n + 1, low=0)
+    cut = int(0.9 * n)
+    base = TrieIndex.build(docids[:cut], vocab_size=vocab)
+    t0 = time.perf_counter()
+    base.insert(docids[cut:], np.arange(cut, n))
+    insert_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    TrieIndex.build(docids, vocab_size=vocab)
+    rebuild_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    base.compact()
+    compact_s = time.perf_counter() - t0
+    emit(figure="d_insert_10pct", docids=int(n), insert_s=insert_s, rebuild_s=rebuild_s,
+         insert_over_rebuild=insert_s / rebuild_s, compact_s=compact_s)
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def device_description() -> str:
+    d = jax.devices()[0]
+    if d.platform == "cpu":
+        cpu = platform.processor() or platform.machine()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        import os
+        return f"CPU ({cpu}), {os.cpu_count()} cores"
+    return f"{d.platform.upper()} ({d.device_kind})"
+
+
+def write_markdown(command: str, path: Path):
+    import importlib.metadata as md
+
+    def ver(p):
+        try:
+            return md.version(p)
+        except md.PackageNotFoundError:
+            return "-"
+
+    lines = [f"\n## bench_decoding — {datetime.date.today().isoformat()}\n",
+             f"- device: {device_description()}",
+             f"- versions: jax {ver('jax')}, flax {ver('flax')}, torch {ver('torch')}, transformers {ver('transformers')}",
+             f"- command: `{command}`\n"]
+    for fig in dict.fromkeys(r["figure"] for r in ROWS):
+        rows = [r for r in ROWS if r["figure"] == fig]
+        keys = [k for k in rows[0] if k != "figure"]
+        lines.append(f"**{fig}**\n")
+        lines.append("| " + " | ".join(keys) + " |")
+        lines.append("|" + "---|" * len(keys))
+        for r in rows:
+            lines.append("| " + " | ".join(_fmt(r.get(k)) for k in keys) + " |")
+        lines.append("")
+    with path.open("a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
+    parser.add_argument("--no_write", action="store_true", help="print JSON lines only, do not touch BENCHMARKS.md")
+    parser.add_argument("--only", choices=["a", "c", "d", "e"], action="append", help="run only these parts")
+    args = parser.parse_args(argv)
+    setup_logging()
+    parts = set(args.only or ["a", "c", "d", "e"])
+    if "a" in parts:
+        try:
+            import torch  # noqa: F401
+            if args.quick:
+                bench_vs_transformers("tiny", 2000, [10], n_queries=8, length=4)
+            else:
+                bench_vs_transformers("tiny", 10_000, [10, 100], n_queries=16, length=4)
+                bench_vs_transformers("t5_small", 10_000, [10, 100], n_queries=16, length=4)
+        except ImportError:
+            emit(figure="a_vs_transformers", skipped="torch/transformers not installed")
+    if "c" in parts:
+        bench_index([100_000] if args.quick else [100_000, 1_000_000, 8_800_000])
+    if "d" in parts:
+        bench_insert(100_000 if args.quick else 1_000_000)
+        if not args.quick:
+            bench_insert(8_800_000)
+    if "e" in parts:
+        if jax.devices()[0].platform == "gpu":
+            bench_gpu()
+        else:
+            emit(figure="e_gpu_t5_base", skipped="no GPU on this machine")
+    if not args.no_write:
+        write_markdown("python tools/bench_decoding.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                       ROOT / "BENCHMARKS.md")
+    return 0
+
+
+def bench_gpu(n_docids: int = 8_800_000, n_queries: int = 16):
+    config = t5.get_config("t5_base", dropout_rate=0.0, dtype="bfloat16").replace(vocab_size=2048 + 128)
+    params = t5.init_params(config, seed=0)
+    docids = random_docids(n_docids, 8, 2048, seed=3, low=0)
+    index = TrieIndex.build(docids, vocab_size=config.vocab_size)
+    trie = index.device()
+    queries = np.random.default_rng(0).integers(3, 2048, (n_queries, 32))
+    for k in (10, 100):
+        searcher = T5Searcher(t5.T5(config), num_beams=k, score_mode="log_softmax")
+        c = timed(lambda: searcher.search(params, queries, trie).scores)
+        u = timed(lambda: searcher.search_unconstrained(params, queries, 8).scores)
+        emit(figure="e_gpu_t5_base", docids=n_docids, beam=k, batch=n_queries, ms_per_query=1e3 * c / n_queries,
+             unconstrained_ms_per_query=1e3 * u / n_queries, ratio=c / u)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
