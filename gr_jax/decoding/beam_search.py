@@ -103,27 +103,53 @@ def _merge_finished(finished: _State, new: _State, N: int) -> _State:
         lambda x: jnp.take_along_axis(x, idx[..., None] if x.ndim == 3 else idx, axis=1), both)
 
 
+def _step(step_fn: StepFn, cache, last, alive: _State, tile_fn, d: int, B: int, N: int, start_token: int):
+    """Runs the model one step. Step 0 runs once per query — every beam starts from the same prefix, and
+    only the first is alive — so it returns logits and states for that one root beam, then tiles the cache.
+    Returns (logits [B, n, V], cache, source states [B, n]) with n = 1 at step 0, else N."""
+    if d == 0:
+        logits, cache = step_fn(cache, jnp.full((B,), start_token, jnp.int32))
+        cache = tile_rows(cache, N, B) if tile_fn is None else tile_fn(cache, N)
+        return logits[:, None, :].astype(jnp.float32), cache, jax.tree_util.tree_map(lambda x: x[:, :1], alive)
+    logits, cache = step_fn(cache, last)
+    return logits.reshape(B, N, -1).astype(jnp.float32), cache, alive
+
+
+def _pad_beams(state: _State, idx, N: int):
+    """Pads a selection of fewer than N states (a level with fewer slots than beams) with dead beams."""
+    k = idx.shape[1]
+    if k == N:
+        return state, idx
+    B, _, D = state.tokens.shape
+    pad = _empty(B, N - k, D)
+    state = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=1), state, pad)
+    return state, jnp.concatenate([idx, jnp.zeros((B, N - k), idx.dtype)], axis=1)
+
+
 def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, num_beams: int,
                 score_mode: str = "log_softmax", length_penalty: float = 0.0, bonus_fn: Optional[BonusFn] = None,
-                query_state=None, start_token: int = 0) -> BeamResult:
-    """Constrained beam search (pure; call it under `jax.jit`). `cache` has `batch_size` rows."""
+                query_state=None, start_token: int = 0, tile_fn=None) -> BeamResult:
+    """Constrained beam search (pure; call it under `jax.jit`). `cache` has `batch_size` rows.
+
+    `tile_fn(cache, n)` makes n rows per query after the first step (default: repeat every leaf with
+    `batch_size` leading rows); the T5 searcher passes one that keeps encoder states shared per query.
+    """
     B, N, D = batch_size, num_beams, trie.depth
-    cache = tile_rows(cache, N, B)
     first = jnp.arange(N) == 0  # one live beam at the root, so no docid can be found twice
     alive = _empty(B, N, D).replace(score=jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0),
                                     prune=jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0),
                                     node=jnp.zeros((B, N), jnp.int32), valid=first[None].repeat(B, 0))
     finished = _empty(B, N, D)
-    last = jnp.full((B * N,), start_token, jnp.int32)
+    last = None
     for d in range(D):
         spec = trie.specs[d]
-        logits, cache = step_fn(cache, last)
-        logits = logits.reshape(B, N, -1).astype(jnp.float32)
-        tokens, child, leaf, valid = level_candidates(trie, d, alive.node)
-        valid = valid & alive.valid[..., None]
+        logits, cache, src = _step(step_fn, cache, last, alive, tile_fn, d, B, N, start_token)
+        n = src.score.shape[1]
+        tokens, child, leaf, valid = level_candidates(trie, d, src.node)
+        valid = valid & src.valid[..., None]
         step = _token_scores(logits, tokens, valid, score_mode)
-        score = alive.score[..., None] + step
-        prune = alive.prune[..., None] + step
+        score = src.score[..., None] + step
+        prune = src.prune[..., None] + step
         if bonus_fn is not None:
             prune = prune + jnp.where(valid, bonus_fn(d, child, query_state), 0.0)
         C = step.shape[-1]
@@ -132,21 +158,19 @@ def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, nu
         is_leaf = leaf >= 0
         if spec.has_leaves:
             penalty = float(d + 1) ** length_penalty
-            leaf_prune = jnp.where(is_leaf, prune, NEG_INF).reshape(B, N * C)
-            _, idx = jax.lax.top_k(leaf_prune, min(N, N * C))
-            new = _extend(alive, idx, C, d, tokens, score / penalty, jnp.where(is_leaf, prune, NEG_INF) / penalty,
+            leaf_prune = jnp.where(is_leaf, prune, NEG_INF).reshape(B, n * C)
+            _, idx = jax.lax.top_k(leaf_prune, min(N, n * C))
+            new = _extend(src, idx, C, d, tokens, score / penalty, jnp.where(is_leaf, prune, NEG_INF) / penalty,
                           leaf, d + 1)
             finished = _merge_finished(finished, new, N)
         if d + 1 < D:
-            go_prune = jnp.where(is_leaf, NEG_INF, prune).reshape(B, N * C)
-            _, idx = jax.lax.top_k(go_prune, min(N, N * C))
-            nxt = _extend(alive, idx, C, d, tokens, score, jnp.where(is_leaf, NEG_INF, prune), child, d + 1)
-            if idx.shape[1] < N:  # fewer slots than beams (tiny tries): pad with dead beams
-                pad = _empty(B, N - idx.shape[1], D)
-                nxt = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=1), nxt, pad)
-                idx = jnp.concatenate([idx, jnp.zeros((B, N - idx.shape[1]), idx.dtype)], axis=1)
-            rows = (jnp.arange(B)[:, None] * N + idx // C).reshape(-1)
-            cache = gather_rows(cache, rows, B * N)
+            go_prune = jnp.where(is_leaf, NEG_INF, prune).reshape(B, n * C)
+            _, idx = jax.lax.top_k(go_prune, min(N, n * C))
+            nxt = _extend(src, idx, C, d, tokens, score, jnp.where(is_leaf, NEG_INF, prune), child, d + 1)
+            nxt, idx = _pad_beams(nxt, idx, N)
+            if d > 0:  # after step 0 every row of a query holds the same state: nothing to reorder
+                rows = (jnp.arange(B)[:, None] * N + idx // C).reshape(-1)
+                cache = gather_rows(cache, rows, B * N)
             last = jnp.where(nxt.valid, nxt.tokens[:, :, d], start_token).reshape(-1)
             alive = nxt
     return BeamResult(tokens=finished.tokens, lengths=finished.length,
@@ -157,35 +181,35 @@ def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, nu
 
 def beam_search_unconstrained(step_fn: StepFn, cache, *, batch_size: int, num_beams: int, max_length: int,
                               eos_id: int, vocab_size: int, score_mode: str = "log_softmax",
-                              length_penalty: float = 0.0, start_token: int = 0) -> BeamResult:
+                              length_penalty: float = 0.0, start_token: int = 0, tile_fn=None) -> BeamResult:
     """The same search over the whole vocabulary (EOS ends a sequence), for comparison; `leaf_ids` is -1."""
     B, N, D, V = batch_size, num_beams, max_length, vocab_size
-    cache = tile_rows(cache, N, B)
     first = jnp.arange(N) == 0
     alive = _empty(B, N, D).replace(score=jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0),
                                     prune=jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0),
                                     valid=first[None].repeat(B, 0))
     finished = _empty(B, N, D)
-    last = jnp.full((B * N,), start_token, jnp.int32)
-    vocab = jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), (B, N, V))
+    last = None
     for d in range(D):
-        logits, cache = step_fn(cache, last)
-        logits = logits.reshape(B, N, -1).astype(jnp.float32)
-        valid = jnp.broadcast_to(alive.valid[..., None], logits.shape)
+        logits, cache, src = _step(step_fn, cache, last, alive, tile_fn, d, B, N, start_token)
+        n = src.score.shape[1]
+        vocab = jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), (B, n, V))
+        valid = jnp.broadcast_to(src.valid[..., None], logits.shape)
         step = _token_scores(logits, None, valid, score_mode)
-        score = alive.score[..., None] + step
-        # finishing: the EOS slot of each beam (N candidates, not N·V)
+        score = src.score[..., None] + step
+        # finishing: the EOS slot of each beam (n candidates, not n·V)
         penalty = float(d + 1) ** length_penalty
-        eos_idx = jnp.arange(N)[None, :] * V + eos_id
-        eos_idx = jnp.broadcast_to(eos_idx, (B, N))
-        new = _extend(alive, eos_idx, V, d, vocab, score / penalty, score / penalty, None, d + 1)
+        eos_idx = jnp.broadcast_to(jnp.arange(n)[None, :] * V + eos_id, (B, n))
+        new = _extend(src, eos_idx, V, d, vocab, score / penalty, score / penalty, None, d + 1)
         finished = _merge_finished(finished, new, N)
         if d + 1 < D:
-            go = jnp.where(jnp.arange(V) == eos_id, NEG_INF, score).reshape(B, N * V)
-            _, idx = jax.lax.top_k(go, N)
-            nxt = _extend(alive, idx, V, d, vocab, score, score, None, d + 1)
-            rows = (jnp.arange(B)[:, None] * N + idx // V).reshape(-1)
-            cache = gather_rows(cache, rows, B * N)
+            go = jnp.where(jnp.arange(V) == eos_id, NEG_INF, score).reshape(B, n * V)
+            _, idx = jax.lax.top_k(go, min(N, n * V))
+            nxt = _extend(src, idx, V, d, vocab, score, score, None, d + 1)
+            nxt, idx = _pad_beams(nxt, idx, N)
+            if d > 0:
+                rows = (jnp.arange(B)[:, None] * N + idx // V).reshape(-1)
+                cache = gather_rows(cache, rows, B * N)
             last = jnp.where(nxt.valid, nxt.tokens[:, :, d], start_token).reshape(-1)
             alive = nxt
     return BeamResult(tokens=finished.tokens, lengths=finished.length,

@@ -38,12 +38,14 @@ def _without_params(step_fn):
     return lambda params, cache, tokens: step_fn(cache, tokens)
 
 
-@functools.partial(jax.jit, static_argnames=("step_fn", "batch_size", "score_mode", "length_penalty", "start_token"))
+@functools.partial(jax.jit, static_argnames=("step_fn", "batch_size", "score_mode", "length_penalty", "start_token",
+                                             "tile_fn"))
 def _score_chunk(step_fn, step_params, cache, trie: DeviceTrie, seqs_MxD, lengths_M, nodes_MxD, *,
-                 batch_size: int, score_mode: str, length_penalty: float, start_token: int):
+                 batch_size: int, score_mode: str, length_penalty: float, start_token: int, tile_fn):
     B = batch_size
     M, D = seqs_MxD.shape
-    cache = tile_rows(cache, M, B)  # row b*M + m: query b, docid m
+    # row b*M + m: query b, docid m
+    cache = tile_rows(cache, M, B) if tile_fn is None else tile_fn(cache, M)
     total = jnp.zeros((B, M), jnp.float32)
     last = jnp.full((B * M,), start_token, jnp.int32)
     for t in range(D):
@@ -65,7 +67,7 @@ def _score_chunk(step_fn, step_params, cache, trie: DeviceTrie, seqs_MxD, length
 
 def exhaustive_scores(step_fn, cache, index, *, batch_size: int, score_mode: str = "log_softmax",
                       length_penalty: float = 0.0, start_token: int = 0, chunk_size: int = 512,
-                      step_params=None) -> np.ndarray:
+                      step_params=None, tile_fn=None) -> np.ndarray:
     """Scores [B, num_leaves] of every docid (column = leaf id) for each query; `cache` has B rows.
 
     `step_fn(cache, tokens)`, or `step_fn(step_params, cache, tokens)` when `step_params` is given (model
@@ -86,7 +88,7 @@ def exhaustive_scores(step_fn, cache, index, *, batch_size: int, score_mode: str
         s = np.where(s < 0, 0, s)
         scores = _score_chunk(fn, step_params, cache, trie, jnp.asarray(s, jnp.int32), jnp.asarray(ln, jnp.int32),
                               jnp.asarray(nd, jnp.int32), batch_size=batch_size, score_mode=score_mode,
-                              length_penalty=float(length_penalty), start_token=start_token)
+                              length_penalty=float(length_penalty), start_token=start_token, tile_fn=tile_fn)
         out.append(np.asarray(scores)[:, : hi - lo])
     return np.concatenate(out, axis=1)
 

@@ -16,6 +16,10 @@ from gr_jax.index.device import DeviceTrie
 from gr_jax.models import t5
 
 
+def _share_encoder(cache: t5.DecodeCache, n: int) -> t5.DecodeCache:
+    return cache.repeat(n, share_cross=True)
+
+
 def _t5_step(model: t5.T5, params, cache, tokens):
     return model.apply({"params": params}, cache, tokens, method=t5.T5.decode_step)
 
@@ -51,7 +55,7 @@ class T5Searcher:
         return bs.beam_search(step, cache, trie, batch_size=B, num_beams=self.num_beams,
                               score_mode=self.score_mode, length_penalty=self.length_penalty,
                               bonus_fn=self.bonus_fn, query_state=query_state,
-                              start_token=self.model.config.decoder_start_token_id)
+                              start_token=self.model.config.decoder_start_token_id, tile_fn=_share_encoder)
 
     def _unconstrained_impl(self, params, query_tokens, max_length: int):
         B = query_tokens.shape[0]
@@ -61,7 +65,7 @@ class T5Searcher:
         return bs.beam_search_unconstrained(step, cache, batch_size=B, num_beams=self.num_beams,
                                             max_length=max_length, eos_id=c.eos_token_id, vocab_size=c.vocab_size,
                                             score_mode=self.score_mode, length_penalty=self.length_penalty,
-                                            start_token=c.decoder_start_token_id)
+                                            start_token=c.decoder_start_token_id, tile_fn=_share_encoder)
 
     def search(self, params, query_tokens, trie: DeviceTrie, query_state=None) -> bs.BeamResult:
         return self._search(params, jnp.asarray(query_tokens), trie, query_state)
@@ -76,4 +80,4 @@ class T5Searcher:
         return exhaustive.exhaustive_scores(self._step, cache, index, batch_size=query_tokens.shape[0],
                                             score_mode=self.score_mode, length_penalty=self.length_penalty,
                                             start_token=self.model.config.decoder_start_token_id,
-                                            chunk_size=chunk_size, step_params=params)
+                                            chunk_size=chunk_size, step_params=params, tile_fn=_share_encoder)

@@ -166,6 +166,12 @@ class TrieIndex:
             are collisions; repeated (sequence, document) pairs are kept once.
         """
         arr, lengths = _as_padded(sequences, vocab_size, eos_id, append_eos, source)
+        return cls._from_padded(arr, lengths, doc_ids, vocab_size=vocab_size, eos_id=eos_id,
+                                dense_budget_bytes=dense_budget_bytes, source=source)
+
+    @classmethod
+    def _from_padded(cls, arr: np.ndarray, lengths: np.ndarray, doc_ids, *, vocab_size: int,
+                     eos_id: Optional[int], dense_budget_bytes: int, source: str) -> "TrieIndex":
         M = len(arr)
         docs = np.arange(M, dtype=np.int64) if doc_ids is None else np.asarray(doc_ids, np.int64)
         if docs.shape != (M,):
@@ -454,13 +460,13 @@ class TrieIndex:
                 out[leaves, dd - 1] = tok
         return out, lengths
 
-    def pairs(self) -> tuple[list, np.ndarray]:
-        """All (sequence, document) pairs: (list of token lists, doc ids)."""
+    def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All (sequence, document) pairs: (int32 [P, D] padded with -1, lengths [P], doc ids [P])."""
         seqs, lengths = self.leaf_sequences()
         leaf = np.repeat(np.arange(self.main_leaves), np.diff(self.doc_offsets))
         leaf = np.concatenate([leaf, self.extra_pairs[:, 0]]).astype(np.int64)
         docs = np.concatenate([self.doc_ids, self.extra_pairs[:, 1]])
-        return [seqs[i, :lengths[i]].tolist() for i in leaf], docs
+        return seqs[leaf], lengths[leaf], docs
 
     # ------------------------------------------------------------------------------------------------------
     # insertion
@@ -613,11 +619,9 @@ class TrieIndex:
 
     def compact(self) -> "TrieIndex":
         """A new index with everything in plain CSR (the result of building from all pairs at once)."""
-        seqs, docs = self.pairs()
-        fixed = len({len(s) for s in seqs}) == 1
-        seqs_in = np.asarray(seqs, np.int64) if fixed else seqs
-        return TrieIndex.build(seqs_in, docs, vocab_size=self.vocab_size, eos_id=self.eos_id,
-                               dense_budget_bytes=self.dense_budget_bytes)
+        seqs, lengths, docs = self.pairs()
+        return TrieIndex._from_padded(seqs, lengths, docs, vocab_size=self.vocab_size, eos_id=self.eos_id,
+                                      dense_budget_bytes=self.dense_budget_bytes, source="compact")
 
     # ------------------------------------------------------------------------------------------------------
     # save / load

@@ -329,8 +329,11 @@ class DecoderLayer(nn.Module):
             v = jax.lax.dynamic_update_slice(v_cache, v_new.astype(v_cache.dtype), start)
         x = x + self.drop(self.self_attention(h, k, v, bias, self_mask, deterministic), deterministic=deterministic)
         h = self.cross_attention_norm(x)
-        x = x + self.drop(self.cross_attention(h, *cross_kv, None, cross_mask, deterministic),
-                          deterministic=deterministic)
+        rows, queries = h.shape[0], cross_kv[0].shape[0]
+        if rows != queries:  # cross keys/values shared by the rows of each query (DecodeCache.repeat)
+            h = h.reshape(queries, (rows // queries) * h.shape[1], h.shape[2])
+        out = self.cross_attention(h, *cross_kv, None, cross_mask, deterministic).reshape(x.shape)
+        x = x + self.drop(out, deterministic=deterministic)
         h = self.mlp_norm(x)
         x = x + self.drop(self.mlp(h, deterministic), deterministic=deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -361,9 +364,16 @@ class DecodeCache:
         sk, sv, ck, cv, m = jax.tree_util.tree_map(fn, batched)
         return self.replace(self_k=sk, self_v=sv, cross_k=ck, cross_v=cv, encoder_mask=m)
 
-    def repeat(self, n: int) -> "DecodeCache":
-        """Repeats every batch row n times (row b becomes rows b*n .. b*n+n-1), e.g. for beams."""
-        return self._map_batch(lambda a: jnp.repeat(a, n, axis=0))
+    def repeat(self, n: int, share_cross: bool = False) -> "DecodeCache":
+        """Repeats every batch row n times (row b becomes rows b*n .. b*n+n-1), e.g. for beams.
+
+        With share_cross, the encoder side (cross keys/values, encoder mask) keeps one row per query and the
+        decoder attends to it from all n rows of that query: less memory, and nothing to reorder per step.
+        """
+        rep = lambda a: jnp.repeat(a, n, axis=0)  # noqa: E731
+        if share_cross:
+            return self.replace(self_k=tuple(map(rep, self.self_k)), self_v=tuple(map(rep, self.self_v)))
+        return self._map_batch(rep)
 
     def gather(self, rows: Array) -> "DecodeCache":
         """Selects batch rows (beam search's reordering after pruning)."""

@@ -57,9 +57,14 @@ def test_bad_input(seqs, kwargs, match):
         TrieIndex.build(seqs, vocab_size=V, **kwargs)
 
 
-def test_doc_ids_length_mismatch():
+def test_doc_ids_length_mismatch_and_range():
     with pytest.raises(ValueError, match="2 document ids for 3 sequences"):
         TrieIndex.build(np.array([[1], [2], [3]]), [0, 1], vocab_size=V)
+    with pytest.raises(ValueError, match=r"document id -4 \(row 1\)"):
+        TrieIndex.build(np.array([[1], [2]]), [0, -4], vocab_size=V)
+    t = TrieIndex.build(np.array([[1], [2]]), vocab_size=V)
+    with pytest.raises(ValueError, match="document id"):
+        t.insert(np.array([[3]]), [2**40])
 
 
 def test_insert_existing_pair_is_noop_and_new_doc_extends_payload():
@@ -93,8 +98,8 @@ def test_failed_insert_leaves_index_unchanged():
 
 
 def _canonical(index):
-    seqs, docs = index.pairs()
-    return sorted(zip(map(tuple, seqs), docs.tolist()))
+    seqs, lengths, docs = index.pairs()
+    return sorted((tuple(s[:n].tolist()), d) for s, n, d in zip(seqs, lengths, docs.tolist()))
 
 
 @st.composite
