@@ -121,12 +121,14 @@ def bench_vs_transformers(model_name: str, n_docids: int, beams: list[int], n_qu
                                    length_penalty=1.0, do_sample=False, return_dict_in_generate=True,
                                    output_scores=True)
 
-        t0 = time.perf_counter()
-        out = hf_run(True)
-        hf_c = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        hf_run(False)
-        hf_u = time.perf_counter() - t0
+        hf_c = hf_u = float("inf")
+        for _ in range(2):  # best of two, like ours (whose first call also compiles and is not counted)
+            t0 = time.perf_counter()
+            out = hf_run(True)
+            hf_c = min(hf_c, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            hf_run(False)
+            hf_u = min(hf_u, time.perf_counter() - t0)
         hf_seqs = out.sequences[:, 1:].numpy().reshape(n_queries, k, -1)
         ours = np.asarray(res.tokens)[:, :, :hf_seqs.shape[2]]
         same = float(np.mean([set(map(tuple, ours[b])) == set(map(tuple, hf_seqs[b])) for b in range(n_queries)]))

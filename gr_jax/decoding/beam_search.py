@@ -115,6 +115,33 @@ def _step(step_fn: StepFn, cache, last, alive: _State, tile_fn, d: int, B: int, 
     return logits.reshape(B, N, -1).astype(jnp.float32), cache, alive
 
 
+def _root(B: int, N: int, D: int) -> _State:
+    """Beam 0 alive at the root with score 0; the others dead, so no docid can be found twice."""
+    first = jnp.arange(N) == 0
+    zero_or_dead = jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0)
+    return _empty(B, N, D).replace(score=zero_or_dead, prune=zero_or_dead, node=jnp.zeros((B, N), jnp.int32),
+                                   valid=first[None].repeat(B, 0))
+
+
+def _advance(src: _State, idx, C: int, d: int, tokens, score, prune, node, cache, N: int, start_token: int):
+    """Moves the beams to the selected slots: new alive states, the reordered cache, the next input tokens."""
+    B = idx.shape[0]
+    nxt = _extend(src, idx, C, d, tokens, score, prune, node, d + 1)
+    nxt, idx = _pad_beams(nxt, idx, N)
+    if d > 0:  # after step 0 every row of a query holds the same state: nothing to reorder
+        rows = (jnp.arange(B)[:, None] * N + idx // C).reshape(-1)
+        cache = gather_rows(cache, rows, B * N)
+    last = jnp.where(nxt.valid, nxt.tokens[:, :, d], start_token).reshape(-1)
+    return nxt, cache, last
+
+
+def _result(finished: _State, leaf_ids) -> BeamResult:
+    return BeamResult(tokens=finished.tokens, lengths=finished.length,
+                      scores=jnp.where(finished.valid, finished.score, NEG_INF),
+                      prune_scores=jnp.where(finished.valid, finished.prune, NEG_INF),
+                      leaf_ids=leaf_ids, valid=finished.valid)
+
+
 def _pad_beams(state: _State, idx, N: int):
     """Pads a selection of fewer than N states (a level with fewer slots than beams) with dead beams."""
     k = idx.shape[1]
@@ -135,10 +162,7 @@ def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, nu
     `batch_size` leading rows); the T5 searcher passes one that keeps encoder states shared per query.
     """
     B, N, D = batch_size, num_beams, trie.depth
-    first = jnp.arange(N) == 0  # one live beam at the root, so no docid can be found twice
-    alive = _empty(B, N, D).replace(score=jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0),
-                                    prune=jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0),
-                                    node=jnp.zeros((B, N), jnp.int32), valid=first[None].repeat(B, 0))
+    alive = _root(B, N, D)
     finished = _empty(B, N, D)
     last = None
     for d in range(D):
@@ -166,17 +190,9 @@ def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, nu
         if d + 1 < D:
             go_prune = jnp.where(is_leaf, NEG_INF, prune).reshape(B, n * C)
             _, idx = jax.lax.top_k(go_prune, min(N, n * C))
-            nxt = _extend(src, idx, C, d, tokens, score, jnp.where(is_leaf, NEG_INF, prune), child, d + 1)
-            nxt, idx = _pad_beams(nxt, idx, N)
-            if d > 0:  # after step 0 every row of a query holds the same state: nothing to reorder
-                rows = (jnp.arange(B)[:, None] * N + idx // C).reshape(-1)
-                cache = gather_rows(cache, rows, B * N)
-            last = jnp.where(nxt.valid, nxt.tokens[:, :, d], start_token).reshape(-1)
-            alive = nxt
-    return BeamResult(tokens=finished.tokens, lengths=finished.length,
-                      scores=jnp.where(finished.valid, finished.score, NEG_INF),
-                      prune_scores=jnp.where(finished.valid, finished.prune, NEG_INF),
-                      leaf_ids=jnp.where(finished.valid, finished.node, -1), valid=finished.valid)
+            alive, cache, last = _advance(src, idx, C, d, tokens, score, jnp.where(is_leaf, NEG_INF, prune),
+                                          child, cache, N, start_token)
+    return _result(finished, jnp.where(finished.valid, finished.node, -1))
 
 
 def beam_search_unconstrained(step_fn: StepFn, cache, *, batch_size: int, num_beams: int, max_length: int,
@@ -184,10 +200,7 @@ def beam_search_unconstrained(step_fn: StepFn, cache, *, batch_size: int, num_be
                               length_penalty: float = 0.0, start_token: int = 0, tile_fn=None) -> BeamResult:
     """The same search over the whole vocabulary (EOS ends a sequence), for comparison; `leaf_ids` is -1."""
     B, N, D, V = batch_size, num_beams, max_length, vocab_size
-    first = jnp.arange(N) == 0
-    alive = _empty(B, N, D).replace(score=jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0),
-                                    prune=jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0),
-                                    valid=first[None].repeat(B, 0))
+    alive = _root(B, N, D)
     finished = _empty(B, N, D)
     last = None
     for d in range(D):
@@ -205,14 +218,5 @@ def beam_search_unconstrained(step_fn: StepFn, cache, *, batch_size: int, num_be
         if d + 1 < D:
             go = jnp.where(jnp.arange(V) == eos_id, NEG_INF, score).reshape(B, n * V)
             _, idx = jax.lax.top_k(go, min(N, n * V))
-            nxt = _extend(src, idx, V, d, vocab, score, score, None, d + 1)
-            nxt, idx = _pad_beams(nxt, idx, N)
-            if d > 0:
-                rows = (jnp.arange(B)[:, None] * N + idx // V).reshape(-1)
-                cache = gather_rows(cache, rows, B * N)
-            last = jnp.where(nxt.valid, nxt.tokens[:, :, d], start_token).reshape(-1)
-            alive = nxt
-    return BeamResult(tokens=finished.tokens, lengths=finished.length,
-                      scores=jnp.where(finished.valid, finished.score, NEG_INF),
-                      prune_scores=jnp.where(finished.valid, finished.prune, NEG_INF),
-                      leaf_ids=jnp.full((B, N), -1, jnp.int32), valid=finished.valid)
+            alive, cache, last = _advance(src, idx, V, d, vocab, score, score, None, cache, N, start_token)
+    return _result(finished, jnp.full((B, N), -1, jnp.int32))

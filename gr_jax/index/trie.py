@@ -111,8 +111,20 @@ def _check_doc_ids(docs: np.ndarray, source: str) -> None:
         raise ValueError(f"{source}: document id {docs[i]} (row {i}) must be in [0, 2**32)")
 
 
-def _lexsort_rows(arr: np.ndarray, *extra_minor_keys: np.ndarray) -> np.ndarray:
-    keys = list(extra_minor_keys) + [arr[:, j] for j in range(arr.shape[1] - 1, -1, -1)]
+def _lexsort_rows(arr: np.ndarray, vocab_size: int, *extra_minor_keys: np.ndarray) -> np.ndarray:
+    """Row order sorting `arr` lexicographically (padding -1 first), ties broken by the extra keys.
+
+    Columns are packed several to an int64 key (each shifted by one so the padding is 0), which cuts the
+    number of sort passes from D to about D / (62 // bits per token)."""
+    bits = int(np.ceil(np.log2(vocab_size + 1)))
+    per_key = max(1, 62 // bits)
+    packed = []
+    for start in range(0, arr.shape[1], per_key):
+        key = np.zeros(len(arr), np.int64)
+        for j in range(start, min(start + per_key, arr.shape[1])):
+            key = (key << bits) | (arr[:, j].astype(np.int64) + 1)
+        packed.append(key)
+    keys = list(extra_minor_keys) + packed[::-1]
     return np.lexsort(keys) if keys else np.arange(len(arr))
 
 
@@ -179,7 +191,7 @@ class TrieIndex:
         _check_doc_ids(docs, source)
         if M == 0:
             raise ValueError(f"{source}: no docids to index")
-        order = _lexsort_rows(arr, docs)
+        order = _lexsort_rows(arr, vocab_size, docs)
         arr, lengths, docs = arr[order], lengths[order], docs[order]
         fd = _first_difference(arr)
         D = arr.shape[1]

@@ -237,17 +237,20 @@ def read_hf_tensors(hf_dir: str | os.PathLike) -> dict[str, np.ndarray]:
                           f"{HF_TORCH_BIN_INDEX} found")
 
 
-def read_hf_config(hf_dir: str | os.PathLike) -> dict[str, Any]:
-    path = Path(hf_dir) / HF_CONFIG
+def _read_json_object(path: Path, missing_hint: str) -> dict[str, Any]:
     try:
-        cfg = json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"{path}: not found (an HF model directory has config.json)") from None
+        raise CheckpointError(f"{path}: not found ({missing_hint})") from None
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: invalid JSON ({e})") from None
-    if not isinstance(cfg, dict):
+    if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
-    return cfg
+    return obj
+
+
+def read_hf_config(hf_dir: str | os.PathLike) -> dict[str, Any]:
+    return _read_json_object(Path(hf_dir) / HF_CONFIG, "an HF model directory has config.json")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -360,12 +363,7 @@ def save_checkpoint(params: Mapping, config: T5Config, out_dir: str | os.PathLik
 
 def load_checkpoint_config(ckpt_dir: str | os.PathLike) -> T5Config:
     path = Path(ckpt_dir) / "config.json"
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: not found; is {ckpt_dir} a gr_jax checkpoint?") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: invalid JSON ({e})") from None
+    meta = _read_json_object(path, f"is {ckpt_dir} a gr_jax checkpoint?")
     if meta.get("format") != FORMAT_TAG:
         raise CheckpointError(f"{path}: format tag {meta.get('format')!r}, expected {FORMAT_TAG!r}")
     try:
