@@ -30,7 +30,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -300,7 +300,7 @@ class TrieIndex:
         """Bytes of every array of the index (CSR, dense tables, leaf ranks, payload, extras)."""
         arrays = [*self.offsets, *self.tokens, *(r for r in self.leaf_rank if r is not None),
                   *(t for t in self.dense if t is not None), self.doc_offsets, self.doc_ids, self.extra_pairs]
-        for x in getattr(self, "extras", []):
+        for x in self.extras:
             arrays += [x.parent, x.token, x.child, x.leaf]
         return int(sum(a.nbytes for a in arrays))
 

@@ -75,7 +75,7 @@ class T5Config:
     decoder_start_token_id: int = PAD_ID
 
     def __post_init__(self):
-        self.activation  # validates feed_forward_proj
+        _ = self.activation  # raises on an unknown feed_forward_proj
         if self.dtype not in _DTYPES:
             raise ValueError(f"T5Config.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         for name in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"):

@@ -132,7 +132,7 @@ def test_insert_equals_build_and_lookup_is_exact(data, dense_budget):
     assert _canonical(full) == expected
     leaf = full.lookup(seqs if ragged else np.array(seqs))
     assert (leaf >= 0).all()
-    for s, d, lf in zip(seqs, docs, leaf):
+    for d, lf in zip(docs, leaf):
         assert d in full.documents(lf)
     if split == 0:
         return
