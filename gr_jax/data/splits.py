@@ -1,0 +1,59 @@
+"""The dynamic-corpora split of 000_dynamic_corpora.txt.
+
+D0 = a random 50% of the documents; D1..D5 = the other documents in five parts of (about) 10% each. Every
+query follows its relevant document: P0 = the training queries of D0 documents, Q_o = the test queries of
+D_o documents. A query judged relevant to documents in several parts follows the earliest part (so a query
+answerable from D0 stays a D0 query). Seeded: the same seed gives the same split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class DynamicSplit:
+    parts: list[list[str]]  # D0, D1, ..., Dn: document ids
+    train_queries: list[str]  # P0: training queries of D0 documents
+    test_queries: list[list[str]]  # Q0, Q1, ..., Qn
+    seed: int
+
+    def part_of(self) -> dict[str, int]:
+        return {d: o for o, docs in enumerate(self.parts) for d in docs}
+
+    def documents_up_to(self, o: int) -> list[str]:
+        """D0 ∪ ... ∪ D_o, the corpus after the o-th incremental step."""
+        return [d for part in self.parts[: o + 1] for d in part]
+
+
+def dynamic_split(doc_ids: Sequence[str], train_qrels: Mapping[str, Mapping[str, int]],
+                  test_qrels: Mapping[str, Mapping[str, int]], seed: int = 0, initial_fraction: float = 0.5,
+                  n_parts: int = 5) -> DynamicSplit:
+    """Splits documents into D0..Dn and assigns every judged query to the part of its relevant document."""
+    if not 0 < initial_fraction < 1:
+        raise ValueError(f"initial_fraction must be in (0, 1), got {initial_fraction}")
+    if len(set(doc_ids)) != len(doc_ids):
+        raise ValueError("dynamic_split: duplicate document ids")
+    n = len(doc_ids)
+    if n < n_parts + 1:
+        raise ValueError(f"dynamic_split: {n} documents cannot fill D0 and {n_parts} parts")
+    order = np.random.default_rng(seed).permutation(n)
+    n0 = int(round(n * initial_fraction))
+    shuffled = [doc_ids[i] for i in order]
+    parts = [shuffled[:n0]] + [list(p) for p in np.array_split(np.array(shuffled[n0:], dtype=object), n_parts)]
+    part = {d: o for o, docs in enumerate(parts) for d in docs}
+
+    def home(qid: str, judged: Mapping[str, int]) -> int:
+        rel = [part[d] for d, g in judged.items() if g > 0 and d in part]
+        if not rel:
+            raise ValueError(f"dynamic_split: query {qid!r} has no relevant document in the corpus")
+        return min(rel)
+
+    train = sorted(q for q, judged in train_qrels.items() if home(q, judged) == 0)
+    tests: list[list[str]] = [[] for _ in parts]
+    for q, judged in test_qrels.items():
+        tests[home(q, judged)].append(q)
+    return DynamicSplit(parts, train, [sorted(t) for t in tests], seed)
