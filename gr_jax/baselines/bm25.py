@@ -1,0 +1,79 @@
+"""BM25 through `bm25s` (sparse, numpy): build over a Corpus, search → Run, save / load without pickle.
+
+Tokenisation: lower-cased word tokens of ≥ 2 characters, English stop words removed (bm25s' defaults), the
+same for documents and queries. Scoring: bm25s' "lucene" variant with k1 = 0.9, b = 0.4 (Anserini's MS MARCO
+defaults) unless given.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from gr_jax.evaluation.runs import Run
+
+log = logging.getLogger(__name__)
+
+
+def _bm25s():
+    try:
+        import bm25s
+    except ImportError:
+        raise ImportError("the BM25 baseline needs bm25s: pip install bm25s") from None
+    return bm25s
+
+
+class BM25:
+    def __init__(self, retriever, doc_ids: list[str]):
+        self.retriever = retriever
+        self.doc_ids = doc_ids
+
+    @classmethod
+    def build(cls, doc_ids: Sequence[str], texts: Sequence[str], k1: float = 0.9, b: float = 0.4,
+              method: str = "lucene") -> "BM25":
+        bm25s = _bm25s()
+        if len(doc_ids) != len(texts):
+            raise ValueError(f"BM25.build: {len(doc_ids)} ids for {len(texts)} texts")
+        tokens = bm25s.tokenize(list(texts), stopwords="en", show_progress=False)
+        retriever = bm25s.BM25(k1=k1, b=b, method=method)
+        retriever.index(tokens, show_progress=False)
+        log.info("BM25 index over %d documents", len(doc_ids))
+        return cls(retriever, [str(d) for d in doc_ids])
+
+    def search(self, qids: Sequence[str], queries: Sequence[str], k: int = 100) -> Run:
+        bm25s = _bm25s()
+        k = min(k, len(self.doc_ids))
+        tokens = bm25s.tokenize(list(queries), stopwords="en", show_progress=False)
+        docs, scores = self.retriever.retrieve(tokens, k=k, show_progress=False)
+        run: Run = {}
+        for qid, row_docs, row_scores in zip(qids, docs, scores):
+            run[str(qid)] = {self.doc_ids[int(d)]: float(s) for d, s in zip(row_docs, row_scores) if s > 0}
+        return run
+
+    def save(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        try:
+            self.retriever.save(str(tmp), show_progress=False)
+            (tmp / "doc_ids.json").write_text(json.dumps(self.doc_ids))
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "BM25":
+        bm25s = _bm25s()
+        path = Path(path)
+        if not (path / "doc_ids.json").exists():
+            raise ValueError(f"{path}: not a saved BM25 index (doc_ids.json missing)")
+        retriever = bm25s.BM25.load(str(path), show_progress=False, allow_pickle=False)
+        return cls(retriever, json.loads((path / "doc_ids.json").read_text()))
