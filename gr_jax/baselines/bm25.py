@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 from gr_jax.evaluation.runs import Run
+from gr_jax.io_utils import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +55,9 @@ class BM25:
         return run
 
     def save(self, path: str | os.PathLike) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-        try:
+        with atomic_dir(path) as tmp:
             self.retriever.save(str(tmp), show_progress=False)
             (tmp / "doc_ids.json").write_text(json.dumps(self.doc_ids))
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "BM25":

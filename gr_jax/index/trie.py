@@ -27,12 +27,12 @@ import io
 import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
+
+from gr_jax.io_utils import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -662,17 +662,9 @@ class TrieIndex:
         meta = {"format": FORMAT_TAG, "vocab_size": self.vocab_size, "eos_id": self.eos_id, "depth": self.depth,
                 "leaf_all": self.leaf_all, "dense_budget_bytes": self.dense_budget_bytes,
                 "num_leaves": self.num_leaves, "sha256": hashlib.sha256(data).hexdigest()}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-        try:
+        with atomic_dir(path) as tmp:
             (tmp / "index.npz").write_bytes(data)
             (tmp / "index.json").write_text(json.dumps(meta, indent=2))
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "TrieIndex":

@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import jax
 import numpy as np
 
+from gr_jax.io_utils import atomic_dir
 from gr_jax.models.t5 import T5Config, init_params
 
 log = logging.getLogger(__name__)
@@ -311,7 +310,7 @@ def save_hf(params: Mapping, config: T5Config, out_dir: str | os.PathLike, overw
     """Writes an HF directory (config.json + model.safetensors) that transformers loads; atomic."""
     from safetensors.numpy import save_file
 
-    with _atomic_dir(out_dir, overwrite=overwrite) as tmp:
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         (tmp / HF_CONFIG).write_text(json.dumps(config_to_hf(config), indent=2))
         save_file(params_to_hf(params, config), str(tmp / HF_SAFETENSORS), metadata={"format": "pt"})
 
@@ -321,36 +320,12 @@ def save_hf(params: Mapping, config: T5Config, out_dir: str | os.PathLike, overw
 # ----------------------------------------------------------------------------------------------------------
 
 
-class _atomic_dir:
-    """Context manager: yields a temporary sibling directory, renamed to `path` only on success."""
-
-    def __init__(self, path: str | os.PathLike, overwrite: bool = False):
-        self.path = Path(path)
-        self.overwrite = overwrite
-
-    def __enter__(self) -> Path:
-        if self.path.exists() and any(self.path.iterdir()) and not self.overwrite:
-            raise FileExistsError(f"{self.path}: exists and is not empty")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return False
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        os.replace(self.tmp, self.path)
-        return False
-
-
 def save_checkpoint(params: Mapping, config: T5Config, out_dir: str | os.PathLike, overwrite: bool = False,
                     extra_metadata: Mapping[str, Any] | None = None) -> Path:
     """Writes `out_dir/config.json` and `out_dir/params` (orbax); atomic: all or nothing."""
     import orbax.checkpoint as ocp
 
-    with _atomic_dir(out_dir, overwrite=overwrite) as tmp:
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         meta = {"format": FORMAT_TAG, "t5_config": json.loads(config.to_json())}
         if extra_metadata:
             meta["metadata"] = dict(extra_metadata)
