@@ -64,15 +64,6 @@ def random_docids(n: int, length: int, vocab: int, seed: int, low: int = 3) -> n
     return out[rng.permutation(len(out))[:n]]
 
 
-def dict_trie(docids: np.ndarray) -> dict:
-    root: dict = {}
-    for seq in docids.tolist():
-        node = root
-        for tok in seq:
-            node = node.setdefault(tok, {})
-    return root
-
-
 # ----------------------------------------------------------------------------------------------------------
 # (a) + (b): against transformers
 # ----------------------------------------------------------------------------------------------------------
@@ -82,7 +73,7 @@ def bench_vs_transformers(model_name: str, n_docids: int, beams: list[int], n_qu
     import torch
     import transformers  # noqa: F401
 
-    from gr_jax.models.parity import load_torch_t5
+    from gr_jax.models.parity import hf_prefix_allowed_fn, load_torch_t5
 
     torch.set_num_threads(2)
     config = t5.get_config(model_name, dropout_rate=0.0)
@@ -98,13 +89,7 @@ def bench_vs_transformers(model_name: str, n_docids: int, beams: list[int], n_qu
     with tempfile.TemporaryDirectory() as tmp:
         convert.save_hf(params, config, Path(tmp) / "hf")
         hf = load_torch_t5(Path(tmp) / "hf")
-    tree = dict_trie(docids)
-
-    def allowed(batch_id, sent):
-        node = tree
-        for tok in sent.tolist()[1:]:
-            node = node.get(tok, {})
-        return list(node) or [EOS]
+    allowed = hf_prefix_allowed_fn(docids, EOS)
 
     q_t = torch.tensor(queries)
     for k in beams:

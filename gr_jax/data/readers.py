@@ -76,15 +76,16 @@ class Corpus:
     def __len__(self) -> int:
         return len(self.doc_ids)
 
-    def index_of(self, doc_id: str) -> int:
-        if self._index is None:
+    def _positions(self) -> dict[str, int]:
+        if self._index is None:  # built on first use: an 8.8M-row corpus should not pay for it unasked
             self._index = {d: i for i, d in enumerate(self.doc_ids)}
-        return self._index[doc_id]
+        return self._index
+
+    def index_of(self, doc_id: str) -> int:
+        return self._positions()[doc_id]
 
     def __contains__(self, doc_id: str) -> bool:
-        if self._index is None:
-            self._index = {d: i for i, d in enumerate(self.doc_ids)}
-        return doc_id in self._index
+        return doc_id in self._positions()
 
 
 @dataclasses.dataclass

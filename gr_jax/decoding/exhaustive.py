@@ -17,22 +17,6 @@ from gr_jax.decoding.beam_search import _token_scores, tile_rows
 from gr_jax.index.device import DeviceTrie, level_candidates
 
 
-def _path_nodes(index, seqs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Node id at depth t of every docid's path (the node whose children position t chooses from)."""
-    M, D = seqs.shape
-    nodes = np.zeros((M, D), np.int64)
-    node = np.zeros(M, np.int64)
-    for t in range(D):
-        nodes[:, t] = node
-        if t + 1 < D:
-            active = lengths > t
-            tok = np.where(active, seqs[:, t], 0).astype(np.int64)
-            main = index._main_child(t, np.where(active, node, -1), tok)
-            extra, _ = index._extra_child(t, np.where(active, node, -1), tok)
-            node = np.where(active, np.where(main >= 0, main, extra), -1)
-    return nodes
-
-
 @functools.lru_cache(maxsize=None)
 def _without_params(step_fn):
     return lambda params, cache, tokens: step_fn(cache, tokens)
@@ -76,7 +60,7 @@ def exhaustive_scores(step_fn, cache, index, *, batch_size: int, score_mode: str
     """
     fn = _without_params(step_fn) if step_params is None else step_fn
     seqs, lengths = index.leaf_sequences()
-    nodes = _path_nodes(index, seqs, lengths)
+    nodes = index.path_nodes(seqs, lengths)[:, :-1]  # the node each position chooses a child of
     trie = index.device()
     out = []
     for lo in range(0, len(seqs), chunk_size):

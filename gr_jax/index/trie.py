@@ -387,16 +387,27 @@ class TrieIndex:
                 has |= np.isin(node, x.parent)
         return has
 
+    def path_nodes(self, arr: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Node ids along each padded sequence: column t is the node at depth t (0 = root), for t ≤ its
+        length; -1 past the end or where the path leaves the trie. Shape [M, D + 1]."""
+        M, D = arr.shape
+        nodes = np.full((M, D + 1), -1, np.int64)
+        node = np.zeros(M, np.int64)
+        nodes[:, 0] = 0
+        for d in range(D):
+            active = (lengths > d) & (node >= 0)
+            t = np.where(active, arr[:, d], 0).astype(np.int64)
+            p = np.where(active, node, -1)
+            main = self._main_child(d, p, t)
+            extra, _ = self._extra_child(d, p, t)
+            node = np.where(active, np.where(main >= 0, main, extra), -1)
+            nodes[:, d + 1] = node
+        return nodes
+
     def lookup(self, sequences) -> np.ndarray:
         """Leaf id of each sequence, or -1 when it is not a docid of the index."""
         arr, lengths = _as_padded(sequences, self.vocab_size, None, False, "lookup")
-        node = np.zeros(len(arr), np.int64)
-        for d in range(arr.shape[1]):
-            active = lengths > d
-            t = arr[:, d].astype(np.int64)
-            main = self._main_child(d, np.where(active, node, -1), t)
-            extra, _ = self._extra_child(d, np.where(active, node, -1), t)
-            node = np.where(active, np.where(main >= 0, main, extra), node)
+        node = self.path_nodes(arr, lengths)[np.arange(len(arr)), lengths]
         return self._leaf_at(lengths, node)
 
     def _leaf_at(self, lengths: np.ndarray, node: np.ndarray) -> np.ndarray:

@@ -126,3 +126,21 @@ def write_random_hf_t5(out_dir: str | os.PathLike, version: str = "1.0", seed: i
         model.config.tie_word_embeddings = False
     model.save_pretrained(str(out_dir))
     return Path(out_dir)
+
+
+def hf_prefix_allowed_fn(docids, eos_id: int):
+    """The baseline GR repositories use with `generate(prefix_allowed_tokens_fn=...)`: a nested-dict trie
+    walked in Python for every beam at every step (the decoder start token is skipped)."""
+    root: dict = {}
+    for seq in np.asarray(docids).tolist():
+        node = root
+        for tok in seq:
+            node = node.setdefault(tok, {})
+
+    def allowed(batch_id, sent):
+        node = root
+        for tok in sent.tolist()[1:]:
+            node = node.get(tok, {})
+        return list(node) or [eos_id]
+
+    return allowed

@@ -26,15 +26,6 @@ def setup():
     return config, params, docids, index, queries
 
 
-def _dict_trie(docids):
-    root = {}
-    for seq in docids.tolist():
-        node = root
-        for tok in seq:
-            node = node.setdefault(tok, {})
-    return root
-
-
 @pytest.mark.torch
 @pytest.mark.parametrize("k", [5, 10])
 def test_same_topk_as_transformers_generate(setup, tmp_path, k):
@@ -43,16 +34,10 @@ def test_same_topk_as_transformers_generate(setup, tmp_path, k):
     torch = require("torch")
     config, params, docids, index, queries = setup
     convert.save_hf(params, config, tmp_path / "hf")
-    from gr_jax.models.parity import load_torch_t5
+    from gr_jax.models.parity import hf_prefix_allowed_fn, load_torch_t5
 
     hf = load_torch_t5(tmp_path / "hf")
-    trie = _dict_trie(docids)
-
-    def allowed(batch_id, sent):
-        node = trie
-        for tok in sent.tolist()[1:]:
-            node = node.get(tok, {})
-        return list(node) or [EOS]
+    allowed = hf_prefix_allowed_fn(docids, EOS)
 
     with torch.no_grad():
         out = hf.generate(input_ids=torch.tensor(queries), attention_mask=torch.tensor(queries != 0),
