@@ -140,6 +140,33 @@ class HFTokenizerVocabulary:
         return self._tok.decode([i for i in ids if i != PAD_ID], skip_special_tokens=True)
 
 
+def train_sentencepiece(texts: Sequence[str], path: str | os.PathLike, vocab_size: int,
+                        model_type: str = "unigram", character_coverage: float = 1.0) -> SentencePieceVocabulary:
+    """Train a SentencePiece model with T5's special ids (pad 0, eos 1, unk 2, no bos) and write it to `path`.
+
+    For corpora that come without a pretrained vocabulary (the demo corpus, tests). Single-threaded and
+    seeded by the input order, so the same texts give the same model file. Written atomically.
+    """
+    import sentencepiece as spm
+    import io
+
+    texts = [t.replace("\n", " ") for t in texts if t and t.strip()]
+    if not texts:
+        raise ValueError("train_sentencepiece: no non-empty texts")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
+                                   pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+                                   model_type=model_type, character_coverage=character_coverage,
+                                   num_threads=1, minloglevel=2, input_sentence_size=0,
+                                   shuffle_input_sentence=False, hard_vocab_limit=False)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(model.getvalue())
+    os.replace(tmp, path)
+    return SentencePieceVocabulary(path)
+
+
 def load_vocabulary(path: str | os.PathLike, extra_ids: int | None = None) -> Vocabulary:
     """A `.model` SentencePiece file, or an HF tokenizer directory (spiece.model or tokenizer.json).
 
