@@ -1,0 +1,77 @@
+"""DSI training objectives as (input text, document row) pairs.
+
+* indexing — document text → its docid (DSI's "indexing" task; optionally the title is prepended);
+* retrieval — query → docid, one pair per (query, relevant document) with grade ≥ `min_grade`;
+* pseudo-query — a generated query → docid (the NCI/DSI-QG `nq_512_qg.tsv` split, or any query split).
+
+Targets are *document rows* of the corpus, not docids: the docid scheme turns rows into token sequences,
+so one set of pairs serves every scheme. `mix_objectives` tokenizes them into `ExampleStore`s for the
+`MixtureIterator`, whose rates gin sets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional, Sequence
+
+import numpy as np
+
+from gr_jax.data.readers import Corpus, DataError, QuerySet
+from gr_jax.evaluation.runs import Qrels
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Pairs:
+    """Input texts and the corpus rows they should retrieve (parallel lists)."""
+
+    name: str
+    texts: list[str]
+    rows: np.ndarray
+    qids: Optional[list[str]] = None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def indexing_pairs(corpus: Corpus, rows: Optional[Sequence[int]] = None, with_title: bool = False,
+                   max_chars: Optional[int] = None) -> Pairs:
+    """Document text → document (DSI indexing). `max_chars` trims the text before tokenization, which keeps
+    tokenizing a long corpus cheap when only the first `inputs` tokens are kept anyway."""
+    rows = np.arange(len(corpus)) if rows is None else np.asarray(rows, dtype=np.int64)
+    if with_title and corpus.titles is None:
+        raise DataError("indexing_pairs(with_title=True): the corpus has no titles")
+    texts = []
+    for r in rows:
+        t = corpus.texts[int(r)]
+        if with_title and corpus.titles[int(r)]:
+            t = f"{corpus.titles[int(r)]}. {t}"
+        texts.append(t[:max_chars] if max_chars else t)
+    return Pairs("indexing", texts, rows)
+
+
+def query_pairs(queries: QuerySet, qrels: Qrels, corpus: Corpus, min_grade: int = 1, name: str = "retrieval",
+                restrict_rows: Optional[Sequence[int]] = None) -> Pairs:
+    """Query → each relevant document (grade ≥ `min_grade`). A judged document missing from the corpus is an
+    error; with `restrict_rows`, pairs whose document is outside those rows are left out (dynamic corpora:
+    train only on D0)."""
+    allowed = None if restrict_rows is None else set(int(r) for r in restrict_rows)
+    text_of = dict(zip(queries.qids, queries.texts))
+    texts, rows, qids = [], [], []
+    for qid, judged in qrels.items():
+        if qid not in text_of:
+            raise DataError(f"{name}: judged query {qid!r} has no text")
+        for doc, grade in sorted(judged.items()):
+            if grade < min_grade:
+                continue
+            if doc not in corpus:
+                raise DataError(f"{name}: query {qid!r} is judged against unknown document {doc!r}")
+            row = corpus.index_of(doc)
+            if allowed is not None and row not in allowed:
+                continue
+            texts.append(text_of[qid])
+            rows.append(row)
+            qids.append(qid)
+    return Pairs(name, texts, np.asarray(rows, dtype=np.int64), qids)
