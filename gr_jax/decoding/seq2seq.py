@@ -1,10 +1,16 @@
-"""Glue between the Flax T5 (`models/t5.py`) and the model-agnostic decoders: encode queries, build the
-decode cache, and run constrained / unconstrained beam search or exhaustive scoring under one `jax.jit`."""
+"""Glue between a seq2seq network and the model-agnostic decoders: encode queries, build the decode cache,
+and run constrained / unconstrained beam search or exhaustive scoring under one `jax.jit`.
+
+`Searcher` takes two functions, so any docid head plugs in:
+    cache_fn(params, query_tokens, max_length) -> decode cache (batch axis first)
+    step_fn(params, cache, tokens_B) -> (logits_BxV, cache)
+`T5Searcher(model, ...)` is the Searcher of a plain Flax T5 (docids in its text vocabulary).
+"""
 
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -16,56 +22,59 @@ from gr_jax.index.device import DeviceTrie
 from gr_jax.models import t5
 
 
-def _share_encoder(cache: t5.DecodeCache, n: int) -> t5.DecodeCache:
+def share_encoder(cache: t5.DecodeCache, n: int) -> t5.DecodeCache:
+    """Beam tiling that keeps the encoder keys/values once per query."""
     return cache.repeat(n, share_cross=True)
 
 
-def _t5_step(model: t5.T5, params, cache, tokens):
+def t5_step(model: t5.T5, params, cache, tokens):
     return model.apply({"params": params}, cache, tokens, method=t5.T5.decode_step)
 
 
-def _t5_cache(model: t5.T5, params, query_tokens, max_length: int):
+def t5_cache(model: t5.T5, params, query_tokens, max_length: int):
     mask = query_tokens != model.config.pad_token_id
     encoded = model.apply({"params": params}, query_tokens, mask, method=t5.T5.encode)
     return model.apply({"params": params}, encoded, mask, max_length, method=t5.T5.init_cache)
 
 
-class T5Searcher:
-    """Retrieval with a T5 network: `search(params, query_tokens, trie)` → `BeamResult`.
+class Searcher:
+    """Retrieval: `search(params, query_tokens, trie)` → `BeamResult`.
 
     Compiles once per (trie structure, batch shape); parameters and trie arrays are jit arguments.
     """
 
-    def __init__(self, model: t5.T5, num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
-                 bonus_fn: Optional[bs.BonusFn] = None):
-        self.model = model
+    def __init__(self, step_fn: Callable, cache_fn: Callable, *, start_token: int, eos_id: int, vocab_size: int,
+                 num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
+                 bonus_fn: Optional[bs.BonusFn] = None, tile_fn: Callable = share_encoder):
+        self.step_fn = step_fn  # one object: exhaustive scoring compiles once
+        self.cache_fn = cache_fn
+        self.start_token = start_token
+        self.eos_id = eos_id
+        self.vocab_size = vocab_size
         self.num_beams = num_beams
         self.score_mode = score_mode
         self.length_penalty = length_penalty
         self.bonus_fn = bonus_fn
-        self._step = functools.partial(_t5_step, model)  # one object: exhaustive scoring compiles once
-        self._cache = jax.jit(functools.partial(_t5_cache, model), static_argnums=(2,))
+        self.tile_fn = tile_fn
+        self._cache = jax.jit(cache_fn, static_argnums=(2,))
         self._search = jax.jit(self._search_impl)
         self._unconstrained = jax.jit(self._unconstrained_impl, static_argnames=("max_length",))
 
     def _search_impl(self, params, query_tokens, trie: DeviceTrie, query_state):
-        B = query_tokens.shape[0]
-        cache = _t5_cache(self.model, params, query_tokens, trie.depth)
-        step = functools.partial(_t5_step, self.model, params)
-        return bs.beam_search(step, cache, trie, batch_size=B, num_beams=self.num_beams,
+        cache = self.cache_fn(params, query_tokens, trie.depth)
+        return bs.beam_search(functools.partial(self.step_fn, params), cache, trie,
+                              batch_size=query_tokens.shape[0], num_beams=self.num_beams,
                               score_mode=self.score_mode, length_penalty=self.length_penalty,
-                              bonus_fn=self.bonus_fn, query_state=query_state,
-                              start_token=self.model.config.decoder_start_token_id, tile_fn=_share_encoder)
+                              bonus_fn=self.bonus_fn, query_state=query_state, start_token=self.start_token,
+                              tile_fn=self.tile_fn)
 
     def _unconstrained_impl(self, params, query_tokens, max_length: int):
-        B = query_tokens.shape[0]
-        c = self.model.config
-        cache = _t5_cache(self.model, params, query_tokens, max_length)
-        step = functools.partial(_t5_step, self.model, params)
-        return bs.beam_search_unconstrained(step, cache, batch_size=B, num_beams=self.num_beams,
-                                            max_length=max_length, eos_id=c.eos_token_id, vocab_size=c.vocab_size,
+        cache = self.cache_fn(params, query_tokens, max_length)
+        return bs.beam_search_unconstrained(functools.partial(self.step_fn, params), cache,
+                                            batch_size=query_tokens.shape[0], num_beams=self.num_beams,
+                                            max_length=max_length, eos_id=self.eos_id, vocab_size=self.vocab_size,
                                             score_mode=self.score_mode, length_penalty=self.length_penalty,
-                                            start_token=c.decoder_start_token_id, tile_fn=_share_encoder)
+                                            start_token=self.start_token, tile_fn=self.tile_fn)
 
     def search(self, params, query_tokens, trie: DeviceTrie, query_state=None) -> bs.BeamResult:
         return self._search(params, jnp.asarray(query_tokens), trie, query_state)
@@ -77,7 +86,20 @@ class T5Searcher:
         """Exact scores [B, num_docids] under the same score mode and length penalty."""
         query_tokens = jnp.asarray(query_tokens)
         cache = self._cache(params, query_tokens, index.depth)
-        return exhaustive.exhaustive_scores(self._step, cache, index, batch_size=query_tokens.shape[0],
+        return exhaustive.exhaustive_scores(self.step_fn, cache, index, batch_size=query_tokens.shape[0],
                                             score_mode=self.score_mode, length_penalty=self.length_penalty,
-                                            start_token=self.model.config.decoder_start_token_id,
-                                            chunk_size=chunk_size, step_params=params, tile_fn=_share_encoder)
+                                            start_token=self.start_token, chunk_size=chunk_size,
+                                            step_params=params, tile_fn=self.tile_fn)
+
+
+class T5Searcher(Searcher):
+    """The Searcher of a plain Flax T5 whose docids are in its text vocabulary."""
+
+    def __init__(self, model: t5.T5, num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
+                 bonus_fn: Optional[bs.BonusFn] = None):
+        c = model.config
+        super().__init__(functools.partial(t5_step, model), functools.partial(t5_cache, model),
+                         start_token=c.decoder_start_token_id, eos_id=c.eos_token_id, vocab_size=c.vocab_size,
+                         num_beams=num_beams, score_mode=score_mode, length_penalty=length_penalty,
+                         bonus_fn=bonus_fn)
+        self.model = model

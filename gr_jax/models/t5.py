@@ -495,6 +495,12 @@ class T5(nn.Module):
                       deterministic: bool = True) -> Array:
         return self.decoder(self.embed(decoder_input_tokens), encoded, encoder_mask.astype(bool), deterministic)
 
+    def decode_hidden_embedded(self, encoded: Array, encoder_mask: Array, x_BxTxD: Array,
+                               deterministic: bool = True) -> Array:
+        """Decoder over given input embeddings (docid heads with their own token tables)."""
+        return self.decoder(x_BxTxD.astype(self.config.compute_dtype), encoded, encoder_mask.astype(bool),
+                            deterministic)
+
     def decode(self, encoded: Array, encoder_mask: Array, decoder_input_tokens: Array,
                deterministic: bool = True) -> Array:
         return self.logits(self.decode_hidden(encoded, encoder_mask, decoder_input_tokens, deterministic))
@@ -517,6 +523,10 @@ class T5(nn.Module):
 
     def decode_step_hidden(self, cache: DecodeCache, tokens_B: Array) -> tuple[Array, DecodeCache]:
         hidden, cache = self.decoder.step(self.embed(tokens_B[:, None]), cache)
+        return hidden[:, 0], cache
+
+    def decode_step_embedded(self, cache: DecodeCache, x_BxD: Array) -> tuple[Array, DecodeCache]:
+        hidden, cache = self.decoder.step(x_BxD[:, None].astype(self.config.compute_dtype), cache)
         return hidden[:, 0], cache
 
     def decode_step(self, cache: DecodeCache, tokens_B: Array) -> tuple[Array, DecodeCache]:

@@ -1,0 +1,68 @@
+"""Datasets by name, for gin (`MIXTURE_OR_TASK_NAME`) — the non-seqio path the trainer uses.
+
+    demo            the embedded demo corpus (no files; `demo_docs`, `demo_seed`)
+    nq320k_nci      NQ320k, NCI layout        nq320k_glen  GLEN layout      nq320k_genret  GenRET layout
+    msmarco         MS MARCO passage (collection.tsv, queries.{train,dev}.tsv, qrels.{train,dev}.tsv)
+    jsonl           corpus.jsonl + queries.<split>.jsonl + qrels.<split>.tsv (users' own data)
+
+A name that needs files checks `data_dir` for them first and says which are missing and what to set.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Optional
+
+import gin
+
+from gr_jax.data import demo, readers
+
+_REQUIRED = {
+    "nq320k_nci": ["NQ_doc_content.tsv", "nq_train_doc_newid.tsv", "nq_dev_doc_newid.tsv"],
+    "nq320k_glen": ["DOC_NQ_*.tsv", "GTQ_NQ_train.tsv", "GTQ_NQ_dev.tsv"],
+    "nq320k_genret": ["corpus_lite.json", "train.json", "dev.json"],
+    "msmarco": ["collection.tsv", "queries.train.tsv", "queries.dev.tsv", "qrels.train.tsv", "qrels.dev.tsv"],
+    "jsonl": ["corpus.jsonl", "queries.train.jsonl", "qrels.train.tsv"],
+}
+NAMES = ("demo", *_REQUIRED)
+
+
+def _read_jsonl_dataset(d: Path) -> readers.Dataset:
+    corpus = readers.read_corpus(d / "corpus.jsonl")
+    queries, qrels = {}, {}
+    for path in sorted(d.glob("queries.*.jsonl")):
+        split = path.name[len("queries."):-len(".jsonl")]
+        queries[split] = readers.read_queries(path)
+        qrels[split] = readers.read_qrels_checked(d / f"qrels.{split}.tsv", queries[split])
+    return readers.Dataset(corpus, queries, qrels)
+
+
+def check_data_dir(name: str, data_dir: Optional[str]) -> None:
+    if name not in NAMES:
+        raise ValueError(f"unknown dataset {name!r} (MIXTURE_OR_TASK_NAME); one of {list(NAMES)}")
+    if name == "demo":
+        return
+    if not data_dir:
+        raise ValueError(f"dataset {name!r} needs its files: set --gin.DATA_DIR=\\\"path/to/{name}\\\"")
+    d = Path(data_dir)
+    if not d.is_dir():
+        raise ValueError(f"DATA_DIR {d} is not a directory (dataset {name!r})")
+    missing = [f for f in _REQUIRED[name] if not glob.glob(str(d / f))]
+    if missing:
+        raise ValueError(f"DATA_DIR {d} lacks the files of dataset {name!r}: {missing}; point --gin.DATA_DIR at "
+                         f"the directory that holds them")
+
+
+@gin.configurable
+def load_dataset(name: str = gin.REQUIRED, data_dir: Optional[str] = None, demo_docs: int = 2000,
+                 demo_seed: int = 0) -> readers.Dataset:
+    check_data_dir(name, data_dir)
+    if name == "demo":
+        return demo.generate(num_docs=demo_docs, seed=demo_seed)
+    d = Path(os.fspath(data_dir))
+    loaders = {"nq320k_nci": readers.read_nq320k_nci, "nq320k_glen": readers.read_nq320k_glen,
+               "nq320k_genret": readers.read_nq320k_genret, "msmarco": readers.read_msmarco,
+               "jsonl": _read_jsonl_dataset}
+    return loaders[name](d)

@@ -1,0 +1,194 @@
+"""The docid-scheme interface: `fit` on the initial documents, `assign` docids to any documents, save/load.
+
+A `DocidTable` is the plain value between a scheme and the rest of the library: token sequences (one or many
+per document), the corpus row of each, and the `DocidTokenSpace` the tokens live in. From it come the
+training targets (`primary`) and the prefix tree (`index`).
+
+Two kinds of token spaces (models/vocab.py):
+* "text" — ids of the model vocabulary (naive string docids, titles, keywords) or ids grown above it
+  (atomic); sequences have variable length and end with EOS in the index and in the targets;
+* "codebook" — L positions × V codes of a per-position docid head (semantic, PQ, RQ); fixed length L,
+  no EOS.
+
+State is JSON + numpy arrays (`save`/`load`), never pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Optional, Protocol, Sequence
+
+import numpy as np
+
+from gr_jax.io_utils import atomic_dir
+from gr_jax.models.t5 import EOS_ID, PAD_ID
+from gr_jax.models.vocab import DocidTokenSpace
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class DocidTable:
+    """docid `i` is `sequences[i, :lengths[i]]` and belongs to corpus row `doc_rows[i]`.
+
+    Rows of one document are contiguous and the first one is its primary docid (the training target).
+    """
+
+    sequences: np.ndarray  # [M, Lmax] int32, padded with PAD_ID past lengths
+    lengths: np.ndarray  # [M] int32
+    doc_rows: np.ndarray  # [M] int64
+    space: DocidTokenSpace
+
+    def __post_init__(self):
+        self.sequences = np.asarray(self.sequences, dtype=np.int32)
+        self.lengths = np.asarray(self.lengths, dtype=np.int32)
+        self.doc_rows = np.asarray(self.doc_rows, dtype=np.int64)
+        M = len(self.doc_rows)
+        if self.sequences.ndim != 2 or self.sequences.shape[0] != M or self.lengths.shape != (M,):
+            raise ValueError(f"DocidTable: {M} doc rows, sequences {self.sequences.shape}, lengths {self.lengths.shape}")
+        if M and (self.lengths < 1).any():
+            raise ValueError("DocidTable: every docid needs at least one token")
+        if self.fixed_length and M and (self.lengths != self.space.length).any():
+            raise ValueError(f"DocidTable: codebook docids must all have length {self.space.length}")
+
+    @classmethod
+    def from_lists(cls, sequences: Sequence[Sequence[int]], doc_rows: Sequence[int], space: DocidTokenSpace):
+        lengths = np.array([len(s) for s in sequences], dtype=np.int32)
+        width = int(lengths.max()) if len(lengths) else 1
+        arr = np.full((len(sequences), width), PAD_ID, dtype=np.int32)
+        for i, s in enumerate(sequences):
+            arr[i, : len(s)] = s
+        return cls(arr, lengths, np.asarray(doc_rows, dtype=np.int64), space)
+
+    def __len__(self) -> int:
+        return len(self.doc_rows)
+
+    @property
+    def fixed_length(self) -> bool:
+        return self.space.kind == "codebook"
+
+    @property
+    def target_length(self) -> int:
+        """Decoder length needed for every docid (plus EOS for text docids)."""
+        longest = int(self.lengths.max()) if len(self) else 1
+        return longest if self.fixed_length else longest + 1
+
+    def sequence(self, i: int) -> list[int]:
+        return self.sequences[i, : self.lengths[i]].tolist()
+
+    def primary(self, rows: Sequence[int]) -> np.ndarray:
+        """Index into the table of the first docid of each corpus row; a row without docid is an error."""
+        rows = np.asarray(rows, dtype=np.int64)
+        first = {}
+        for i, r in enumerate(self.doc_rows.tolist()):
+            first.setdefault(r, i)
+        missing = [int(r) for r in rows if int(r) not in first]
+        if missing:
+            raise ValueError(f"{len(missing)} documents have no docid in this table, e.g. rows {missing[:3]}")
+        return np.array([first[int(r)] for r in rows], dtype=np.int64)
+
+    def targets(self, rows: Sequence[int], length: Optional[int] = None) -> np.ndarray:
+        """Training targets [N, length] for corpus rows: primary docid (+ EOS for text docids), PAD-padded."""
+        length = length or self.target_length
+        if length < self.target_length:
+            raise ValueError(f"target feature length {length} is shorter than the longest docid "
+                             f"({self.target_length} tokens with EOS); raise TASK_FEATURE_LENGTHS['targets']")
+        idx = self.primary(rows)
+        out = np.full((len(idx), length), PAD_ID, dtype=np.int32)
+        for j, i in enumerate(idx):
+            n = self.lengths[i]
+            out[j, :n] = self.sequences[i, :n]
+            if not self.fixed_length:
+                out[j, n] = EOS_ID
+        return out
+
+    def concatenate(self, other: "DocidTable") -> "DocidTable":
+        if other.space.kind != self.space.kind or other.space.size != self.space.size and self.fixed_length:
+            raise ValueError("cannot join docid tables of different token spaces")
+        space = self.space if self.space.end >= other.space.end else other.space
+        width = max(self.sequences.shape[1], other.sequences.shape[1])
+        pad = lambda a: np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=PAD_ID)
+        return DocidTable(np.concatenate([pad(self.sequences), pad(other.sequences)]),
+                          np.concatenate([self.lengths, other.lengths]),
+                          np.concatenate([self.doc_rows, other.doc_rows]), space)
+
+    def index(self, vocab_size: Optional[int] = None, **build_kwargs):
+        """The prefix tree over these docids; leaf payloads are corpus rows."""
+        from gr_jax.index.trie import TrieIndex
+
+        seqs = [self.sequence(i) for i in range(len(self))]
+        if self.fixed_length:
+            return TrieIndex.build(np.asarray(seqs, dtype=np.int32), self.doc_rows, vocab_size=self.space.size,
+                                   **build_kwargs)
+        return TrieIndex.build(seqs, self.doc_rows, vocab_size=vocab_size or self.space.end, eos_id=EOS_ID,
+                               append_eos=True, **build_kwargs)
+
+    def stats(self) -> dict:
+        """Collision rate (documents sharing a docid with another document), lengths, tokens used."""
+        keys = {}
+        for i in range(len(self)):
+            keys.setdefault(tuple(self.sequence(i)), set()).add(int(self.doc_rows[i]))
+        docs = set(self.doc_rows.tolist())
+        colliding = set().union(*[s for s in keys.values() if len(s) > 1]) if keys else set()
+        used = np.unique(np.concatenate([self.sequences[i, : self.lengths[i]] for i in range(len(self))])) \
+            if len(self) else np.zeros(0)
+        return {"documents": len(docs), "docids": len(self), "distinct_docids": len(keys),
+                "collision_rate": len(colliding) / max(len(docs), 1),
+                "length_mean": float(self.lengths.mean()) if len(self) else 0.0,
+                "length_max": int(self.lengths.max()) if len(self) else 0,
+                "distinct_tokens": int(used.size)}
+
+    def save(self, path: str | os.PathLike) -> None:
+        with atomic_dir(path) as tmp:
+            np.savez(tmp / "docids.npz", sequences=self.sequences, lengths=self.lengths, doc_rows=self.doc_rows)
+            (tmp / "docids.json").write_text(json.dumps({"space": self.space.to_json()}))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "DocidTable":
+        path = Path(path)
+        try:
+            meta = json.loads((path / "docids.json").read_text())
+            with np.load(path / "docids.npz", allow_pickle=False) as z:
+                arrays = {k: z[k] for k in ("sequences", "lengths", "doc_rows")}
+        except (OSError, KeyError, ValueError) as e:
+            raise ValueError(f"{path}: not a saved DocidTable ({e})") from None
+        return cls(**arrays, space=DocidTokenSpace(**meta["space"]))
+
+
+class DocidScheme(Protocol):
+    """What every scheme provides. `fit` sees only the initial documents; `assign` never refits."""
+
+    name: str
+
+    def fit(self, corpus, embeddings: Optional[np.ndarray] = None, *, vocab=None) -> "DocidScheme": ...
+
+    def assign(self, corpus, rows: Optional[Sequence[int]] = None) -> DocidTable: ...
+
+    def state(self) -> tuple[dict, dict[str, np.ndarray]]: ...
+
+    def load_state(self, meta: dict, arrays: dict[str, np.ndarray]) -> None: ...
+
+
+def save_scheme(scheme: DocidScheme, path: str | os.PathLike) -> None:
+    meta, arrays = scheme.state()
+    with atomic_dir(path) as tmp:
+        (tmp / "scheme.json").write_text(json.dumps({"name": scheme.name, **meta}, indent=1))
+        np.savez(tmp / "scheme.npz", **arrays)
+
+
+def load_scheme_state(scheme: DocidScheme, path: str | os.PathLike) -> DocidScheme:
+    path = Path(path)
+    try:
+        meta = json.loads((path / "scheme.json").read_text())
+        with np.load(path / "scheme.npz", allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a saved docid scheme ({e})") from None
+    if meta.get("name") != scheme.name:
+        raise ValueError(f"{path}: holds the state of scheme {meta.get('name')!r}, not {scheme.name!r}")
+    scheme.load_state(meta, arrays)
+    return scheme

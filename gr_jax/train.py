@@ -1,0 +1,56 @@
+"""python -m gr_jax.train --gin_file=FILE [--gin_file=...] [--gin.NAME=VALUE ...] [--gin_search_paths=A,B]
+
+Parses the gin flags, writes the final config to MODEL_DIR/config.gin, calls `training.trainer.train`, and
+prints where the checkpoint, run file and metrics went (with BM25 next to the model when configured).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from gr_jax.cli import setup_logging
+from gr_jax import gin_utils
+
+log = logging.getLogger("gr_jax.train")
+
+
+def summary_table(summary: dict) -> str:
+    from gr_jax.evaluation.report import markdown_table
+
+    metrics = summary.get("metrics", {})
+    rows = [["generative retriever", *[f"{v:.4f}" for v in metrics.values()]]]
+    if "bm25_metrics" in summary:
+        rows.append(["BM25", *[f"{summary['bm25_metrics'][k]:.4f}" for k in metrics]])
+    return markdown_table(["system", *metrics], rows)
+
+
+def main(argv=None) -> int:
+    setup_logging()
+    files, bindings, paths, rest = gin_utils.split_flags(sys.argv[1:] if argv is None else argv)
+    if rest:
+        print(f"unknown arguments: {rest}\n{__doc__}", file=sys.stderr)
+        return 2
+    if not files:
+        print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        gin_utils.parse(files, bindings, paths)
+        from gr_jax.training import trainer
+
+        summary = gin_utils.call_configured(trainer.train)
+    except (gin_utils.GinConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    summary.pop("state", None)
+    if "metrics" in summary:
+        print(f"\n{summary['split']} ({summary['queries']} queries):\n{summary_table(summary)}\n")
+        print(f"run file:   {summary['run']}")
+    print(f"checkpoint: {summary['checkpoint']}")
+    print(f"metrics:    {Path(summary['model_dir']) / 'final_metrics.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

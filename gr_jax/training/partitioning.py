@@ -1,0 +1,70 @@
+"""Mesh and logical-axis sharding rules (the one table that maps parameter/activation axis names to mesh axes).
+
+The mesh has two axes, "data" (data parallelism: the batch is split over it) and "model" (tensor
+parallelism of the vocabulary, MLP and attention heads). With `num_partitions=1` (the default) every
+parameter is replicated and only the batch is split — plain data parallelism. The rules are a gin
+binding, so a run can change them without code.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import gin
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from gr_jax.models import t5
+
+DEFAULT_RULES: tuple[tuple[str, Optional[str]], ...] = (
+    ("batch", "data"),
+    ("vocab", "model"),
+    ("mlp", "model"),
+    ("heads", "model"),
+    ("joined_kv", "model"),
+    ("embed", None),
+    ("relpos_buckets", None),
+    ("length", None),
+)
+
+
+@gin.configurable
+def make_mesh(num_partitions: int = 1, devices: Optional[Sequence] = None) -> Mesh:
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) % num_partitions:
+        raise ValueError(f"{len(devices)} devices cannot be split into model partitions of {num_partitions}")
+    grid = np.array(devices).reshape(len(devices) // num_partitions, num_partitions)
+    return Mesh(grid, ("data", "model"))
+
+
+@gin.configurable
+def logical_rules(rules: Sequence[tuple[str, Optional[str]]] = DEFAULT_RULES) -> dict[str, Optional[str]]:
+    return dict(rules)
+
+
+def to_mesh_spec(logical: P, rules: dict[str, Optional[str]]) -> P:
+    unknown = [a for a in logical if a is not None and a not in rules]
+    if unknown:
+        raise ValueError(f"no sharding rule for logical axes {unknown}; add them to partitioning.logical_rules")
+    return P(*[None if a is None else rules[a] for a in logical])
+
+
+def retriever_param_specs(config: t5.T5Config, head_params: dict) -> dict:
+    """Logical PartitionSpecs of the retriever's parameter tree {"network", "head"}."""
+    head = jax.tree_util.tree_map(lambda x: P("vocab", "embed") if x.ndim == 2 else P(), head_params)
+    return {"network": t5.param_axes(config), "head": head}
+
+
+def param_shardings(logical_specs, mesh: Mesh, rules: Optional[dict] = None):
+    rules = logical_rules() if rules is None else rules
+    return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, to_mesh_spec(spec, rules)), logical_specs,
+                                  is_leaf=lambda x: isinstance(x, P))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P("data"))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())

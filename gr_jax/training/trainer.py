@@ -1,0 +1,471 @@
+"""The training loop: one linear, gin-configurable `train(...)`.
+
+Order of work (and of resume), in one place:
+ 1. load the dataset (`data/sources.py`), the vocabulary (a file, or a SentencePiece model trained on the
+    corpus and kept in MODEL_DIR/spiece.model), fit the docid scheme on the corpus — or, when MODEL_DIR
+    already holds them, load the vocabulary and the scheme state so that a resumed run sees the same docids;
+ 2. build training pairs (indexing + retrieval objectives), tokenize them to TASK_FEATURE_LENGTHS and mix
+    them in a `MixtureIterator`;
+ 3. parameters: the latest checkpoint in MODEL_DIR/checkpoints if any (params, optimizer state, step,
+    data-iterator state), else INITIAL_CHECKPOINT_PATH (a converted HF checkpoint; the vocabulary is grown
+    for docid tokens), else a random init from the seed;
+ 4. loop: jit train step (data parallel over the mesh), NaN/Inf guard, scalars every `log_period` steps
+    (TensorBoard + metrics.jsonl), evaluation every `eval_period` steps, checkpoints every
+    `checkpoint_period` steps and at the end;
+ 5. final evaluation on `final_eval_split`: TREC run file, metrics JSON, optional BM25 on the same queries.
+
+Dropout randomness is `fold_in(seed, step)`, so a resumed run draws what the uninterrupted run drew.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+from gr_jax.data import sources
+from gr_jax.data.pipeline import ExampleStore, MixtureIterator, tokenize
+from gr_jax.data.readers import Dataset
+from gr_jax.docids.atomic import AtomicDocids
+from gr_jax.docids.base import DocidTable, load_scheme_state, save_scheme
+from gr_jax.evaluation.metrics import evaluate
+from gr_jax.evaluation.runs import Run, write_run
+from gr_jax.models import convert, t5
+from gr_jax.models.heads import TextHead
+from gr_jax.models.retriever import GenerativeRetriever
+from gr_jax.models.vocab import grow_vocab, load_vocabulary, train_sentencepiece
+from gr_jax.training import objectives, partitioning
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (non-finite loss, inconsistent resume); the message says what to do."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# optimizer
+# ----------------------------------------------------------------------------------------------------------
+
+
+@gin.configurable
+def make_optimizer(name: str = "adamw", learning_rate: float = 1e-3, warmup_steps: int = 0,
+                   decay: str = "constant", total_steps: int = 0, end_factor: float = 0.0,
+                   weight_decay: float = 0.01, clip_norm: Optional[float] = 1.0) -> optax.GradientTransformation:
+    """AdamW or Adafactor with linear warm-up then constant / linear / cosine / rsqrt decay."""
+    warm = optax.linear_schedule(0.0, learning_rate, max(warmup_steps, 1)) if warmup_steps else None
+    rest = max(total_steps - warmup_steps, 1)
+    decays = {
+        "constant": lambda: optax.constant_schedule(learning_rate),
+        "linear": lambda: optax.linear_schedule(learning_rate, learning_rate * end_factor, rest),
+        "cosine": lambda: optax.cosine_decay_schedule(learning_rate, rest, alpha=end_factor),
+        "rsqrt": lambda: (lambda s: learning_rate * jax.lax.rsqrt(jnp.maximum(s + warmup_steps, 1.0)
+                                                                  / max(warmup_steps, 1))),
+    }
+    if decay not in decays:
+        raise ValueError(f"make_optimizer.decay must be one of {sorted(decays)}, got {decay!r}")
+    schedule = decays[decay]()
+    if warm is not None:
+        schedule = optax.join_schedules([warm, schedule], [warmup_steps])
+    optimizers = {
+        "adamw": lambda: optax.adamw(schedule, weight_decay=weight_decay),
+        "adafactor": lambda: optax.adafactor(schedule, weight_decay_rate=weight_decay or None),
+    }
+    if name not in optimizers:
+        raise ValueError(f"make_optimizer.name must be one of {sorted(optimizers)}, got {name!r}")
+    chain = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
+    return optax.chain(*chain, optimizers[name]())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------------------------
+
+
+@gin.configurable
+@dataclasses.dataclass
+class Objectives:
+    """Which DSI objectives to train and their mixing rates (0 turns one off)."""
+
+    indexing_rate: float = 1.0
+    retrieval_rate: float = 1.0
+    pseudo_query_rate: float = 0.0
+    pseudo_query_split: str = "pseudo"
+    index_with_title: bool = False
+
+    def build(self, dataset: Dataset, train_split: str, rows: Optional[np.ndarray] = None):
+        parts, rates = [], []
+        if self.indexing_rate > 0:
+            parts.append(objectives.indexing_pairs(dataset.corpus, rows, with_title=self.index_with_title))
+            rates.append(self.indexing_rate)
+        if self.retrieval_rate > 0:
+            if train_split not in dataset.queries:
+                raise ValueError(f"the dataset has no query split {train_split!r} (TRAIN_SPLIT); "
+                                 f"it has {sorted(dataset.queries)}")
+            parts.append(objectives.query_pairs(dataset.queries[train_split], dataset.qrels[train_split],
+                                                dataset.corpus, restrict_rows=rows))
+            rates.append(self.retrieval_rate)
+        if self.pseudo_query_rate > 0:
+            split = self.pseudo_query_split
+            if split not in dataset.queries:
+                raise ValueError(f"pseudo_query_rate > 0 but the dataset has no split {split!r}")
+            parts.append(objectives.query_pairs(dataset.queries[split], dataset.qrels[split], dataset.corpus,
+                                                name="pseudo-query", restrict_rows=rows))
+            rates.append(self.pseudo_query_rate)
+        if not parts:
+            raise ValueError("every objective rate is 0: nothing to train on")
+        return parts, rates
+
+
+def _vocabulary(vocabulary: Optional[str], model_dir: Path, dataset: Dataset, train_split: str,
+                vocab_size: int):
+    if vocabulary:
+        return load_vocabulary(vocabulary)
+    path = model_dir / "spiece.model"
+    if path.exists():
+        return load_vocabulary(path)
+    texts = list(dataset.corpus.texts)
+    if train_split in dataset.queries:
+        texts += list(dataset.queries[train_split].texts)
+    log.info("no VOCABULARY given: training a %d-piece SentencePiece model on the corpus → %s", vocab_size, path)
+    return train_sentencepiece(texts, path, vocab_size)
+
+
+def _table_digest(table: DocidTable) -> str:
+    h = hashlib.sha256()
+    for a in (table.sequences, table.lengths, table.doc_rows):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# evaluation
+# ----------------------------------------------------------------------------------------------------------
+
+
+def retrieve(model: GenerativeRetriever, params, query_tokens: np.ndarray, qids: Sequence[str], index,
+             doc_ids: Sequence[str], num_beams: int, batch_size: int) -> Run:
+    """Constrained beam search for every query → a run (scores strictly decreasing in beam order)."""
+    run: Run = {}
+    n = len(qids)
+    for start in range(0, n, batch_size):
+        chunk = query_tokens[start:start + batch_size]
+        real = chunk.shape[0]
+        if real < batch_size:  # pad to one compiled shape
+            chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch_size - real, axis=0)])
+        ranked = model.predict_documents(params, chunk, index, num_beams)
+        for b in range(real):
+            docs: dict[str, float] = {}
+            for doc, _ in ranked[b]:
+                docs.setdefault(doc_ids[doc], 0.0)
+            run[qids[start + b]] = {d: float(len(docs) - i) for i, d in enumerate(docs)}
+    return run
+
+
+@gin.configurable
+@dataclasses.dataclass
+class EvalConfig:
+    split: str = "dev"
+    final_split: Optional[str] = None  # None: same as `split`
+    num_beams: int = 10
+    batch_size: int = 32
+    max_queries: int = 0  # 0: all (periodic evaluation only; the final evaluation uses every query)
+    metrics: Sequence[str] = ("Hit@1", "Hit@10", "MRR@10")
+    compare_bm25: bool = False
+
+
+# ----------------------------------------------------------------------------------------------------------
+# scalars
+# ----------------------------------------------------------------------------------------------------------
+
+
+class ScalarWriter:
+    """metrics.jsonl always; TensorBoard event files when tensorboardX is importable."""
+
+    def __init__(self, model_dir: Path, name: str):
+        self.path = model_dir / f"{name}_metrics.jsonl"
+        self._tb = None
+        try:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(model_dir / "tensorboard" / name))
+        except ImportError:
+            log.info("tensorboardX not installed: scalars go to %s only", self.path)
+
+    def write(self, step: int, scalars: dict[str, float]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, **scalars}) + "\n")
+        if self._tb is not None:
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+
+    def close(self):
+        if self._tb is not None:
+            self._tb.close()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the loop
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Setup:
+    """Everything `train` builds before the loop; `prepare` returns it so tests and tools can reuse it."""
+
+    model: GenerativeRetriever
+    dataset: Dataset
+    vocab: Any
+    scheme: Any
+    table: DocidTable
+    index: Any
+    iterator: MixtureIterator
+    feature_lengths: dict[str, int]
+
+
+@gin.configurable
+def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, seed: int = 0,
+            train_split: str = "train", vocabulary: Optional[str] = None, vocab_size: int = 1000,
+            network: t5.T5Config | str = "tiny", head=None, docid_scheme=None,
+            objectives_config: Optional[Objectives] = None, initial_checkpoint_path: Optional[str] = None,
+            score_mode: str = "log_softmax") -> Setup:
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    dataset = sources.load_dataset(task)
+    vocab = _vocabulary(vocabulary, model_dir, dataset, train_split, vocab_size)
+
+    scheme = docid_scheme if docid_scheme is not None else AtomicDocids()
+    scheme_dir = model_dir / "docid_scheme"
+    if scheme_dir.exists():
+        load_scheme_state(scheme, scheme_dir)
+        if hasattr(scheme, "bind"):
+            scheme.bind(vocab)
+    else:
+        scheme.fit(dataset.corpus, vocab=vocab)
+    table = scheme.assign(dataset.corpus)
+    if not scheme_dir.exists():
+        save_scheme(scheme, scheme_dir)
+    head = head if head is not None else TextHead()
+    if head.kind != table.space.kind:
+        raise ValueError(f"docid scheme {scheme.name!r} makes {table.space.kind} docids but the model has a "
+                         f"{head.kind} head; bind train.head to a matching head")
+
+    if initial_checkpoint_path:
+        config = convert.load_checkpoint_config(initial_checkpoint_path)
+    else:
+        config = t5.get_config(network) if isinstance(network, str) else network
+        config = config.replace(vocab_size=vocab.size)
+    if vocab.size > config.vocab_size:
+        raise ValueError(f"vocabulary has {vocab.size} ids but the network's embedding only {config.vocab_size}; "
+                         f"VOCABULARY does not belong to this network")
+    if table.space.kind == "text" and table.space.end > config.vocab_size:
+        config = config.replace(vocab_size=table.space.end)
+    model = GenerativeRetriever(config, head, score_mode=score_mode)
+
+    lengths = {"inputs": int(feature_lengths["inputs"]), "targets": int(feature_lengths["targets"])}
+    if lengths["targets"] < table.target_length:
+        raise ValueError(f"TASK_FEATURE_LENGTHS['targets'] = {lengths['targets']} is shorter than the longest "
+                         f"docid ({table.target_length} tokens); raise it")
+    objs = objectives_config if objectives_config is not None else Objectives()
+    pairs, rates = objs.build(dataset, train_split)
+    stores = [ExampleStore({"inputs": tokenize(p.texts, vocab, lengths["inputs"], what=p.name, progress=len(p) > 50000),
+                            "targets": table.targets(p.rows, lengths["targets"])}) for p in pairs]
+    iterator = MixtureIterator(stores, batch_size, seed=seed, rates=rates, names=[p.name for p in pairs])
+    log.info("docids: %s, %d documents, %s; training pairs: %s", scheme.name, len(dataset.corpus),
+             table.stats(), {p.name: len(p) for p in pairs})
+    index = table.index(vocab_size=config.vocab_size) if table.space.kind == "text" else table.index()
+    return Setup(model, dataset, vocab, scheme, table, index, iterator, lengths)
+
+
+def _initial_params(setup: Setup, seed: int, initial_checkpoint_path: Optional[str]) -> dict:
+    model = setup.model
+    params = model.init_params(seed)
+    if initial_checkpoint_path:
+        ckpt_config, network = convert.load_checkpoint(initial_checkpoint_path)
+        if model.config.vocab_size > ckpt_config.vocab_size:
+            network, _ = grow_vocab(network, ckpt_config, model.config.vocab_size, seed=seed)
+        params["network"] = jax.tree_util.tree_map(jnp.asarray, network)
+        log.info("initialised the network from %s", initial_checkpoint_path)
+    return params
+
+
+def _make_train_step(model: GenerativeRetriever, tx: optax.GradientTransformation):
+    def step(state, batch, dropout_key):
+        rng = jax.random.fold_in(dropout_key, state["step"])
+        (loss, sums), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(state["params"], batch, rng)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
+        new_state = {"step": state["step"] + 1, "params": keep(params, state["params"]),
+                     "opt_state": keep(opt_state, state["opt_state"]),
+                     "nonfinite": state["nonfinite"] + (~finite).astype(jnp.int32)}
+        return new_state, {**sums, "grad_norm": grad_norm}
+
+    return step
+
+
+def _checkpoint_manager(model_dir: Path, keep: int) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True,
+                                           enable_async_checkpointing=False)
+    return ocp.CheckpointManager((model_dir / "checkpoints").absolute(), options=options)
+
+
+def evaluate_split(setup: Setup, params, split: str, eval_config: EvalConfig, max_queries: int = 0):
+    ds = setup.dataset
+    if split not in ds.queries:
+        raise ValueError(f"evaluation split {split!r} not in the dataset (it has {sorted(ds.queries)})")
+    queries, qrels = ds.queries[split], ds.qrels[split]
+    qids = [q for q in queries.qids if q in qrels]
+    if max_queries:
+        qids = qids[:max_queries]
+    text_of = dict(zip(queries.qids, queries.texts))
+    tokens = tokenize([text_of[q] for q in qids], setup.vocab, setup.feature_lengths["inputs"], what=split)
+    run = retrieve(setup.model, params, tokens, qids, setup.index, ds.corpus.doc_ids, eval_config.num_beams,
+                   eval_config.batch_size)
+    sub = {q: qrels[q] for q in qids}
+    return run, sub, evaluate(run, sub, eval_config.metrics, missing_as_zero=True)
+
+
+@gin.configurable
+def train(model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, batch_size: int = gin.REQUIRED,
+          feature_lengths: dict = gin.REQUIRED, task: str = gin.REQUIRED, seed: int = 0,
+          initial_checkpoint_path: Optional[str] = None, optimizer: Optional[optax.GradientTransformation] = None,
+          log_period: int = 50, eval_period: int = 0, checkpoint_period: int = 500, keep_checkpoints: int = 3,
+          eval_config: Optional[EvalConfig] = None, num_partitions: int = 1, progress: bool = True,
+          final_eval: bool = True, step_callback: Optional[Callable[[int], None]] = None) -> dict:
+    """Trains, checkpoints and evaluates; returns a summary (final metrics, paths)."""
+    t_start = time.time()
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.gin").write_text(gin.config_str())  # the full configuration of this run
+    setup = prepare(model_dir=str(model_dir), batch_size=batch_size, feature_lengths=feature_lengths, task=task,
+                    seed=seed, initial_checkpoint_path=initial_checkpoint_path)
+    model, iterator = setup.model, setup.iterator
+    eval_config = eval_config or EvalConfig()
+    tx = optimizer if optimizer is not None else make_optimizer(total_steps=train_steps)
+
+    mesh = partitioning.make_mesh(num_partitions)
+    if batch_size % mesh.shape["data"]:
+        raise ValueError(f"BATCH_SIZE {batch_size} is not divisible by the {mesh.shape['data']} data-parallel devices")
+    params = _initial_params(setup, seed, initial_checkpoint_path)
+    p_shard = partitioning.param_shardings(partitioning.retriever_param_specs(model.config, params["head"]), mesh)
+    params = jax.device_put(params, p_shard)
+    opt_state = jax.jit(tx.init)(params)
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": opt_state,
+             "nonfinite": jnp.zeros((), jnp.int32)}
+
+    manager = _checkpoint_manager(model_dir, keep_checkpoints)
+    meta = {"docid_scheme": setup.scheme.name, "docid_table_sha": _table_digest(setup.table),
+            "docid_space": setup.table.space.to_json(), "config": json.loads(model.config.to_json())}
+    latest = manager.latest_step()
+    if latest is not None:
+        restored = manager.restore(latest, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, state)),
+            data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+        if restored["meta"]["docid_table_sha"] != meta["docid_table_sha"]:
+            raise TrainingError(f"{model_dir}: the checkpoint was trained with different docids "
+                                f"({restored['meta']['docid_scheme']}); use a new MODEL_DIR")
+        state = restored["state"]
+        iterator.set_state(restored["data"])
+        log.info("resumed from %s at step %d", model_dir / "checkpoints", latest)
+
+    step_fn = jax.jit(_make_train_step(model, tx), donate_argnums=(0,))
+    b_shard = partitioning.batch_sharding(mesh)
+    dropout_key = jax.random.PRNGKey(seed + 1)
+    writer = ScalarWriter(model_dir, "train")
+    eval_writer = ScalarWriter(model_dir, "eval")
+
+    def save(step: int):
+        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                   data=ocp.args.JsonSave(iterator.get_state()),
+                                                   meta=ocp.args.JsonSave(meta)), force=True)
+        manager.wait_until_finished()
+
+    step = int(state["step"])
+    acc: dict[str, float] = {}
+    t_log, steps_since = time.time(), 0
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=train_steps, initial=step, desc="train", unit="step", mininterval=1.0)
+    with mesh:
+        while step < train_steps:
+            batch = jax.device_put(next(iterator), b_shard)
+            state, sums = step_fn(state, batch, dropout_key)
+            step += 1
+            steps_since += 1
+            for k, v in sums.items():
+                acc[k] = acc.get(k, 0.0) + v
+            if step_callback is not None:
+                step_callback(step)
+            if step % log_period == 0 or step == train_steps:
+                host = {k: float(v) for k, v in jax.device_get(acc).items()}
+                if int(state["nonfinite"]) > 0:
+                    raise TrainingError(f"loss or gradient became NaN/Inf between steps {step - steps_since} and "
+                                        f"{step} (updates were skipped); lower make_optimizer.learning_rate or "
+                                        f"check the data; the last good checkpoint is in {model_dir / 'checkpoints'}")
+                dt = time.time() - t_log
+                scalars = {"loss": host["loss_sum"] / max(host["tokens"], 1.0),
+                           "token_accuracy": host["correct_tokens"] / max(host["tokens"], 1.0),
+                           "docid_accuracy": host["correct_docids"] / max(host["docids"], 1.0),
+                           "grad_norm": host["grad_norm"] / steps_since, "steps_per_s": steps_since / dt,
+                           "epoch": float(np.mean(iterator.epochs()))}
+                writer.write(step, scalars)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{scalars['loss']:.3f}", acc=f"{scalars['docid_accuracy']:.2f}")
+                acc, t_log, steps_since = {}, time.time(), 0
+            if bar is not None:
+                bar.update(1)
+            if eval_period and step % eval_period == 0 and step < train_steps:
+                _, _, m = evaluate_split(setup, state["params"], eval_config.split, eval_config,
+                                         eval_config.max_queries)
+                eval_writer.write(step, m)
+                log.info("step %d %s: %s", step, eval_config.split, m)
+            if step % checkpoint_period == 0 or step == train_steps:
+                save(step)
+    if bar is not None:
+        bar.close()
+    writer.close()
+    summary = {"model_dir": str(model_dir), "steps": step, "train_seconds": round(time.time() - t_start, 1),
+               "checkpoint": str(model_dir / "checkpoints" / str(step))}
+    if final_eval:
+        split = eval_config.final_split or eval_config.split
+        run, qrels, metrics = evaluate_split(setup, state["params"], split, eval_config)
+        run_path = model_dir / "runs" / f"{split}.run"
+        write_run(run_path, run)
+        summary.update({"split": split, "queries": len(qrels), "metrics": metrics, "run": str(run_path)})
+        if eval_config.compare_bm25:
+            summary["bm25_metrics"] = bm25_metrics(setup.dataset, split, qrels, eval_config)
+        eval_writer.write(step, {f"final/{k}": v for k, v in metrics.items()})
+        (model_dir / "final_metrics.json").write_text(json.dumps(summary, indent=1))
+    eval_writer.close()
+    summary["state"] = state
+    return summary
+
+
+def bm25_metrics(dataset: Dataset, split: str, qrels, eval_config: EvalConfig) -> dict[str, float]:
+    from gr_jax.baselines.bm25 import BM25
+
+    bm25 = BM25.build(list(dataset.corpus.doc_ids), list(dataset.corpus.texts))
+    queries = dataset.queries[split]
+    text_of = dict(zip(queries.qids, queries.texts))
+    qids = list(qrels)
+    run = bm25.search(qids, [text_of[q] for q in qids], k=max(10, eval_config.num_beams))
+    return evaluate(run, qrels, eval_config.metrics, missing_as_zero=True)
