@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Optional
+
 
 import gin
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from gr_jax.decoding.beam_search import BeamResult
 from gr_jax.decoding.seq2seq import Searcher, t5_cache

@@ -23,8 +23,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -469,3 +467,37 @@ def bm25_metrics(dataset: Dataset, split: str, qrels, eval_config: EvalConfig) -
     qids = list(qrels)
     run = bm25.search(qids, [text_of[q] for q in qids], k=max(10, eval_config.num_beams))
     return evaluate(run, qrels, eval_config.metrics, missing_as_zero=True)
+
+
+@gin.configurable
+def infer(model_dir: str = gin.REQUIRED, split: str = "dev", num_beams: int = 10, step: Optional[int] = None,
+          evaluate: bool = False, batch_size: int = 32) -> dict:
+    """Queries of `split` → TREC run with the checkpoint of `step` (default: latest) in `model_dir`."""
+    from gr_jax import gin_utils
+
+    model_dir = Path(model_dir)
+    ckpt_dir = (model_dir / "checkpoints").absolute()
+    if not ckpt_dir.is_dir():
+        raise ValueError(f"{model_dir}: no checkpoints/ directory; train first or fix MODEL_DIR")
+    manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(read_only=True))
+    step = manager.latest_step() if step is None else step
+    if step is None or step not in manager.all_steps():
+        raise ValueError(f"{ckpt_dir}: no checkpoint for step {step} (have {list(manager.all_steps())})")
+    setup = gin_utils.call_configured(lambda: prepare(
+        model_dir=str(model_dir), batch_size=1, feature_lengths=_macro("TASK_FEATURE_LENGTHS"),
+        task=_macro("MIXTURE_OR_TASK_NAME")))
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    params = restored["state"]["params"]
+    cfg = EvalConfig(split=split, num_beams=num_beams, batch_size=batch_size)
+    run, qrels, metrics = evaluate_split(setup, params, split, cfg)
+    run_path = model_dir / "runs" / f"{split}.step{step}.run"
+    write_run(run_path, run)
+    out = {"run": str(run_path), "step": step, "split": split, "queries": len(run)}
+    if evaluate:
+        out["metrics"] = metrics
+        run_path.with_suffix(".metrics.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def _macro(name: str):
+    return gin.query_parameter(f"{name}/macro.value")

@@ -1,0 +1,40 @@
+"""python -m gr_jax.infer --gin_file=EXPERIMENT.gin --gin_file=runs/infer.gin --gin.MODEL_DIR="'DIR'"
+    [--gin.EVAL_SPLIT="'test'"] [--gin.NUM_BEAMS=20] [--gin.CHECKPOINT_STEP=1000]
+
+Queries of a split → constrained beam search with a trained MODEL_DIR → TREC run file (documents in beam
+order) at MODEL_DIR/runs/<split>.step<N>.run; with runs/eval.gin also the metrics (printed and written as
+JSON next to the run).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from gr_jax import gin_utils
+from gr_jax.cli import setup_logging
+
+log = logging.getLogger("gr_jax.infer")
+
+
+def main(argv=None) -> int:
+    setup_logging()
+    files, bindings, paths, rest = gin_utils.split_flags(sys.argv[1:] if argv is None else argv)
+    if rest or not files:
+        print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        gin_utils.parse(files, ["TRAIN_STEPS = 0", "BATCH_SIZE = 1", *bindings], paths)
+        from gr_jax.training import trainer
+
+        out = gin_utils.call_configured(trainer.infer)
+    except (gin_utils.GinConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

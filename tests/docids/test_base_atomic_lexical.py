@@ -1,0 +1,78 @@
+import numpy as np
+import pytest
+
+from gr_jax.data import demo
+from gr_jax.data.readers import Corpus
+from gr_jax.docids.atomic import AtomicDocids, NaiveDocids
+from gr_jax.docids.base import DocidTable, load_scheme_state, save_scheme
+from gr_jax.docids.lexical import FieldDocids
+from gr_jax.models.vocab import DocidTokenSpace, train_sentencepiece
+
+
+@pytest.fixture(scope="module")
+def corpus_and_vocab(tmp_path_factory):
+    ds = demo.generate(num_docs=30, seed=2)
+    vocab = train_sentencepiece(list(ds.corpus.texts) + list(ds.corpus.urls), tmp_path_factory.mktemp("v") / "v.model",
+                                vocab_size=200)
+    return ds.corpus, vocab
+
+
+def test_table_targets_index_and_stats():
+    table = DocidTable.from_lists([[5, 6], [5, 7, 8], [9], [5, 6]], [0, 1, 2, 3], DocidTokenSpace("text", 20))
+    assert table.target_length == 4
+    np.testing.assert_array_equal(table.targets([1, 0], 5), [[5, 7, 8, 1, 0], [5, 6, 1, 0, 0]])
+    with pytest.raises(ValueError, match="shorter than the longest docid"):
+        table.targets([0], 3)
+    with pytest.raises(ValueError, match="no docid in this table"):
+        table.primary([7])
+    index = table.index()
+    leaf = index.lookup([[5, 6, 1]])[0]
+    assert sorted(index.documents(leaf).tolist()) == [0, 3]  # a collision keeps both documents
+    stats = table.stats()
+    assert stats["collision_rate"] == 0.5 and stats["distinct_docids"] == 3 and stats["distinct_tokens"] == 5
+    code = DocidTable(np.array([[0, 1], [1, 0]]), [2, 2], [0, 1], DocidTokenSpace.codebook(2, 2))
+    assert code.target_length == 2 and code.targets([1]).tolist() == [[1, 0]]  # code 0 is a real code
+    with pytest.raises(ValueError, match="must all have length 3"):
+        DocidTable(np.array([[0, 1]]), [2], [0], DocidTokenSpace.codebook(3, 2))
+
+
+def test_table_save_load(tmp_path):
+    table = DocidTable.from_lists([[5, 6], [9]], [0, 1], DocidTokenSpace("text", 20, offset=3))
+    table.save(tmp_path / "t")
+    back = DocidTable.load(tmp_path / "t")
+    np.testing.assert_array_equal(back.sequences, table.sequences)
+    assert back.space == table.space
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(ValueError, match="not a saved DocidTable"):
+        DocidTable.load(tmp_path / "bad")
+
+
+def test_atomic_new_documents_continue_the_count(corpus_and_vocab, tmp_path):
+    corpus, vocab = corpus_and_vocab
+    scheme = AtomicDocids().fit(corpus, vocab=vocab)
+    first = scheme.assign(corpus, rows=range(20))
+    assert first.sequences[:, 0].tolist() == list(range(vocab.size, vocab.size + 20))
+    assert first.space.offset == vocab.size and first.space.end == vocab.size + 20
+    save_scheme(scheme, tmp_path / "s")
+    again = load_scheme_state(AtomicDocids(), tmp_path / "s")
+    more = again.assign(corpus, rows=range(15, 30))  # 15..19 keep their tokens, 20..29 get new ones
+    assert more.sequences[:5, 0].tolist() == first.sequences[15:, 0].tolist()
+    assert more.sequences[5:, 0].tolist() == list(range(vocab.size + 20, vocab.size + 30))
+    with pytest.raises(ValueError, match="holds the state of scheme 'atomic', not 'naive'"):
+        load_scheme_state(NaiveDocids(), tmp_path / "s")
+
+
+def test_naive_and_field_docids(corpus_and_vocab):
+    corpus, vocab = corpus_and_vocab
+    naive = NaiveDocids().fit(corpus, vocab=vocab).assign(corpus)
+    assert vocab.decode(naive.sequence(3)) == corpus.doc_ids[3]
+    url = FieldDocids(field="url").fit(corpus, vocab=vocab).assign(corpus)
+    assert vocab.decode(url.sequence(4)) == corpus.urls[4]
+    assert url.space.kind == "text" and url.sequences.max() < vocab.size
+    bare = Corpus(["a", "b"], ["text a", "text b"])
+    with pytest.raises(ValueError, match="the corpus has no titles"):
+        FieldDocids(field="title").fit(bare, vocab=vocab)
+    with pytest.raises(ValueError, match="field must be one of"):
+        FieldDocids(field="body")
+    with pytest.raises(ValueError, match="need the text vocabulary"):
+        AtomicDocids().fit(bare)

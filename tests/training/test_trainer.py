@@ -1,0 +1,236 @@
+"""Trainer: end to end on a small demo corpus, exact resume, SIGKILL during a save, data parallelism,
+initial checkpoints, configuration errors, shipped gin files."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import gin
+import jax
+import numpy as np
+import pytest
+
+from gr_jax import gin_utils
+from gr_jax.training import trainer
+
+REPO = Path(__file__).resolve().parents[2]
+
+SMALL = """
+include 'runs/train.gin'
+include 'models/t5_tiny.gin'
+MIXTURE_OR_TASK_NAME = 'demo'
+BATCH_SIZE = 16
+TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 2}
+load_dataset.demo_docs = %DOCS
+prepare.vocab_size = 300
+prepare.docid_scheme = @AtomicDocids()
+t5.get_config.dropout_rate = 0.1
+make_optimizer.learning_rate = 3e-3
+make_optimizer.weight_decay = 0.0
+train.optimizer = @make_optimizer()
+train.progress = False
+train.log_period = 5
+EvalConfig.num_beams = 10
+EvalConfig.batch_size = 32
+train.eval_config = @EvalConfig()
+"""
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def configure(tmp_path, extra: str = "", docs: int = 40, bindings=()):
+    f = tmp_path / "exp.gin"
+    f.write_text(SMALL + f"\nDOCS = {docs}\n" + textwrap.dedent(extra))
+    gin_utils.parse([str(f)], list(bindings))
+
+
+def params_of(model_dir: Path, step: int):
+    import orbax.checkpoint as ocp
+
+    mngr = ocp.CheckpointManager((model_dir / "checkpoints").absolute())
+    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    return restored["state"]["params"]
+
+
+def max_abs_diff(a, b) -> float:
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+               for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+@pytest.mark.slow
+def test_end_to_end_dsi_on_demo_beats_random_by_far(tmp_path):
+    configure(tmp_path, """
+        TRAIN_STEPS = 600
+        t5.get_config.dropout_rate = 0.0
+        train.checkpoint_period = 600
+        EvalConfig.split = 'dev'
+        """, docs=100, bindings=[f"MODEL_DIR = '{tmp_path / 'run'}'"])
+    summary = gin_utils.call_configured(trainer.train)
+    random_hit10 = 10 / 100
+    assert summary["metrics"]["Hit@10"] > 4 * random_hit10, summary["metrics"]
+    run_lines = Path(summary["run"]).read_text().splitlines()
+    assert len(run_lines) == 10 * summary["queries"]  # 10 beams → 10 distinct documents per query
+    written = json.loads((tmp_path / "run" / "final_metrics.json").read_text())
+    assert written["metrics"] == summary["metrics"]
+    assert (tmp_path / "run" / "config.gin").read_text().count("train.train_steps") == 1
+    log = [json.loads(l) for l in (tmp_path / "run" / "train_metrics.jsonl").read_text().splitlines()]
+    assert log[-1]["loss"] < log[0]["loss"]
+
+
+def test_resume_is_exact_including_data_order(tmp_path):
+    common = """
+        TRAIN_STEPS = 12
+        make_optimizer.total_steps = 12
+        make_optimizer.decay = 'linear'
+        make_optimizer.warmup_steps = 3
+        train.checkpoint_period = 6
+        train.final_eval = False
+        """
+    configure(tmp_path, common, bindings=[f"MODEL_DIR = '{tmp_path / 'full'}'"])
+    full = trainer.train()
+    gin.clear_config()
+    configure(tmp_path, common, bindings=[f"MODEL_DIR = '{tmp_path / 'split'}'", "TRAIN_STEPS = 6"])
+    trainer.train()  # stops after 6 steps (a finished shorter run, or a killed one: same checkpoint)
+    gin.clear_config()
+    configure(tmp_path, common, bindings=[f"MODEL_DIR = '{tmp_path / 'split'}'"])
+    resumed = trainer.train()
+    assert int(resumed["state"]["step"]) == 12
+    assert max_abs_diff(full["state"]["params"], resumed["state"]["params"]) <= 1e-6
+    # and the data really moved: parameters after 6 and 12 steps differ
+    assert max_abs_diff(params_of(tmp_path / "split", 6), params_of(tmp_path / "split", 12)) > 1e-4
+
+
+def test_sigkill_during_a_save_resumes_from_the_last_good_checkpoint(tmp_path):
+    exp = tmp_path / "exp.gin"
+    exp.write_text(SMALL + "\nDOCS = 40\nTRAIN_STEPS = 9\nmake_optimizer.total_steps = 9\n"
+                   "train.checkpoint_period = 3\ntrain.final_eval = False\n")
+    script = tmp_path / "killed.py"
+    # The child dies inside the save of step 6, after the parameters are written and before the
+    # checkpoint is committed.
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys
+        import orbax.checkpoint as ocp
+        from gr_jax import gin_utils
+        from gr_jax.training import trainer
+        original = ocp.args.JsonSave.__init__
+        def dying(self, *a, **k):
+            state = a[0] if a else k.get("item")
+            if isinstance(state, dict) and state.get("step") == 6:
+                os.kill(os.getpid(), signal.SIGKILL)
+            original(self, *a, **k)
+        ocp.args.JsonSave.__init__ = dying
+        gin_utils.parse([{str(exp)!r}], ["MODEL_DIR = {str(tmp_path / 'killed')!r}"])
+        trainer.train()
+        """))
+    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    ckpts = tmp_path / "killed" / "checkpoints"
+    assert (ckpts / "3").is_dir() and not (ckpts / "6").is_dir()
+    configure(tmp_path, "TRAIN_STEPS = 9\nmake_optimizer.total_steps = 9\ntrain.checkpoint_period = 3\n"
+                        "train.final_eval = False\n", bindings=[f"MODEL_DIR = '{tmp_path / 'killed'}'"])
+    resumed = trainer.train()
+    gin.clear_config()
+    configure(tmp_path, "TRAIN_STEPS = 9\nmake_optimizer.total_steps = 9\ntrain.checkpoint_period = 3\n"
+                        "train.final_eval = False\n", bindings=[f"MODEL_DIR = '{tmp_path / 'clean'}'"])
+    clean = trainer.train()
+    assert max_abs_diff(resumed["state"]["params"], clean["state"]["params"]) <= 1e-6
+
+
+def test_data_parallel_step_matches_single_device(tmp_path):
+    script = tmp_path / "dp.py"
+    script.write_text(textwrap.dedent("""
+        import json
+        import jax, jax.numpy as jnp, numpy as np
+        from gr_jax.models import t5
+        from gr_jax.models.retriever import GenerativeRetriever
+        from gr_jax.training import partitioning, trainer
+        assert jax.device_count() == 8, jax.devices()
+        model = GenerativeRetriever(t5.get_config("tiny", dropout_rate=0.0))
+        params = model.init_params(0)
+        rng = np.random.default_rng(0)
+        batch = {"inputs": rng.integers(3, 512, (16, 12)).astype(np.int32),
+                 "targets": np.concatenate([rng.integers(3, 512, (16, 3)), np.ones((16, 1))], 1).astype(np.int32)}
+        import optax
+        tx = optax.sgd(0.5)  # plain SGD: Adam would amplify float-rounding differences of near-zero gradients
+        def run(mesh):
+            p = jax.device_put(params, partitioning.param_shardings(
+                partitioning.retriever_param_specs(model.config, params["head"]), mesh))
+            state = {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": jax.jit(tx.init)(p),
+                     "nonfinite": jnp.zeros((), jnp.int32)}
+            b = jax.device_put(batch, partitioning.batch_sharding(mesh))
+            new, sums = jax.jit(trainer._make_train_step(model, tx))(state, b, jax.random.PRNGKey(1))
+            return float(sums["loss_sum"] / sums["tokens"]), new["params"], b["inputs"].sharding
+        loss8, p8, sh8 = run(partitioning.make_mesh(1))
+        loss1, p1, _ = run(partitioning.make_mesh(1, devices=jax.devices()[:1]))
+        diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(jax.tree_util.tree_leaves(p8), jax.tree_util.tree_leaves(p1)))
+        print(json.dumps({"loss8": loss8, "loss1": loss1, "param_diff": diff,
+                          "shards": len(sh8.device_set)}))
+        """))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["shards"] == 8
+    assert abs(out["loss8"] - out["loss1"]) <= 1e-5, out
+    assert out["param_diff"] <= 1e-5, out
+
+
+def test_initial_checkpoint_from_converted_hf(tmp_path, hf_t5_dirs):
+    from gr_jax.models import convert
+
+    ckpt = tmp_path / "converted"
+    convert.convert_hf_to_checkpoint(hf_t5_dirs["1.0"], ckpt)
+    config, converted = convert.load_checkpoint(ckpt)
+    configure(tmp_path, """
+        TRAIN_STEPS = 1
+        make_optimizer.learning_rate = 0.0
+        train.final_eval = False
+        """, bindings=[f"MODEL_DIR = '{tmp_path / 'init'}'", f"INITIAL_CHECKPOINT_PATH = '{ckpt}'"])
+    out = trainer.train()
+    net = out["state"]["params"]["network"]
+    # atomic docids grow the vocabulary: 40 new rows above the converted 512; the old rows are unchanged
+    assert net["embedding"].shape == (config.vocab_size + 40, config.d_model)
+    np.testing.assert_array_equal(np.asarray(net["embedding"])[: config.vocab_size], converted["embedding"])
+    assert max_abs_diff(net["encoder"], converted["encoder"]) == 0.0
+
+
+def test_configuration_errors_name_what_to_set(tmp_path, capsys):
+    from gr_jax import train as entry
+
+    exp = tmp_path / "e.gin"
+    exp.write_text("include 'runs/train.gin'\nMIXTURE_OR_TASK_NAME = 'demo'\n")
+    assert entry.main([f"--gin_file={exp}"]) == 2
+    err = capsys.readouterr().err
+    assert "required gin macros not set" in err and "MODEL_DIR" in err and "TRAIN_STEPS" in err
+    gin.clear_config()
+    assert entry.main(["--gin_file=experiments/demo/dsi_atomic.gin", "--gin.MODEL_DIR='x'",
+                       "--gin.train.no_such_option=3"]) == 2
+    assert "no_such_option" in capsys.readouterr().err
+    gin.clear_config()
+    (tmp_path / "empty_data").mkdir()
+    assert entry.main(["--gin_file=experiments/nq320k/dsi_atomic.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
+                       f"--gin.DATA_DIR='{tmp_path / 'empty_data'}'"]) == 2
+    err = capsys.readouterr().err
+    assert "lacks the files of dataset 'nq320k_nci'" in err and "NQ_doc_content.tsv" in err
+    gin.clear_config()
+    assert entry.main(["--gin_file=no/such/file.gin"]) == 2
+    assert "gin file 'no/such/file.gin' not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(REPO / "gin_configs").as_posix()
+                                        for p in (REPO / "gin_configs").rglob("*.gin")))
+def test_every_shipped_gin_file_parses(path):
+    bindings = ["MODEL_DIR = 'm'", "DATA_DIR = 'd'", "TRAIN_STEPS = 1", "BATCH_SIZE = 8",
+                "TASK_FEATURE_LENGTHS = {'inputs': 8, 'targets': 4}", "MIXTURE_OR_TASK_NAME = 'demo'"]
+    gin_utils.parse([path], bindings)
+    assert gin.config_str()
