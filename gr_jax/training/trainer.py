@@ -365,8 +365,10 @@ def train(model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, batch_
     p_shard = partitioning.param_shardings(partitioning.retriever_param_specs(model.config, params["head"]), mesh)
     params = jax.device_put(params, p_shard)
     opt_state = jax.jit(tx.init)(params)
+    scalar = partitioning.replicated(mesh)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": opt_state,
              "nonfinite": jnp.zeros((), jnp.int32)}
+    state_shardings = jax.tree_util.tree_map(lambda x: x.sharding if x.ndim else scalar, state)
 
     manager = _checkpoint_manager(model_dir, keep_checkpoints)
     meta = {"docid_scheme": setup.scheme.name, "docid_table_sha": _table_digest(setup.table),
@@ -383,8 +385,10 @@ def train(model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, batch_
         iterator.set_state(restored["data"])
         log.info("resumed from %s at step %d", model_dir / "checkpoints", latest)
 
-    step_fn = jax.jit(_make_train_step(model, tx), donate_argnums=(0,))
     b_shard = partitioning.batch_sharding(mesh)
+    state = jax.device_put(state, state_shardings)  # one layout in and out: the step compiles once
+    step_fn = jax.jit(_make_train_step(model, tx), in_shardings=(state_shardings, b_shard, scalar),
+                      out_shardings=(state_shardings, scalar), donate_argnums=(0,))
     dropout_key = jax.random.PRNGKey(seed + 1)
     writer = ScalarWriter(model_dir, "train")
     eval_writer = ScalarWriter(model_dir, "eval")

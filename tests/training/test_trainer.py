@@ -70,13 +70,17 @@ def max_abs_diff(a, b) -> float:
 def test_end_to_end_dsi_on_demo_beats_random_by_far(tmp_path):
     configure(tmp_path, """
         TRAIN_STEPS = 600
+        TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 24}
+        prepare.docid_scheme = @FieldDocids()
+        FieldDocids.field = 'url'
         t5.get_config.dropout_rate = 0.0
         train.checkpoint_period = 600
         EvalConfig.split = 'dev'
         """, docs=100, bindings=[f"MODEL_DIR = '{tmp_path / 'run'}'"])
     summary = gin_utils.call_configured(trainer.train)
-    random_hit10 = 10 / 100
+    random_hit1, random_hit10 = 1 / 100, 10 / 100  # dev queries: none was trained on
     assert summary["metrics"]["Hit@10"] > 4 * random_hit10, summary["metrics"]
+    assert summary["metrics"]["Hit@1"] > 10 * random_hit1, summary["metrics"]
     run_lines = Path(summary["run"]).read_text().splitlines()
     assert len(run_lines) == 10 * summary["queries"]  # 10 beams → 10 distinct documents per query
     written = json.loads((tmp_path / "run" / "final_metrics.json").read_text())
@@ -195,11 +199,16 @@ def test_initial_checkpoint_from_converted_hf(tmp_path, hf_t5_dirs):
         TRAIN_STEPS = 1
         make_optimizer.learning_rate = 0.0
         train.final_eval = False
-        """, bindings=[f"MODEL_DIR = '{tmp_path / 'init'}'", f"INITIAL_CHECKPOINT_PATH = '{ckpt}'"])
+        """, docs=300, bindings=[f"MODEL_DIR = '{tmp_path / 'init'}'", f"INITIAL_CHECKPOINT_PATH = '{ckpt}'"])
     out = trainer.train()
     net = out["state"]["params"]["network"]
-    # atomic docids grow the vocabulary: 40 new rows above the converted 512; the old rows are unchanged
-    assert net["embedding"].shape == (config.vocab_size + 40, config.d_model)
+    # atomic docids start above the text vocabulary: 300 documents need rows past the converted 512, so the
+    # embedding grows; the old rows are unchanged
+    from gr_jax.models.vocab import load_vocabulary
+
+    text_vocab = load_vocabulary(tmp_path / "init" / "spiece.model").size
+    assert text_vocab + 300 > config.vocab_size
+    assert net["embedding"].shape == (text_vocab + 300, config.d_model)
     np.testing.assert_array_equal(np.asarray(net["embedding"])[: config.vocab_size], converted["embedding"])
     assert max_abs_diff(net["encoder"], converted["encoder"]) == 0.0
 
@@ -219,7 +228,7 @@ def test_configuration_errors_name_what_to_set(tmp_path, capsys):
     gin.clear_config()
     (tmp_path / "empty_data").mkdir()
     assert entry.main(["--gin_file=experiments/nq320k/dsi_atomic.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
-                       f"--gin.DATA_DIR='{tmp_path / 'empty_data'}'"]) == 2
+                       f"--gin.DATA_DIR='{tmp_path / 'empty_data'}'", "--gin.VOCABULARY='v.model'"]) == 2
     err = capsys.readouterr().err
     assert "lacks the files of dataset 'nq320k_nci'" in err and "NQ_doc_content.tsv" in err
     gin.clear_config()
@@ -230,7 +239,7 @@ def test_configuration_errors_name_what_to_set(tmp_path, capsys):
 @pytest.mark.parametrize("path", sorted(p.relative_to(REPO / "gin_configs").as_posix()
                                         for p in (REPO / "gin_configs").rglob("*.gin")))
 def test_every_shipped_gin_file_parses(path):
-    bindings = ["MODEL_DIR = 'm'", "DATA_DIR = 'd'", "TRAIN_STEPS = 1", "BATCH_SIZE = 8",
+    bindings = ["MODEL_DIR = 'm'", "DATA_DIR = 'd'", "VOCABULARY = 'v'", "TRAIN_STEPS = 1", "BATCH_SIZE = 8",
                 "TASK_FEATURE_LENGTHS = {'inputs': 8, 'targets': 4}", "MIXTURE_OR_TASK_NAME = 'demo'"]
     gin_utils.parse([path], bindings)
     assert gin.config_str()
