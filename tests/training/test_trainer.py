@@ -88,8 +88,20 @@ def test_end_to_end_dsi_on_demo_beats_random_by_far(tmp_path):
     assert (tmp_path / "run" / "config.gin").read_text().count("train.train_steps") == 1
     log = [json.loads(l) for l in (tmp_path / "run" / "train_metrics.jsonl").read_text().splitlines()]
     assert log[-1]["loss"] < log[0]["loss"]
+    assert list((tmp_path / "run" / "tensorboard" / "train").glob("events.out.tfevents.*"))
+
+    # python -m gr_jax.infer with runs/eval.gin reproduces the final evaluation from the saved checkpoint
+    from gr_jax import infer as infer_entry
+
+    gin.clear_config()
+    assert infer_entry.main([f"--gin_file={tmp_path / 'exp.gin'}", "--gin_file=runs/eval.gin",
+                             f"--gin.MODEL_DIR='{tmp_path / 'run'}'", "--gin.EVAL_SPLIT='dev'"]) == 0
+    again = json.loads((tmp_path / "run" / "runs" / "dev.step600.metrics.json").read_text())
+    assert again["metrics"] == summary["metrics"] and again["step"] == 600
+    assert (tmp_path / "run" / "runs" / "dev.step600.run").read_text() == Path(summary["run"]).read_text()
 
 
+@pytest.mark.slow
 def test_resume_is_exact_including_data_order(tmp_path):
     common = """
         TRAIN_STEPS = 12
@@ -113,6 +125,7 @@ def test_resume_is_exact_including_data_order(tmp_path):
     assert max_abs_diff(params_of(tmp_path / "split", 6), params_of(tmp_path / "split", 12)) > 1e-4
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_save_resumes_from_the_last_good_checkpoint(tmp_path):
     exp = tmp_path / "exp.gin"
     exp.write_text(SMALL + "\nDOCS = 40\nTRAIN_STEPS = 9\nmake_optimizer.total_steps = 9\n"
@@ -149,6 +162,7 @@ def test_sigkill_during_a_save_resumes_from_the_last_good_checkpoint(tmp_path):
     assert max_abs_diff(resumed["state"]["params"], clean["state"]["params"]) <= 1e-6
 
 
+@pytest.mark.slow
 def test_data_parallel_step_matches_single_device(tmp_path):
     script = tmp_path / "dp.py"
     script.write_text(textwrap.dedent("""
@@ -189,6 +203,7 @@ def test_data_parallel_step_matches_single_device(tmp_path):
     assert out["param_diff"] <= 1e-5, out
 
 
+@pytest.mark.slow
 def test_initial_checkpoint_from_converted_hf(tmp_path, hf_t5_dirs):
     from gr_jax.models import convert
 
