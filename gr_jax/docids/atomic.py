@@ -38,7 +38,7 @@ class AtomicDocids:
         self.doc_ids = []
         return self
 
-    def assign(self, corpus, rows: Optional[Sequence[int]] = None) -> DocidTable:
+    def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
         if not self.text_vocab_size:
             raise ValueError("AtomicDocids.assign before fit()")
         position = {d: k for k, d in enumerate(self.doc_ids)}
@@ -77,7 +77,7 @@ class NaiveDocids:
     def bind(self, vocab) -> None:
         self._vocab = vocab
 
-    def assign(self, corpus, rows: Optional[Sequence[int]] = None) -> DocidTable:
+    def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
         if self._vocab is None:
             raise ValueError("NaiveDocids.assign before fit() (or bind(vocab) after loading)")
         seqs = []

@@ -47,7 +47,7 @@ class FieldDocids:
         if getattr(corpus, f"{self.field}s") is None:
             raise ValueError(f"{self.field} docids: the corpus has no {self.field}s; choose another docid scheme")
 
-    def assign(self, corpus, rows: Optional[Sequence[int]] = None) -> DocidTable:
+    def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
         if self._vocab is None:
             raise ValueError("FieldDocids.assign before fit() (or bind(vocab) after loading)")
         self._check(corpus)

@@ -1,0 +1,183 @@
+"""Numeric docids from document embeddings: semantic (hierarchical k-means), PQ and RQ.
+
+All three are *codebook* docids (a per-position token space of L positions × V codes, `CodebookHead`), fitted
+on the initial documents' embeddings and frozen: `assign` on new documents only encodes them with the kept
+centroids (000_dynamic_corpora.txt §2.2, eq. 3 — the docid vocabulary and length never change).
+
+* `SemanticDocids(k, c)` — DSI/NCI: k-means with k clusters, recursively inside every cluster larger than c,
+  to a fixed depth; the last position numbers the documents that share a path (the leaf collision digit).
+  Paths are padded to the deepest level with code 0 so that every docid has the same length L.
+  A new document descends the tree by nearest centroid and takes the next free leaf digit (or collides on
+  the last one when the leaf is full).
+* `PQDocids(m, k)` — Ultron-PQ: m sub-vector codes of k values each (L = m, V = k).
+* `RQDocids(levels, k)` — RIPOR/PAG: L = levels residual codes of k values each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import gin
+import numpy as np
+
+from gr_jax.docids.base import DocidTable
+from gr_jax.docids.quantize import ProductQuantizer, ResidualQuantizer, kmeans
+from gr_jax.models.vocab import DocidTokenSpace
+
+
+def _embeddings(corpus, embeddings, rows, what: str) -> np.ndarray:
+    if embeddings is None:
+        raise ValueError(f"{what} docids need document embeddings (fit(corpus, embeddings=[N, D]))")
+    e = np.asarray(embeddings, np.float32)
+    n = len(corpus) if rows is None else len(rows)
+    if e.ndim != 2 or e.shape[0] != n:
+        raise ValueError(f"{what} docids: embeddings have shape {e.shape}, expected [{n}, D] (one row per "
+                         f"document)")
+    return e
+
+
+def _rows(corpus, rows):
+    return np.arange(len(corpus)) if rows is None else np.asarray(rows, dtype=np.int64)
+
+
+@gin.configurable
+@dataclasses.dataclass
+class PQDocids:
+    m: int = 4
+    k: int = 256
+    seed: int = 0
+    name = "pq"
+    pq: Optional[ProductQuantizer] = None
+
+    def fit(self, corpus, embeddings=None, *, vocab=None) -> "PQDocids":
+        e = _embeddings(corpus, embeddings, None, "PQ")
+        self.pq = ProductQuantizer(self.m, self.k, seed=self.seed).fit(e)
+        return self
+
+    def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
+        if self.pq is None or self.pq.codebooks is None:
+            raise ValueError("PQDocids.assign before fit()")
+        e = _embeddings(corpus, embeddings, rows, "PQ")
+        codes = self.pq.encode(e)
+        return DocidTable(codes, np.full(len(codes), self.m), _rows(corpus, rows), DocidTokenSpace.codebook(self.m, self.k))
+
+    def state(self):
+        return {"m": self.m, "k": self.k, "seed": self.seed}, {"codebooks": self.pq.codebooks}
+
+    def load_state(self, meta, arrays) -> None:
+        self.m, self.k, self.seed = int(meta["m"]), int(meta["k"]), int(meta["seed"])
+        self.pq = ProductQuantizer(self.m, self.k, seed=self.seed, codebooks=arrays["codebooks"])
+
+
+@gin.configurable
+@dataclasses.dataclass
+class RQDocids:
+    levels: int = 4
+    k: int = 256
+    beam: int = 1
+    seed: int = 0
+    name = "rq"
+    rq: Optional[ResidualQuantizer] = None
+
+    def fit(self, corpus, embeddings=None, *, vocab=None) -> "RQDocids":
+        e = _embeddings(corpus, embeddings, None, "RQ")
+        self.rq = ResidualQuantizer(self.levels, self.k, beam=self.beam, seed=self.seed).fit(e)
+        return self
+
+    def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
+        if self.rq is None or self.rq.codebooks is None:
+            raise ValueError("RQDocids.assign before fit()")
+        e = _embeddings(corpus, embeddings, rows, "RQ")
+        codes = self.rq.encode(e)
+        return DocidTable(codes, np.full(len(codes), self.levels), _rows(corpus, rows),
+                          DocidTokenSpace.codebook(self.levels, self.k))
+
+    def state(self):
+        return {"levels": self.levels, "k": self.k, "beam": self.beam, "seed": self.seed}, {"codebooks": self.rq.codebooks}
+
+    def load_state(self, meta, arrays) -> None:
+        self.levels, self.k, self.beam, self.seed = (int(meta[x]) for x in ("levels", "k", "beam", "seed"))
+        self.rq = ResidualQuantizer(self.levels, self.k, beam=self.beam, seed=self.seed, codebooks=arrays["codebooks"])
+
+
+@gin.configurable
+@dataclasses.dataclass
+class SemanticDocids:
+    """Hierarchical k-means paths of fixed depth `depth` (levels of clustering), then a leaf digit < c."""
+
+    k: int = 10
+    c: int = 100
+    depth: int = 2
+    seed: int = 0
+    name = "semantic"
+    # tree: for node n (0 = root) the centroids of its children and the node ids of the children (-1: leaf)
+    centroids: list = dataclasses.field(default_factory=list)
+    children: list = dataclasses.field(default_factory=list)
+    leaf_fill: dict = dataclasses.field(default_factory=dict)  # path tuple → next free leaf digit
+
+    @property
+    def codes(self) -> int:
+        return max(self.k, self.c)
+
+    def fit(self, corpus, embeddings=None, *, vocab=None) -> "SemanticDocids":
+        e = _embeddings(corpus, embeddings, None, "semantic")
+        if self.k < 2:
+            raise ValueError("SemanticDocids.k must be ≥ 2")
+        self.centroids, self.children, self.leaf_fill = [], [], {}
+        self._build(e, np.arange(len(e)), level=0, prefix=())
+        return self
+
+    def _build(self, e, idx, level, prefix) -> int:
+        node = len(self.centroids)
+        self.centroids.append(None)
+        self.children.append(None)
+        k = min(self.k, len(idx))
+        res = kmeans(e[idx], k, seed=self.seed + node, iters=50) if k > 1 else None
+        cents = res.centroids if res is not None else e[idx][:1]
+        assign = res.assignments if res is not None else np.zeros(len(idx), np.int64)
+        kids = []
+        for j in range(len(cents)):
+            members = idx[assign == j]
+            if level + 1 < self.depth and len(members) > self.c:
+                kids.append(self._build(e, members, level + 1, prefix + (j,)))
+            else:
+                kids.append(-1)
+        self.centroids[node] = np.asarray(cents, np.float32)
+        self.children[node] = kids
+        return node
+
+    def _path(self, v: np.ndarray) -> tuple[int, ...]:
+        node, path = 0, []
+        while node != -1:
+            d = ((self.centroids[node] - v) ** 2).sum(-1)
+            j = int(np.argmin(d))
+            path.append(j)
+            node = self.children[node][j]
+        return tuple(path + [0] * (self.depth - len(path)))
+
+    def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
+        if not self.centroids:
+            raise ValueError("SemanticDocids.assign before fit()")
+        e = _embeddings(corpus, embeddings, rows, "semantic")
+        seqs = []
+        for v in e:
+            path = self._path(v)
+            digit = self.leaf_fill.get(path, 0)
+            self.leaf_fill[path] = digit + 1
+            seqs.append(list(path) + [min(digit, self.codes - 1)])
+        L = self.depth + 1
+        return DocidTable(np.asarray(seqs, np.int32), np.full(len(seqs), L), _rows(corpus, rows),
+                          DocidTokenSpace.codebook(L, self.codes))
+
+    def state(self):
+        arrays = {f"centroids_{i}": c for i, c in enumerate(self.centroids)}
+        meta = {"k": self.k, "c": self.c, "depth": self.depth, "seed": self.seed, "children": self.children,
+                "leaf_fill": [[list(p), n] for p, n in self.leaf_fill.items()]}
+        return meta, arrays
+
+    def load_state(self, meta, arrays) -> None:
+        self.k, self.c, self.depth, self.seed = (int(meta[x]) for x in ("k", "c", "depth", "seed"))
+        self.children = [list(c) for c in meta["children"]]
+        self.centroids = [np.asarray(arrays[f"centroids_{i}"]) for i in range(len(self.children))]
+        self.leaf_fill = {tuple(p): int(n) for p, n in meta["leaf_fill"]}
