@@ -48,6 +48,7 @@ class PQDocids:
     k: int = 256
     seed: int = 0
     name = "pq"
+    needs_embeddings = True
     pq: Optional[ProductQuantizer] = None
 
     def fit(self, corpus, embeddings=None, *, vocab=None) -> "PQDocids":
@@ -78,6 +79,7 @@ class RQDocids:
     beam: int = 1
     seed: int = 0
     name = "rq"
+    needs_embeddings = True
     rq: Optional[ResidualQuantizer] = None
 
     def fit(self, corpus, embeddings=None, *, vocab=None) -> "RQDocids":
@@ -115,6 +117,8 @@ class SemanticDocids:
     centroids: list = dataclasses.field(default_factory=list)
     children: list = dataclasses.field(default_factory=list)
     leaf_fill: dict = dataclasses.field(default_factory=dict)  # path tuple → next free leaf digit
+    assigned: dict = dataclasses.field(default_factory=dict)  # document id → its docid (assign is idempotent)
+    needs_embeddings = True
 
     @property
     def codes(self) -> int:
@@ -124,7 +128,7 @@ class SemanticDocids:
         e = _embeddings(corpus, embeddings, None, "semantic")
         if self.k < 2:
             raise ValueError("SemanticDocids.k must be ≥ 2")
-        self.centroids, self.children, self.leaf_fill = [], [], {}
+        self.centroids, self.children, self.leaf_fill, self.assigned = [], [], {}, {}
         self._build(e, np.arange(len(e)), level=0, prefix=())
         return self
 
@@ -161,11 +165,14 @@ class SemanticDocids:
             raise ValueError("SemanticDocids.assign before fit()")
         e = _embeddings(corpus, embeddings, rows, "semantic")
         seqs = []
-        for v in e:
-            path = self._path(v)
-            digit = self.leaf_fill.get(path, 0)
-            self.leaf_fill[path] = digit + 1
-            seqs.append(list(path) + [min(digit, self.codes - 1)])
+        for r, v in zip(_rows(corpus, rows), e):
+            doc = corpus.doc_ids[int(r)]
+            if doc not in self.assigned:
+                path = self._path(v)
+                digit = self.leaf_fill.get(path, 0)
+                self.leaf_fill[path] = digit + 1
+                self.assigned[doc] = list(path) + [min(digit, self.codes - 1)]
+            seqs.append(self.assigned[doc])
         L = self.depth + 1
         return DocidTable(np.asarray(seqs, np.int32), np.full(len(seqs), L), _rows(corpus, rows),
                           DocidTokenSpace.codebook(L, self.codes))
@@ -173,7 +180,8 @@ class SemanticDocids:
     def state(self):
         arrays = {f"centroids_{i}": c for i, c in enumerate(self.centroids)}
         meta = {"k": self.k, "c": self.c, "depth": self.depth, "seed": self.seed, "children": self.children,
-                "leaf_fill": [[list(p), n] for p, n in self.leaf_fill.items()]}
+                "leaf_fill": [[list(p), n] for p, n in self.leaf_fill.items()],
+                "assigned": self.assigned}
         return meta, arrays
 
     def load_state(self, meta, arrays) -> None:
@@ -181,3 +189,4 @@ class SemanticDocids:
         self.children = [list(c) for c in meta["children"]]
         self.centroids = [np.asarray(arrays[f"centroids_{i}"]) for i in range(len(self.children))]
         self.leaf_fill = {tuple(p): int(n) for p, n in meta["leaf_fill"]}
+        self.assigned = {d: list(c) for d, c in meta["assigned"].items()}

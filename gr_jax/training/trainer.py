@@ -39,6 +39,7 @@ from gr_jax.data.pipeline import ExampleStore, MixtureIterator, tokenize
 from gr_jax.data.readers import Dataset
 from gr_jax.docids.atomic import AtomicDocids
 from gr_jax.docids.base import DocidTable, load_scheme_state, save_scheme
+from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.runs import Run, write_run
 from gr_jax.models import convert, t5
@@ -240,7 +241,7 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
             train_split: str = "train", vocabulary: Optional[str] = None, vocab_size: int = 1000,
             network: t5.T5Config | str = "tiny", head=None, docid_scheme=None,
             objectives_config: Optional[Objectives] = None, initial_checkpoint_path: Optional[str] = None,
-            score_mode: str = "log_softmax") -> Setup:
+            score_mode: str = "log_softmax", embedder=None) -> Setup:
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     dataset = sources.load_dataset(task)
@@ -248,13 +249,17 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
 
     scheme = docid_scheme if docid_scheme is not None else AtomicDocids()
     scheme_dir = model_dir / "docid_scheme"
+    embeddings = None
+    if getattr(scheme, "needs_embeddings", False):  # numeric docids: embed the corpus (deterministic)
+        emb = embedder if embedder is not None else TfidfSvdEmbedder()
+        embeddings = emb.fit(dataset.corpus.texts).embed(dataset.corpus.texts)
     if scheme_dir.exists():
         load_scheme_state(scheme, scheme_dir)
         if hasattr(scheme, "bind"):
             scheme.bind(vocab)
     else:
-        scheme.fit(dataset.corpus, vocab=vocab)
-    table = scheme.assign(dataset.corpus)
+        scheme.fit(dataset.corpus, embeddings=embeddings, vocab=vocab)
+    table = scheme.assign(dataset.corpus, embeddings=embeddings)
     if not scheme_dir.exists():
         save_scheme(scheme, scheme_dir)
     head = head if head is not None else TextHead()

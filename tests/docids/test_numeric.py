@@ -64,3 +64,21 @@ def test_numeric_scheme_errors(name):
             SCHEMES[name]().fit(corpus, embeddings=_emb(10))
     with pytest.raises(ValueError, match="before fit"):
         SCHEMES[name]().assign(corpus, embeddings=_emb(10))
+
+
+def test_tfidf_svd_embedder_state_round_trip(tmp_path):
+    from gr_jax.data import demo
+    from gr_jax.docids.embed import TfidfSvdEmbedder
+
+    texts = list(demo.generate(num_docs=60, seed=1).corpus.texts)
+    emb = TfidfSvdEmbedder(dim=8).fit(texts)
+    x = emb.embed(texts)
+    assert x.shape == (60, 8)
+    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-5)
+    meta, arrays = emb.state()
+    back = TfidfSvdEmbedder()
+    back.load_state(meta, arrays)
+    np.testing.assert_allclose(back.embed(texts[:5]), x[:5], atol=1e-5)
+    np.testing.assert_allclose(TfidfSvdEmbedder(dim=8).fit(texts).embed(texts), x, atol=1e-5)  # deterministic
+    with pytest.raises(ValueError, match="before fit"):
+        TfidfSvdEmbedder().embed(texts)

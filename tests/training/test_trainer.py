@@ -258,3 +258,29 @@ def test_every_shipped_gin_file_parses(path):
                 "TASK_FEATURE_LENGTHS = {'inputs': 8, 'targets': 4}", "MIXTURE_OR_TASK_NAME = 'demo'"]
     gin_utils.parse([path], bindings)
     assert gin.config_str()
+
+
+def test_numeric_docids_with_codebook_head_train_evaluate_and_resume(tmp_path):
+    extra = """
+        TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 3}
+        prepare.docid_scheme = @SemanticDocids()
+        SemanticDocids.k = 4
+        SemanticDocids.c = 12
+        SemanticDocids.depth = 2
+        prepare.head = @CodebookHead()
+        CodebookHead.length = 3
+        CodebookHead.codes = 12
+        prepare.embedder = @TfidfSvdEmbedder()
+        TfidfSvdEmbedder.dim = 16
+        make_optimizer.total_steps = 8
+        train.checkpoint_period = 4
+        EvalConfig.num_beams = 5
+        """
+    configure(tmp_path, extra + "TRAIN_STEPS = 4\n", bindings=[f"MODEL_DIR = '{tmp_path / 'sem'}'"])
+    first = trainer.train()
+    assert first["queries"] > 0 and 0.0 <= first["metrics"]["Hit@10"] <= 1.0
+    assert len(Path(first["run"]).read_text().splitlines()) == 5 * first["queries"]  # 5 beams → 5 documents
+    gin.clear_config()
+    configure(tmp_path, extra + "TRAIN_STEPS = 8\n", bindings=[f"MODEL_DIR = '{tmp_path / 'sem'}'"])
+    resumed = trainer.train()  # same docids after reloading the scheme state (else: TrainingError)
+    assert int(resumed["state"]["step"]) == 8
