@@ -41,66 +41,66 @@ def _rows(corpus, rows):
     return np.arange(len(corpus)) if rows is None else np.asarray(rows, dtype=np.int64)
 
 
-@gin.configurable
-@dataclasses.dataclass
-class PQDocids:
-    m: int = 4
-    k: int = 256
-    seed: int = 0
-    name = "pq"
-    needs_embeddings = True
-    pq: Optional[ProductQuantizer] = None
+class _QuantizedDocids:
+    """Shared by PQ and RQ docids: a quantizer fitted on D0 embeddings; its codes are the docid."""
 
-    def fit(self, corpus, embeddings=None, *, vocab=None) -> "PQDocids":
-        e = _embeddings(corpus, embeddings, None, "PQ")
-        self.pq = ProductQuantizer(self.m, self.k, seed=self.seed).fit(e)
+    needs_embeddings = True
+    q = None  # the fitted quantizer
+
+    def _quantizer(self):
+        raise NotImplementedError
+
+    def _params(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "q"}
+
+    def fit(self, corpus, embeddings=None, *, vocab=None):
+        self.q = self._quantizer().fit(_embeddings(corpus, embeddings, None, self.name.upper()))
         return self
 
     def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
-        if self.pq is None or self.pq.codebooks is None:
-            raise ValueError("PQDocids.assign before fit()")
-        e = _embeddings(corpus, embeddings, rows, "PQ")
-        codes = self.pq.encode(e)
-        return DocidTable(codes, np.full(len(codes), self.m), _rows(corpus, rows), DocidTokenSpace.codebook(self.m, self.k))
+        if self.q is None or self.q.codebooks is None:
+            raise ValueError(f"{type(self).__name__}.assign before fit()")
+        codes = self.q.encode(_embeddings(corpus, embeddings, rows, self.name.upper()))
+        L = codes.shape[1]
+        return DocidTable(codes, np.full(len(codes), L), _rows(corpus, rows),
+                          DocidTokenSpace.codebook(L, self.q.k))
 
     def state(self):
-        return {"m": self.m, "k": self.k, "seed": self.seed}, {"codebooks": self.pq.codebooks}
+        return self._params(), {"codebooks": self.q.codebooks}
 
     def load_state(self, meta, arrays) -> None:
-        self.m, self.k, self.seed = int(meta["m"]), int(meta["k"]), int(meta["seed"])
-        self.pq = ProductQuantizer(self.m, self.k, seed=self.seed, codebooks=arrays["codebooks"])
+        for k, v in meta.items():
+            if k != "name":
+                setattr(self, k, type(getattr(self, k))(v))
+        self.q = self._quantizer()
+        self.q.codebooks = np.asarray(arrays["codebooks"])
 
 
 @gin.configurable
 @dataclasses.dataclass
-class RQDocids:
+class PQDocids(_QuantizedDocids):
+    m: int = 4
+    k: int = 256
+    seed: int = 0
+    q: Optional[ProductQuantizer] = None
+    name = "pq"
+
+    def _quantizer(self):
+        return ProductQuantizer(self.m, self.k, seed=self.seed)
+
+
+@gin.configurable
+@dataclasses.dataclass
+class RQDocids(_QuantizedDocids):
     levels: int = 4
     k: int = 256
     beam: int = 1
     seed: int = 0
+    q: Optional[ResidualQuantizer] = None
     name = "rq"
-    needs_embeddings = True
-    rq: Optional[ResidualQuantizer] = None
 
-    def fit(self, corpus, embeddings=None, *, vocab=None) -> "RQDocids":
-        e = _embeddings(corpus, embeddings, None, "RQ")
-        self.rq = ResidualQuantizer(self.levels, self.k, beam=self.beam, seed=self.seed).fit(e)
-        return self
-
-    def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
-        if self.rq is None or self.rq.codebooks is None:
-            raise ValueError("RQDocids.assign before fit()")
-        e = _embeddings(corpus, embeddings, rows, "RQ")
-        codes = self.rq.encode(e)
-        return DocidTable(codes, np.full(len(codes), self.levels), _rows(corpus, rows),
-                          DocidTokenSpace.codebook(self.levels, self.k))
-
-    def state(self):
-        return {"levels": self.levels, "k": self.k, "beam": self.beam, "seed": self.seed}, {"codebooks": self.rq.codebooks}
-
-    def load_state(self, meta, arrays) -> None:
-        self.levels, self.k, self.beam, self.seed = (int(meta[x]) for x in ("levels", "k", "beam", "seed"))
-        self.rq = ResidualQuantizer(self.levels, self.k, beam=self.beam, seed=self.seed, codebooks=arrays["codebooks"])
+    def _quantizer(self):
+        return ResidualQuantizer(self.levels, self.k, beam=self.beam, seed=self.seed)
 
 
 @gin.configurable
