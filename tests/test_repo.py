@@ -41,3 +41,9 @@ print(len(names))
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert int(res.stdout.strip()) >= 6
+
+
+def test_every_package_directory_has_an_init():
+    missing = [str(d.relative_to(ROOT)) for d in (ROOT / "gr_jax").rglob("*")
+               if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists()]
+    assert not missing, f"package directories without __init__.py (not installed by pip): {missing}"

@@ -76,3 +76,36 @@ def test_naive_and_field_docids(corpus_and_vocab):
         FieldDocids(field="body")
     with pytest.raises(ValueError, match="need the text vocabulary"):
         AtomicDocids().fit(bare)
+
+
+def test_keyword_docids_by_bm25_weight(tmp_path, corpus_and_vocab):
+    from gr_jax.docids.lexical import KeywordDocids
+
+    corpus, vocab = corpus_and_vocab
+    scheme = KeywordDocids(n=3).fit(corpus, vocab=vocab)
+    table = scheme.assign(corpus)
+    assert table.lengths.max() <= 3 and table.sequences.max() < vocab.size
+    # hand check for one document: recompute BM25 weights of its tokens directly
+    ids = vocab.encode(corpus.texts[0])
+    docs = [set(vocab.encode(t)) for t in corpus.texts]
+    avg = np.mean([len(vocab.encode(t)) for t in corpus.texts])
+    best = {}
+    for t in set(ids):
+        piece = vocab.id_to_piece(t).replace("▁", "")
+        if not any(c.isalpha() for c in piece):
+            continue
+        df = sum(t in d for d in docs)
+        idf = np.log(1 + (len(docs) - df + 0.5) / (df + 0.5))
+        tf = ids.count(t)
+        best[t] = idf * tf * 1.9 / (tf + 0.9 * (0.6 + 0.4 * len(ids) / avg))
+    expected = sorted(best, key=lambda t: (-best[t], t))[:3]
+    assert table.sequence(0) == expected
+    # collisions split with a suffix; state round trip keeps the docids
+    split = KeywordDocids(n=1, split_collisions=True).fit(corpus, vocab=vocab)
+    t1 = split.assign(corpus)
+    assert t1.stats()["collision_rate"] == 0.0
+    assert KeywordDocids(n=1).fit(corpus, vocab=vocab).assign(corpus).stats()["collision_rate"] > 0
+    save_scheme(split, tmp_path / "kw")
+    back = load_scheme_state(KeywordDocids(n=1, split_collisions=True), tmp_path / "kw")
+    back.bind(vocab)
+    np.testing.assert_array_equal(back.assign(corpus).sequences, t1.sequences)
