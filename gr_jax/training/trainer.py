@@ -310,7 +310,7 @@ def _make_train_step(model: GenerativeRetriever, tx: optax.GradientTransformatio
     def step(state, batch, dropout_key):
         rng = jax.random.fold_in(dropout_key, state["step"])
         (loss, sums), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(state["params"], batch, rng)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads)))
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
@@ -412,41 +412,40 @@ def train(model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, batch_
         from tqdm.auto import tqdm
 
         bar = tqdm(total=train_steps, initial=step, desc="train", unit="step", mininterval=1.0)
-    with mesh:
-        while step < train_steps:
-            batch = jax.device_put(next(iterator), b_shard)
-            state, sums = step_fn(state, batch, dropout_key)
-            step += 1
-            steps_since += 1
-            for k, v in sums.items():
-                acc[k] = acc.get(k, 0.0) + v
-            if step_callback is not None:
-                step_callback(step)
-            if step % log_period == 0 or step == train_steps:
-                host = {k: float(v) for k, v in jax.device_get(acc).items()}
-                if int(state["nonfinite"]) > 0:
-                    raise TrainingError(f"loss or gradient became NaN/Inf between steps {step - steps_since} and "
-                                        f"{step} (updates were skipped); lower make_optimizer.learning_rate or "
-                                        f"check the data; the last good checkpoint is in {model_dir / 'checkpoints'}")
-                dt = time.time() - t_log
-                scalars = {"loss": host["loss_sum"] / max(host["tokens"], 1.0),
-                           "token_accuracy": host["correct_tokens"] / max(host["tokens"], 1.0),
-                           "docid_accuracy": host["correct_docids"] / max(host["docids"], 1.0),
-                           "grad_norm": host["grad_norm"] / steps_since, "steps_per_s": steps_since / dt,
-                           "epoch": float(np.mean(iterator.epochs()))}
-                writer.write(step, scalars)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{scalars['loss']:.3f}", acc=f"{scalars['docid_accuracy']:.2f}")
-                acc, t_log, steps_since = {}, time.time(), 0
+    while step < train_steps:
+        batch = jax.device_put(next(iterator), b_shard)
+        state, sums = step_fn(state, batch, dropout_key)
+        step += 1
+        steps_since += 1
+        for k, v in sums.items():
+            acc[k] = acc.get(k, 0.0) + v
+        if step_callback is not None:
+            step_callback(step)
+        if step % log_period == 0 or step == train_steps:
+            host = {k: float(v) for k, v in jax.device_get(acc).items()}
+            if int(state["nonfinite"]) > 0:
+                raise TrainingError(f"loss or gradient became NaN/Inf between steps {step - steps_since} and "
+                                    f"{step} (updates were skipped); lower make_optimizer.learning_rate or "
+                                    f"check the data; the last good checkpoint is in {model_dir / 'checkpoints'}")
+            dt = time.time() - t_log
+            scalars = {"loss": host["loss_sum"] / max(host["tokens"], 1.0),
+                       "token_accuracy": host["correct_tokens"] / max(host["tokens"], 1.0),
+                       "docid_accuracy": host["correct_docids"] / max(host["docids"], 1.0),
+                       "grad_norm": host["grad_norm"] / steps_since, "steps_per_s": steps_since / dt,
+                       "epoch": float(np.mean(iterator.epochs()))}
+            writer.write(step, scalars)
             if bar is not None:
-                bar.update(1)
-            if eval_period and step % eval_period == 0 and step < train_steps:
-                _, _, m = evaluate_split(setup, state["params"], eval_config.split, eval_config,
-                                         eval_config.max_queries)
-                eval_writer.write(step, m)
-                log.info("step %d %s: %s", step, eval_config.split, m)
-            if step % checkpoint_period == 0 or step == train_steps:
-                save(step)
+                bar.set_postfix(loss=f"{scalars['loss']:.3f}", acc=f"{scalars['docid_accuracy']:.2f}")
+            acc, t_log, steps_since = {}, time.time(), 0
+        if bar is not None:
+            bar.update(1)
+        if eval_period and step % eval_period == 0 and step < train_steps:
+            _, _, m = evaluate_split(setup, state["params"], eval_config.split, eval_config,
+                                     eval_config.max_queries)
+            eval_writer.write(step, m)
+            log.info("step %d %s: %s", step, eval_config.split, m)
+        if step % checkpoint_period == 0 or step == train_steps:
+            save(step)
     if bar is not None:
         bar.close()
     writer.close()
