@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     setup_logging()
     files, bindings, paths, rest = gin_utils.split_flags(sys.argv[1:] if argv is None else argv)
     if rest or not files:
-        print(__doc__, file=sys.stderr)
+        sys.stderr.write(__doc__ + "\n")
         return 2
     try:
         gin_utils.parse(files, ["TRAIN_STEPS = 0", "BATCH_SIZE = 1", *bindings], paths)
@@ -30,9 +30,9 @@ def main(argv=None) -> int:
 
         out = gin_utils.call_configured(trainer.infer)
     except (gin_utils.GinConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        sys.stderr.write(f"error: {e}\n")
         return 2
-    print(json.dumps(out, indent=1))
+    sys.stdout.write(json.dumps(out, indent=1) + "\n")
     return 0
 
 

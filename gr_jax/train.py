@@ -30,10 +30,10 @@ def main(argv=None) -> int:
     setup_logging()
     files, bindings, paths, rest = gin_utils.split_flags(sys.argv[1:] if argv is None else argv)
     if rest:
-        print(f"unknown arguments: {rest}\n{__doc__}", file=sys.stderr)
+        sys.stderr.write(f"unknown arguments: {rest}\n{__doc__}\n")
         return 2
     if not files:
-        print(__doc__, file=sys.stderr)
+        sys.stderr.write(__doc__ + "\n")
         return 2
     try:
         gin_utils.parse(files, bindings, paths)
@@ -41,14 +41,14 @@ def main(argv=None) -> int:
 
         summary = gin_utils.call_configured(trainer.train)
     except (gin_utils.GinConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        sys.stderr.write(f"error: {e}\n")
         return 2
     summary.pop("state", None)
     if "metrics" in summary:
-        print(f"\n{summary['split']} ({summary['queries']} queries):\n{summary_table(summary)}\n")
-        print(f"run file:   {summary['run']}")
-    print(f"checkpoint: {summary['checkpoint']}")
-    print(f"metrics:    {Path(summary['model_dir']) / 'final_metrics.json'}")
+        sys.stdout.write(f"\n{summary['split']} ({summary['queries']} queries):\n{summary_table(summary)}\n\n")
+        sys.stdout.write(f"run file:   {summary['run']}\n")
+    sys.stdout.write(f"checkpoint: {summary['checkpoint']}\n")
+    sys.stdout.write(f"metrics:    {Path(summary['model_dir']) / 'final_metrics.json'}\n")
     return 0
 
 
