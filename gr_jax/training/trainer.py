@@ -232,7 +232,7 @@ class Setup:
     scheme: Any
     table: DocidTable
     index: Any
-    iterator: MixtureIterator
+    iterator: Optional[MixtureIterator]  # None when prepared for inference only
     feature_lengths: dict[str, int]
 
 
@@ -241,7 +241,7 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
             train_split: str = "train", vocabulary: Optional[str] = None, vocab_size: int = 1000,
             network: t5.T5Config | str = "tiny", head=None, docid_scheme=None,
             objectives_config: Optional[Objectives] = None, initial_checkpoint_path: Optional[str] = None,
-            score_mode: str = "log_softmax", embedder=None) -> Setup:
+            score_mode: str = "log_softmax", embedder=None, with_training_data: bool = True) -> Setup:
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     dataset = sources.load_dataset(task)
@@ -283,13 +283,16 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
     if lengths["targets"] < table.target_length:
         raise ValueError(f"TASK_FEATURE_LENGTHS['targets'] = {lengths['targets']} is shorter than the longest "
                          f"docid ({table.target_length} tokens); raise it")
-    objs = objectives_config if objectives_config is not None else Objectives()
-    pairs, rates = objs.build(dataset, train_split)
-    stores = [ExampleStore({"inputs": tokenize(p.texts, vocab, lengths["inputs"], what=p.name, progress=len(p) > 50000),
-                            "targets": table.targets(p.rows, lengths["targets"])}) for p in pairs]
-    iterator = MixtureIterator(stores, batch_size, seed=seed, rates=rates, names=[p.name for p in pairs])
-    log.info("docids: %s, %d documents, %s; training pairs: %s", scheme.name, len(dataset.corpus),
-             table.stats(), {p.name: len(p) for p in pairs})
+    iterator = None
+    if with_training_data:  # inference needs the docids and the index, not the tokenized training pairs
+        objs = objectives_config if objectives_config is not None else Objectives()
+        pairs, rates = objs.build(dataset, train_split)
+        stores = [ExampleStore({"inputs": tokenize(p.texts, vocab, lengths["inputs"], what=p.name,
+                                                   progress=len(p) > 50000),
+                                "targets": table.targets(p.rows, lengths["targets"])}) for p in pairs]
+        iterator = MixtureIterator(stores, batch_size, seed=seed, rates=rates, names=[p.name for p in pairs])
+        log.info("training pairs: %s", {p.name: len(p) for p in pairs})
+    log.info("docids: %s, %d documents, %s", scheme.name, len(dataset.corpus), table.stats())
     index = table.index(vocab_size=config.vocab_size) if table.space.kind == "text" else table.index()
     return Setup(model, dataset, vocab, scheme, table, index, iterator, lengths)
 
@@ -493,7 +496,7 @@ def infer(model_dir: str = gin.REQUIRED, split: str = "dev", num_beams: int = 10
         raise ValueError(f"{ckpt_dir}: no checkpoint for step {step} (have {list(manager.all_steps())})")
     setup = gin_utils.call_configured(lambda: prepare(
         model_dir=str(model_dir), batch_size=1, feature_lengths=_macro("TASK_FEATURE_LENGTHS"),
-        task=_macro("MIXTURE_OR_TASK_NAME")))
+        task=_macro("MIXTURE_OR_TASK_NAME"), with_training_data=False))
     restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
     params = restored["state"]["params"]
     cfg = EvalConfig(split=split, num_beams=num_beams, batch_size=batch_size)
