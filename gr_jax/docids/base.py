@@ -106,16 +106,6 @@ class DocidTable:
                 out[j, n] = EOS_ID
         return out
 
-    def concatenate(self, other: "DocidTable") -> "DocidTable":
-        if other.space.kind != self.space.kind or other.space.size != self.space.size and self.fixed_length:
-            raise ValueError("cannot join docid tables of different token spaces")
-        space = self.space if self.space.end >= other.space.end else other.space
-        width = max(self.sequences.shape[1], other.sequences.shape[1])
-        pad = lambda a: np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=PAD_ID)
-        return DocidTable(np.concatenate([pad(self.sequences), pad(other.sequences)]),
-                          np.concatenate([self.lengths, other.lengths]),
-                          np.concatenate([self.doc_rows, other.doc_rows]), space)
-
     def index(self, vocab_size: Optional[int] = None, **build_kwargs):
         """The prefix tree over these docids; leaf payloads are corpus rows."""
         from gr_jax.index.trie import TrieIndex

@@ -35,13 +35,13 @@ import optax
 import orbax.checkpoint as ocp
 
 from gr_jax.data import sources
-from gr_jax.data.pipeline import ExampleStore, MixtureIterator, tokenize
+from gr_jax.data.pipeline import ExampleStore, MixtureIterator, eval_batches, tokenize
 from gr_jax.data.readers import Dataset
 from gr_jax.docids.atomic import AtomicDocids
 from gr_jax.docids.base import DocidTable, load_scheme_state, save_scheme
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.evaluation.metrics import evaluate
-from gr_jax.evaluation.runs import Run, write_run
+from gr_jax.evaluation.runs import Run, run_from_rankings, write_run
 from gr_jax.models import convert, t5
 from gr_jax.models.heads import TextHead
 from gr_jax.models.retriever import GenerativeRetriever
@@ -158,20 +158,13 @@ def _table_digest(table: DocidTable) -> str:
 def retrieve(model: GenerativeRetriever, params, query_tokens: np.ndarray, qids: Sequence[str], index,
              doc_ids: Sequence[str], num_beams: int, batch_size: int) -> Run:
     """Constrained beam search for every query → a run (scores strictly decreasing in beam order)."""
-    run: Run = {}
-    n = len(qids)
-    for start in range(0, n, batch_size):
-        chunk = query_tokens[start:start + batch_size]
-        real = chunk.shape[0]
-        if real < batch_size:  # pad to one compiled shape
-            chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch_size - real, axis=0)])
-        ranked = model.predict_documents(params, chunk, index, num_beams)
-        for b in range(real):
-            docs: dict[str, float] = {}
-            for doc, _ in ranked[b]:
-                docs.setdefault(doc_ids[doc], 0.0)
-            run[qids[start + b]] = {d: float(len(docs) - i) for i, d in enumerate(docs)}
-    return run
+    rankings: dict[str, list[str]] = {}
+    qid_iter = iter(qids)
+    for batch, mask in eval_batches(ExampleStore({"inputs": query_tokens}), batch_size):  # one compiled shape
+        ranked = model.predict_documents(params, batch["inputs"], index, num_beams)
+        for docs in (r for r, real in zip(ranked, mask) if real):
+            rankings[next(qid_iter)] = [doc_ids[d] for d, _ in docs]
+    return run_from_rankings(rankings)
 
 
 @gin.configurable
