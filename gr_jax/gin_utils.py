@@ -32,7 +32,7 @@ class _QuietIncludeSearch(logging.Filter):
 def register_configurables() -> None:
     """Import every module whose functions and classes gin files may name."""
     from gr_jax.data import sources  # noqa: F401
-    from gr_jax.docids import atomic, embed, lexical, numeric  # noqa: F401
+    from gr_jax.docids import atomic, embed, lexical, ngram, numeric, pseudo_query  # noqa: F401
     from gr_jax.models import heads, retriever, t5  # noqa: F401
     from gr_jax.training import partitioning, trainer  # noqa: F401
 

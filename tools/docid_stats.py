@@ -3,6 +3,7 @@ vocabulary size (distinct tokens used, as in Table 5 of 000_dynamic_corpora.txt)
 
     python tools/docid_stats.py --scheme url --corpus demo
     python tools/docid_stats.py --scheme pq --corpus demo --docs 5000
+    python tools/docid_stats.py --scheme ngram --corpus demo        # multi-docids: + identifying share
     python tools/docid_stats.py --scheme keywords --corpus nq320k_nci --data_dir data/nq320k --vocab spiece.model
 """
 
@@ -21,23 +22,31 @@ from gr_jax.data import sources
 from gr_jax.docids.atomic import AtomicDocids, NaiveDocids
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.docids.lexical import FieldDocids, KeywordDocids
+from gr_jax.docids.ngram import NgramDocids, multi_docid_stats
 from gr_jax.docids.numeric import PQDocids, RQDocids, SemanticDocids
+from gr_jax.docids.pseudo_query import PseudoQueryDocids, queries_by_document
 from gr_jax.models.vocab import load_vocabulary, train_sentencepiece
 
 SCHEMES = {
     "atomic": AtomicDocids, "naive": NaiveDocids, "title": lambda: FieldDocids("title"),
     "url": lambda: FieldDocids("url"), "keywords": KeywordDocids, "semantic": lambda: SemanticDocids(10, 100, 2),
-    "pq": lambda: PQDocids(4, 256), "rq": lambda: RQDocids(4, 256),
+    "pq": lambda: PQDocids(4, 256), "rq": lambda: RQDocids(4, 256), "ngram": NgramDocids,
+    "pseudo_query": PseudoQueryDocids,
 }
 
 
-def stats(scheme_name: str, corpus, vocab) -> dict:
+def stats(scheme_name: str, dataset, vocab) -> dict:
+    corpus = dataset.corpus
     scheme = SCHEMES[scheme_name]()
-    emb = None
+    emb, extra = None, {}
     if getattr(scheme, "needs_embeddings", False):
         emb = TfidfSvdEmbedder(dim=64).fit(corpus.texts).embed(corpus.texts)
-    table = scheme.fit(corpus, embeddings=emb, vocab=vocab).assign(corpus, embeddings=emb)
+    if getattr(scheme, "wants_queries", False):
+        extra["queries"] = queries_by_document(dataset, "train")
+    table = scheme.fit(corpus, embeddings=emb, vocab=vocab, **extra).assign(corpus, embeddings=emb)
     out = table.stats()
+    if len(table) > len(set(table.doc_rows.tolist())):  # several docids per document
+        out.update(multi_docid_stats(table))
     lengths, counts = np.unique(table.lengths, return_counts=True)
     out["length_histogram"] = {int(l): int(c) for l, c in zip(lengths, counts)}
     out["scheme"] = scheme_name
@@ -60,7 +69,7 @@ def main(argv=None) -> int:
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 vocab = train_sentencepiece(list(dataset.corpus.texts), Path(tmp) / "sp.model", 1000)
-        result = stats(args.scheme, dataset.corpus, vocab)
+        result = stats(args.scheme, dataset, vocab)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

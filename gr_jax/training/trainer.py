@@ -39,6 +39,7 @@ from gr_jax.data.pipeline import ExampleStore, MixtureIterator, eval_batches, to
 from gr_jax.data.readers import Dataset
 from gr_jax.docids.atomic import AtomicDocids
 from gr_jax.docids.base import DocidTable, load_scheme_state, save_scheme
+from gr_jax.docids.pseudo_query import queries_by_document
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.runs import Run, run_from_rankings, write_run
@@ -251,7 +252,10 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
         if hasattr(scheme, "bind"):
             scheme.bind(vocab)
     else:
-        scheme.fit(dataset.corpus, embeddings=embeddings, vocab=vocab)
+        extra = {}
+        if getattr(scheme, "wants_queries", False) and getattr(scheme, "source", "train") == "train":
+            extra["queries"] = queries_by_document(dataset, train_split)  # pseudo-query docids
+        scheme.fit(dataset.corpus, embeddings=embeddings, vocab=vocab, **extra)
     table = scheme.assign(dataset.corpus, embeddings=embeddings)
     if not scheme_dir.exists():
         save_scheme(scheme, scheme_dir)

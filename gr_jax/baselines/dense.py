@@ -1,0 +1,198 @@
+"""Dense retrieval with any embedder (docids/embed.py): exact inner-product search in JAX → a TREC Run, plus
+DPR-style fine-tuning of a Flax T5 dual encoder with in-batch negatives.
+
+`DenseIndex` holds one L2-normalised row per document. `search` scores query blocks against document blocks
+under jit and merges a running top-k, so memory is O(query block × document block) whatever the corpus size,
+and the result is exact (no approximation). `add` encodes new documents with the frozen embedder and
+appends them: the dynamic-corpora protocol's "dense retrieval with the D0 encoder re-encoding new documents".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from functools import partial
+from pathlib import Path
+from typing import Optional, Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm.auto import tqdm
+
+from gr_jax.evaluation.runs import Run
+from gr_jax.io_utils import atomic_dir
+
+log = logging.getLogger(__name__)
+
+
+@partial(jax.jit, static_argnames=("k",))
+def _block_topk(q_QxD, d_BxD, valid_B, best_s_QxK, best_i_QxK, offset, k: int):
+    """Scores of one document block, merged with the running top-k (ties keep the earlier document)."""
+    s_QxB = jnp.where(valid_B[None, :], q_QxD @ d_BxD.T, -jnp.inf)
+    idx_B = offset + jnp.arange(d_BxD.shape[0], dtype=jnp.int32)
+    all_s = jnp.concatenate([best_s_QxK, s_QxB], axis=1)
+    all_i = jnp.concatenate([best_i_QxK, jnp.broadcast_to(idx_B, s_QxB.shape)], axis=1)
+    top_s, pos = jax.lax.top_k(all_s, k)
+    return top_s, jnp.take_along_axis(all_i, pos, axis=1)
+
+
+def exact_search(queries_QxD: np.ndarray, docs_NxD: np.ndarray, k: int, query_block: int = 256,
+                 doc_block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k inner products: (scores [Q, k'], document rows [Q, k']) with k' = min(k, N), best first."""
+    Q, N = len(queries_QxD), len(docs_NxD)
+    k = min(k, N)
+    if N == 0 or Q == 0:
+        return np.zeros((Q, 0), np.float32), np.zeros((Q, 0), np.int64)
+    doc_block = min(doc_block, N)
+    n_blocks = -(-N // doc_block)
+    padded = np.zeros((n_blocks * doc_block, docs_NxD.shape[1]), np.float32)
+    padded[:N] = docs_NxD
+    valid = np.arange(len(padded)) < N
+    scores, rows = [], []
+    for qs in range(0, Q, query_block):
+        q = np.zeros((query_block, queries_QxD.shape[1]), np.float32)  # fixed shape: one compilation
+        nq = min(query_block, Q - qs)
+        q[:nq] = queries_QxD[qs:qs + nq]
+        best_s = jnp.full((query_block, k), -jnp.inf, jnp.float32)
+        best_i = jnp.full((query_block, k), -1, jnp.int32)
+        for b in range(n_blocks):
+            sl = slice(b * doc_block, (b + 1) * doc_block)
+            best_s, best_i = _block_topk(jnp.asarray(q), jnp.asarray(padded[sl]), jnp.asarray(valid[sl]),
+                                         best_s, best_i, jnp.int32(b * doc_block), k=k)
+        scores.append(np.asarray(best_s)[:nq])
+        rows.append(np.asarray(best_i, dtype=np.int64)[:nq])
+    return np.concatenate(scores), np.concatenate(rows)
+
+
+@gin.configurable
+@dataclasses.dataclass
+class DenseIndex:
+    embedder: object
+    doc_ids: list = dataclasses.field(default_factory=list)
+    matrix: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    query_block: int = 256
+    doc_block: int = 65536
+
+    @classmethod
+    def build(cls, embedder, corpus, rows: Optional[Sequence[int]] = None, fit: bool = True,
+              **kwargs) -> "DenseIndex":
+        """Fit the embedder on these documents (when it learns from text, e.g. TF-IDF) and encode them."""
+        rows = np.arange(len(corpus)) if rows is None else np.asarray(rows, np.int64)
+        texts = [corpus.texts[int(r)] for r in rows]
+        if fit:
+            embedder.fit(texts)
+        index = cls(embedder, **kwargs)
+        index.add(corpus, rows)
+        return index
+
+    def add(self, corpus, rows: Sequence[int]) -> None:
+        """Encode more documents with the frozen embedder and append them (no refit)."""
+        rows = np.asarray(rows, np.int64)
+        if not len(rows):
+            return
+        new_ids = [corpus.doc_ids[int(r)] for r in rows]
+        held = set(self.doc_ids)
+        dup = [d for d in new_ids if d in held]
+        if dup or len(set(new_ids)) != len(new_ids):
+            raise ValueError(f"DenseIndex.add: documents already indexed or repeated, e.g. {(dup or new_ids)[:3]}")
+        emb = np.asarray(self.embedder.embed([corpus.texts[int(r)] for r in rows]), np.float32)
+        if emb.shape[0] != len(rows) or (self.matrix.size and emb.shape[1] != self.matrix.shape[1]):
+            raise ValueError(f"DenseIndex.add: embedder returned {emb.shape}, expected ({len(rows)}, "
+                             f"{self.matrix.shape[1] if self.matrix.size else 'D'})")
+        self.matrix = emb if not self.matrix.size else np.concatenate([self.matrix, emb])
+        self.doc_ids = list(self.doc_ids) + new_ids
+
+    def __len__(self) -> int:
+        return len(self.doc_ids)
+
+    def search(self, texts: Sequence[str], qids: Sequence[str], k: int = 100) -> Run:
+        if len(texts) != len(qids):
+            raise ValueError(f"DenseIndex.search: {len(texts)} queries for {len(qids)} ids")
+        empty = [q for q, t in zip(qids, texts) if not t.strip()]
+        if empty:
+            raise ValueError(f"DenseIndex.search: empty query text for {empty[:3]}")
+        q = np.asarray(self.embedder.embed(list(texts)), np.float32)
+        scores, rows = exact_search(q, self.matrix, k, self.query_block, self.doc_block)
+        return {qid: {self.doc_ids[int(r)]: float(s) for s, r in zip(srow, rrow) if r >= 0}
+                for qid, srow, rrow in zip(qids, scores, rows)}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Document ids + matrix (the embedder is configured separately, e.g. by gin)."""
+        with atomic_dir(path) as tmp:
+            np.save(tmp / "matrix.npy", self.matrix)
+            (tmp / "dense.json").write_text(json.dumps({"embedder": getattr(self.embedder, "name", "?"),
+                                                         "doc_ids": list(self.doc_ids)}))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, embedder) -> "DenseIndex":
+        path = Path(path)
+        try:
+            meta = json.loads((path / "dense.json").read_text())
+            matrix = np.load(path / "matrix.npy", allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: not a saved DenseIndex ({e})") from None
+        if matrix.shape[0] != len(meta["doc_ids"]):
+            raise ValueError(f"{path}: {matrix.shape[0]} vectors for {len(meta['doc_ids'])} document ids")
+        if meta["embedder"] != getattr(embedder, "name", "?"):
+            raise ValueError(f"{path}: built with embedder {meta['embedder']!r}, given {embedder.name!r}")
+        return cls(embedder, list(meta["doc_ids"]), matrix)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# DPR-style fine-tuning of a T5 dual encoder (shared encoder, mean pooling, in-batch negatives)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def in_batch_loss(q_BxD, d_BxD, temperature: float):
+    """Cross-entropy of each query against all documents of the batch (its own is the positive)."""
+    q = q_BxD / jnp.maximum(jnp.linalg.norm(q_BxD, axis=-1, keepdims=True), 1e-6)
+    d = d_BxD / jnp.maximum(jnp.linalg.norm(d_BxD, axis=-1, keepdims=True), 1e-6)
+    logits = q @ d.T / temperature
+    return optax.softmax_cross_entropy_with_integer_labels(logits, jnp.arange(len(q))).mean()
+
+
+@gin.configurable
+def finetune_dual_encoder(embedder, queries: Sequence[str], documents: Sequence[str], steps: int = 200,
+                          batch_size: int = 32, learning_rate: float = 1e-3, temperature: float = 0.05,
+                          seed: int = 0, progress: bool = True):
+    """Train `embedder` (a `T5MeanEmbedder`) on (query, positive document) pairs; returns a copy with the new
+    parameters and the loss per step. Batches hold distinct documents, so in-batch negatives are real
+    negatives."""
+    from gr_jax.data.pipeline import tokenize
+    from gr_jax.docids.embed import t5_mean_pool
+
+    if len(queries) != len(documents) or not len(queries):
+        raise ValueError(f"finetune_dual_encoder: {len(queries)} queries for {len(documents)} documents")
+    q_tok = tokenize(list(queries), embedder.vocab, embedder.length, what="query")
+    d_tok = tokenize(list(documents), embedder.vocab, embedder.length, what="document")
+    model, opt = embedder.model, optax.adamw(learning_rate, weight_decay=0.0)
+    params = embedder.params
+    state = opt.init(params)
+
+    @jax.jit
+    def step(params, state, q, d):
+        def loss_fn(p):
+            return in_batch_loss(t5_mean_pool(model, p, q), t5_mean_pool(model, p, d), temperature)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, loss
+
+    rng = np.random.default_rng(seed)
+    doc_key = np.unique(np.asarray(documents, dtype=object), return_inverse=True)[1]
+    batch_size = min(batch_size, int(doc_key.max()) + 1)  # a constant batch shape: one compilation
+    if batch_size < 2:
+        raise ValueError("finetune_dual_encoder: need at least two distinct documents")
+    losses = []
+    for _ in tqdm(range(steps), desc="dual encoder", disable=not progress):
+        order = rng.permutation(len(queries))
+        _, first = np.unique(doc_key[order], return_index=True)  # one pair per distinct document
+        pick = order[np.sort(first)][:batch_size]
+        params, state, loss = step(params, state, jnp.asarray(q_tok[pick]), jnp.asarray(d_tok[pick]))
+        losses.append(float(loss))
+    return dataclasses.replace(embedder, params=params), losses
