@@ -91,13 +91,27 @@ class DocidTable:
             raise ValueError(f"{len(missing)} documents have no docid in this table, e.g. rows {missing[:3]}")
         return np.array([first[int(r)] for r in rows], dtype=np.int64)
 
+    def all_docids(self, rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Every docid of each corpus row: (position in `rows`, index into the table) pairs, rows in order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        first = self.primary(rows)  # also the missing-docid check
+        counts = np.bincount(self.doc_rows, minlength=int(self.doc_rows.max()) + 1 if len(self) else 0)
+        n = counts[rows]
+        pos = np.repeat(np.arange(len(rows)), n)
+        within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        return pos, np.repeat(first, n) + within  # a document's docids are contiguous rows of the table
+
     def targets(self, rows: Sequence[int], length: Optional[int] = None) -> np.ndarray:
         """Training targets [N, length] for corpus rows: primary docid (+ EOS for text docids), PAD-padded."""
+        return self.targets_of(self.primary(rows), length)
+
+    def targets_of(self, idx: Sequence[int], length: Optional[int] = None) -> np.ndarray:
+        """Training targets [N, length] for table indices (+ EOS for text docids), PAD-padded."""
         length = length or self.target_length
         if length < self.target_length:
             raise ValueError(f"target feature length {length} is shorter than the longest docid "
                              f"({self.target_length} tokens with EOS); raise TASK_FEATURE_LENGTHS['targets']")
-        idx = self.primary(rows)
+        idx = np.asarray(idx, dtype=np.int64)
         out = np.full((len(idx), length), PAD_ID, dtype=np.int32)
         for j, i in enumerate(idx):
             n = self.lengths[i]

@@ -105,6 +105,7 @@ class Objectives:
     pseudo_query_rate: float = 0.0
     pseudo_query_split: str = "pseudo"
     index_with_title: bool = False
+    all_docids: bool = False  # multi-docid schemes (pseudo-query, n-gram): one pair per docid, not per document
 
     def build(self, dataset: Dataset, train_split: str, rows: Optional[np.ndarray] = None):
         parts, rates = [], []
@@ -128,6 +129,14 @@ class Objectives:
         if not parts:
             raise ValueError("every objective rate is 0: nothing to train on")
         return parts, rates
+
+
+def _example_store(pairs, table: DocidTable, vocab, lengths: dict, all_docids: bool) -> ExampleStore:
+    inputs = tokenize(pairs.texts, vocab, lengths["inputs"], what=pairs.name, progress=len(pairs) > 50000)
+    if not all_docids:
+        return ExampleStore({"inputs": inputs, "targets": table.targets(pairs.rows, lengths["targets"])})
+    pos, idx = table.all_docids(pairs.rows)  # each input once per docid of its document
+    return ExampleStore({"inputs": inputs[pos], "targets": table.targets_of(idx, lengths["targets"])})
 
 
 def _vocabulary(vocabulary: Optional[str], model_dir: Path, dataset: Dataset, train_split: str,
@@ -284,11 +293,9 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
     if with_training_data:  # inference needs the docids and the index, not the tokenized training pairs
         objs = objectives_config if objectives_config is not None else Objectives()
         pairs, rates = objs.build(dataset, train_split)
-        stores = [ExampleStore({"inputs": tokenize(p.texts, vocab, lengths["inputs"], what=p.name,
-                                                   progress=len(p) > 50000),
-                                "targets": table.targets(p.rows, lengths["targets"])}) for p in pairs]
+        stores = [_example_store(p, table, vocab, lengths, objs.all_docids) for p in pairs]
         iterator = MixtureIterator(stores, batch_size, seed=seed, rates=rates, names=[p.name for p in pairs])
-        log.info("training pairs: %s", {p.name: len(p) for p in pairs})
+        log.info("training examples: %s", {p.name: len(s) for p, s in zip(pairs, stores)})
     log.info("docids: %s, %d documents, %s", scheme.name, len(dataset.corpus), table.stats())
     index = table.index(vocab_size=config.vocab_size) if table.space.kind == "text" else table.index()
     return Setup(model, dataset, vocab, scheme, table, index, iterator, lengths)

@@ -131,3 +131,15 @@ def test_ngram_docids_on_demo_corpus(data, tmp_path):
     np.testing.assert_array_equal(back.assign(ds.corpus).sequences, table.sequences)
     stats = multi_docid_stats(table)
     assert 0.5 < stats["identifying_fraction"] <= 1.0
+
+
+def test_all_docids_expands_rows_in_order():
+    from gr_jax.docids.base import DocidTable
+    from gr_jax.models.vocab import DocidTokenSpace
+
+    table = DocidTable.from_lists([[5], [6, 7], [8], [9], [10]], [0, 0, 1, 2, 2], DocidTokenSpace("text", 20))
+    pos, idx = table.all_docids([2, 0, 2])
+    assert pos.tolist() == [0, 0, 1, 1, 2, 2] and idx.tolist() == [3, 4, 0, 1, 3, 4]
+    np.testing.assert_array_equal(table.targets_of(idx[:2], 3), [[9, 1, 0], [10, 1, 0]])
+    with pytest.raises(ValueError, match="no docid in this table"):
+        table.all_docids([7])

@@ -284,3 +284,38 @@ def test_numeric_docids_with_codebook_head_train_evaluate_and_resume(tmp_path):
     configure(tmp_path, extra + "TRAIN_STEPS = 8\n", bindings=[f"MODEL_DIR = '{tmp_path / 'sem'}'"])
     resumed = trainer.train()  # same docids after reloading the scheme state (else: TrainingError)
     assert int(resumed["state"]["step"]) == 8
+
+
+@pytest.mark.slow
+def test_multi_docid_scheme_trains_on_every_docid_and_retrieves(tmp_path):
+    extra = """
+        TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 12}
+        prepare.docid_scheme = @PseudoQueryDocids()
+        PseudoQueryDocids.per_document = 2
+        PseudoQueryDocids.max_tokens = 10
+        Objectives.all_docids = True
+        prepare.objectives_config = @Objectives()
+        TRAIN_STEPS = 3
+        EvalConfig.num_beams = 4
+        """
+    configure(tmp_path, extra, bindings=[f"MODEL_DIR = '{tmp_path / 'pq'}'"])
+    setup = trainer.prepare(str(tmp_path / "pq"), 16, {"inputs": 32, "targets": 12}, "demo")
+    table = setup.table
+    assert len(table) > len(setup.dataset.corpus)  # several docids for some documents
+    n_index = len(table)  # indexing: every document once per docid
+    sizes = [len(s) for s in setup.iterator.sources]
+    assert sizes[0] == n_index
+    queries = setup.dataset.queries["train"]
+    # the first docid of a document is the text of its first judged training query
+    first_doc = setup.dataset.corpus.doc_ids[0]
+    qid = next(q for q, judged in setup.dataset.qrels["train"].items() if first_doc in judged)
+    text = dict(zip(queries.qids, queries.texts))[qid]
+    assert table.sequence(int(table.primary([0])[0])) == setup.vocab.encode(text)[:10]
+    summary = trainer.train()
+    assert summary["queries"] > 0
+    lines = Path(summary["run"]).read_text().splitlines()
+    per_query = {}
+    for line in lines:
+        qid_, _, doc, *_ = line.split()
+        per_query.setdefault(qid_, []).append(doc)
+    assert all(len(d) == len(set(d)) for d in per_query.values())  # a document once per query
