@@ -32,8 +32,10 @@ class _QuietIncludeSearch(logging.Filter):
 def register_configurables() -> None:
     """Import every module whose functions and classes gin files may name."""
     from gr_jax.data import sources  # noqa: F401
-    from gr_jax.docids import atomic, embed, lexical, ngram, numeric, pseudo_query  # noqa: F401
+    from gr_jax.docids import atomic, chunked, embed, lexical, ngram, numeric, pseudo_query  # noqa: F401
+    from gr_jax.baselines import dense  # noqa: F401
     from gr_jax.models import heads, retriever, t5  # noqa: F401
+    from gr_jax.protocols import dynamic_corpora  # noqa: F401
     from gr_jax.training import partitioning, trainer  # noqa: F401
 
     if not gin.config._REGISTRY.get("t5.get_config"):

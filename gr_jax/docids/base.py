@@ -131,6 +131,13 @@ class DocidTable:
         return TrieIndex.build(seqs, self.doc_rows, vocab_size=vocab_size or self.space.end, eos_id=EOS_ID,
                                append_eos=True, **build_kwargs)
 
+    def insert_into(self, index) -> dict:
+        """Adds these docids to an existing prefix tree (dynamic corpora); leaf payloads are corpus rows."""
+        seqs = [self.sequence(i) for i in range(len(self))]
+        if self.fixed_length:
+            return index.insert(np.asarray(seqs, dtype=np.int32).reshape(len(self), -1), self.doc_rows)
+        return index.insert(seqs, self.doc_rows, append_eos=True)
+
     def stats(self) -> dict:
         """Collision rate (documents sharing a docid with another document), lengths, tokens used."""
         keys = {}

@@ -96,20 +96,21 @@ class GenerativeRetriever:
         """Constrained beam search over `index` (a TrieIndex); every returned docid is in the index."""
         return self.searcher(num_beams).search(params, query_tokens_BxL, index.device())
 
-    def predict_documents(self, params, query_tokens_BxL, index, num_beams: int = 10) -> list[list[tuple[int, float]]]:
-        """Per query, (document, score) in beam order; a docid shared by several documents (collision)
-        yields each of them at that docid's score, in document order."""
+    def predict_beams(self, params, query_tokens_BxL, index, num_beams: int = 10):
+        """Per query, the valid beams best first as (documents of the beam's docid, beam score)."""
         res = jax.device_get(self.predict(params, query_tokens_BxL, index, num_beams))
-        out = []
-        for b in range(res.leaf_ids.shape[0]):
-            ranked = []
-            for n in range(res.leaf_ids.shape[1]):
-                if not res.valid[b, n]:
-                    continue
-                for doc in index.documents(int(res.leaf_ids[b, n])):
-                    ranked.append((int(doc), float(res.scores[b, n])))
-            out.append(ranked)
-        return out
+        return [[(index.documents(int(res.leaf_ids[b, n])).tolist(), float(res.scores[b, n]))
+                 for n in range(res.leaf_ids.shape[1]) if res.valid[b, n]]
+                for b in range(res.leaf_ids.shape[0])]
+
+    def predict_documents(self, params, query_tokens_BxL, index, num_beams: int = 10, ranker: str = "first",
+                          mdgr_lambda: float = 1.0) -> list[list[tuple[int, float]]]:
+        """Per query, (document, score) best first (decoding/rankers.py). With the default ranker a docid
+        shared by several documents (collision) yields each of them at that docid's score, in document order."""
+        from gr_jax.decoding import rankers
+
+        return [rankers.rank([docs for docs, _ in beams], [s for _, s in beams], ranker, mdgr_lambda)
+                for beams in self.predict_beams(params, query_tokens_BxL, index, num_beams)]
 
     @functools.partial(jax.jit, static_argnums=0)
     def score(self, params, query_tokens_BxL, docid_targets_BxT):

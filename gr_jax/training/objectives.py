@@ -31,6 +31,7 @@ class Pairs:
     texts: list[str]
     rows: np.ndarray
     qids: Optional[list[str]] = None
+    docid_index: Optional[np.ndarray] = None  # a specific docid (table index) per pair, e.g. MDGR chunk → its code
 
     def __len__(self) -> int:
         return len(self.texts)

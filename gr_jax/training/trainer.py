@@ -39,8 +39,8 @@ from gr_jax.data.pipeline import ExampleStore, MixtureIterator, eval_batches, to
 from gr_jax.data.readers import Dataset
 from gr_jax.docids.atomic import AtomicDocids
 from gr_jax.docids.base import DocidTable, load_scheme_state, save_scheme
-from gr_jax.docids.pseudo_query import queries_by_document
 from gr_jax.docids.embed import TfidfSvdEmbedder
+from gr_jax.docids.pseudo_query import queries_by_document
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.runs import Run, run_from_rankings, write_run
 from gr_jax.models import convert, t5
@@ -106,6 +106,7 @@ class Objectives:
     pseudo_query_split: str = "pseudo"
     index_with_title: bool = False
     all_docids: bool = False  # multi-docid schemes (pseudo-query, n-gram): one pair per docid, not per document
+    chunk_rate: float = 0.0  # MDGR: chunk text → the docid of that chunk (schemes with `chunk_pairs`)
 
     def build(self, dataset: Dataset, train_split: str, rows: Optional[np.ndarray] = None):
         parts, rates = [], []
@@ -133,6 +134,8 @@ class Objectives:
 
 def _example_store(pairs, table: DocidTable, vocab, lengths: dict, all_docids: bool) -> ExampleStore:
     inputs = tokenize(pairs.texts, vocab, lengths["inputs"], what=pairs.name, progress=len(pairs) > 50000)
+    if pairs.docid_index is not None:
+        return ExampleStore({"inputs": inputs, "targets": table.targets_of(pairs.docid_index, lengths["targets"])})
     if not all_docids:
         return ExampleStore({"inputs": inputs, "targets": table.targets(pairs.rows, lengths["targets"])})
     pos, idx = table.all_docids(pairs.rows)  # each input once per docid of its document
@@ -166,12 +169,13 @@ def _table_digest(table: DocidTable) -> str:
 
 
 def retrieve(model: GenerativeRetriever, params, query_tokens: np.ndarray, qids: Sequence[str], index,
-             doc_ids: Sequence[str], num_beams: int, batch_size: int) -> Run:
-    """Constrained beam search for every query → a run (scores strictly decreasing in beam order)."""
+             doc_ids: Sequence[str], num_beams: int, batch_size: int, ranker: str = "first",
+             mdgr_lambda: float = 1.0) -> Run:
+    """Constrained beam search for every query → a run (scores strictly decreasing in ranker order)."""
     rankings: dict[str, list[str]] = {}
     qid_iter = iter(qids)
     for batch, mask in eval_batches(ExampleStore({"inputs": query_tokens}), batch_size):  # one compiled shape
-        ranked = model.predict_documents(params, batch["inputs"], index, num_beams)
+        ranked = model.predict_documents(params, batch["inputs"], index, num_beams, ranker, mdgr_lambda)
         for docs in (r for r, real in zip(ranked, mask) if real):
             rankings[next(qid_iter)] = [doc_ids[d] for d, _ in docs]
     return run_from_rankings(rankings)
@@ -187,6 +191,8 @@ class EvalConfig:
     max_queries: int = 0  # 0: all (periodic evaluation only; the final evaluation uses every query)
     metrics: Sequence[str] = ("Hit@1", "Hit@10", "MRR@10")
     compare_bm25: bool = False
+    ranker: str = "first"  # decoding/rankers.py: "first" (beam order) or "mdgr" (formula (8) of 000)
+    mdgr_lambda: float = 1.0
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -237,6 +243,7 @@ class Setup:
     index: Any
     iterator: Optional[MixtureIterator]  # None when prepared for inference only
     feature_lengths: dict[str, int]
+    embedder: Any = None  # the fitted document embedder of numeric docids (new documents need the same one)
 
 
 @gin.configurable
@@ -244,15 +251,17 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
             train_split: str = "train", vocabulary: Optional[str] = None, vocab_size: int = 1000,
             network: t5.T5Config | str = "tiny", head=None, docid_scheme=None,
             objectives_config: Optional[Objectives] = None, initial_checkpoint_path: Optional[str] = None,
-            score_mode: str = "log_softmax", embedder=None, with_training_data: bool = True) -> Setup:
+            score_mode: str = "log_softmax", embedder=None, with_training_data: bool = True,
+            dataset: Optional[Dataset] = None) -> Setup:
+    """`dataset` overrides loading `task` by name (the dynamic-corpora protocol passes its D0 part)."""
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
-    dataset = sources.load_dataset(task)
+    dataset = dataset if dataset is not None else sources.load_dataset(task)
     vocab = _vocabulary(vocabulary, model_dir, dataset, train_split, vocab_size)
 
     scheme = docid_scheme if docid_scheme is not None else AtomicDocids()
     scheme_dir = model_dir / "docid_scheme"
-    embeddings = None
+    embeddings, emb = None, None
     if getattr(scheme, "needs_embeddings", False):  # numeric docids: embed the corpus (deterministic)
         emb = embedder if embedder is not None else TfidfSvdEmbedder()
         embeddings = emb.fit(dataset.corpus.texts).embed(dataset.corpus.texts)
@@ -293,12 +302,18 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
     if with_training_data:  # inference needs the docids and the index, not the tokenized training pairs
         objs = objectives_config if objectives_config is not None else Objectives()
         pairs, rates = objs.build(dataset, train_split)
+        if objs.chunk_rate > 0:
+            if not hasattr(scheme, "chunk_pairs"):
+                raise ValueError(f"Objectives.chunk_rate > 0 but docid scheme {scheme.name!r} has no chunks")
+            texts, owners, idx = scheme.chunk_pairs()
+            pairs.append(objectives.Pairs("chunk", list(texts), owners, docid_index=idx))
+            rates.append(objs.chunk_rate)
         stores = [_example_store(p, table, vocab, lengths, objs.all_docids) for p in pairs]
         iterator = MixtureIterator(stores, batch_size, seed=seed, rates=rates, names=[p.name for p in pairs])
         log.info("training examples: %s", {p.name: len(s) for p, s in zip(pairs, stores)})
     log.info("docids: %s, %d documents, %s", scheme.name, len(dataset.corpus), table.stats())
     index = table.index(vocab_size=config.vocab_size) if table.space.kind == "text" else table.index()
-    return Setup(model, dataset, vocab, scheme, table, index, iterator, lengths)
+    return Setup(model, dataset, vocab, scheme, table, index, iterator, lengths, emb)
 
 
 def _initial_params(setup: Setup, seed: int, initial_checkpoint_path: Optional[str]) -> dict:
@@ -347,7 +362,7 @@ def evaluate_split(setup: Setup, params, split: str, eval_config: EvalConfig, ma
     text_of = dict(zip(queries.qids, queries.texts))
     tokens = tokenize([text_of[q] for q in qids], setup.vocab, setup.feature_lengths["inputs"], what=split)
     run = retrieve(setup.model, params, tokens, qids, setup.index, ds.corpus.doc_ids, eval_config.num_beams,
-                   eval_config.batch_size)
+                   eval_config.batch_size, eval_config.ranker, eval_config.mdgr_lambda)
     sub = {q: qrels[q] for q in qids}
     return run, sub, evaluate(run, sub, eval_config.metrics, missing_as_zero=True)
 
@@ -358,14 +373,16 @@ def train(model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, batch_
           initial_checkpoint_path: Optional[str] = None, optimizer: Optional[optax.GradientTransformation] = None,
           log_period: int = 50, eval_period: int = 0, checkpoint_period: int = 500, keep_checkpoints: int = 3,
           eval_config: Optional[EvalConfig] = None, num_partitions: int = 1, progress: bool = True,
-          final_eval: bool = True, step_callback: Optional[Callable[[int], None]] = None) -> dict:
-    """Trains, checkpoints and evaluates; returns a summary (final metrics, paths)."""
+          final_eval: bool = True, step_callback: Optional[Callable[[int], None]] = None,
+          dataset: Optional[Dataset] = None) -> dict:
+    """Trains, checkpoints and evaluates; returns a summary (final metrics, paths). `dataset` overrides
+    loading `task` by name."""
     t_start = time.time()
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.gin").write_text(gin.config_str())  # the full configuration of this run
     setup = prepare(model_dir=str(model_dir), batch_size=batch_size, feature_lengths=feature_lengths, task=task,
-                    seed=seed, initial_checkpoint_path=initial_checkpoint_path)
+                    seed=seed, initial_checkpoint_path=initial_checkpoint_path, dataset=dataset)
     model, iterator = setup.model, setup.iterator
     eval_config = eval_config or EvalConfig()
     tx = optimizer if optimizer is not None else make_optimizer(total_steps=train_steps)

@@ -1,0 +1,465 @@
+"""The dynamic-corpora protocol of 000_dynamic_corpora.txt as one function (`python -m gr_jax.dynamic`).
+
+1. Split the corpus (data/splits.py): D0 = 50% of the documents, D1..D5 = 10% each; training queries of D0
+   documents are P0, test queries follow their relevant document into Q0..Q5.
+2. Build the system on D0 only: BM25 over D0; a dense index with an embedder fitted on D0; or a generative
+   retriever (any docid scheme, MDGR included) trained on D0 by `training.trainer.train` (or restored from
+   its checkpoint in OUTPUT_DIR/model when the command is re-run).
+3. For o = 1..5: index D_o without refitting (BM25 re-indexed; dense: the D0 encoder encodes D_o; GR: the
+   docid scheme assigns docids to D_o with its D0 centroids/codebooks/vocabulary and `TrieIndex.insert` adds
+   them), optionally fine-tune (DSI++-style replay, `Replay`), then evaluate Hit@10 on Q0..Q_o.
+4. Write P (P[o][j] = Hit@10 on Q_j after indexing D1..D_o), F_n and GA_n (n = 1..5), IDBI per step (over
+   the queries Q0..Q_o, top-10), the time and memory of every step, markdown tables shaped like Tables 1–2
+   of the paper, and a plot of Hit@10 over D0..D5 for initial vs new documents.
+
+Corpus rows: the protocol reorders the corpus as D0, D1, ..., D5, so a D0 row is the same row in the D0
+dataset the model is trained on and in the full corpus the index grows over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import gin
+import numpy as np
+
+from gr_jax.data import sources
+from gr_jax.data.pipeline import tokenize
+from gr_jax.data.readers import Corpus, Dataset, QuerySet
+from gr_jax.data.splits import DynamicSplit, dynamic_split
+from gr_jax.evaluation import dynamic as measures
+from gr_jax.evaluation.metrics import evaluate
+from gr_jax.evaluation.runs import Run, ranked
+from gr_jax.io_utils import atomic_dir
+
+log = logging.getLogger(__name__)
+
+METHODS = ("bm25", "dense", "gr")
+
+
+class ProtocolError(ValueError):
+    """A configuration the protocol cannot run, or a step that would not fit in memory."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# memory
+# ----------------------------------------------------------------------------------------------------------
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now (Linux /proc; falls back to the peak from getrusage)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def available_bytes() -> Optional[int]:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+@dataclasses.dataclass
+class MemoryGuard:
+    """Stops a step *before* it runs when its estimated need would push the process past `limit` bytes
+    (default: 90% of what this process has now plus what the machine has available), so a too-large step
+    fails with a message instead of sending the machine into swap."""
+
+    limit: Optional[int] = None
+
+    def __post_init__(self):
+        if self.limit is None:
+            avail = available_bytes()
+            self.limit = int(0.9 * (rss_bytes() + avail)) if avail is not None else None
+
+    def check(self, what: str, need_bytes: int) -> None:
+        if self.limit is None:
+            return
+        now = rss_bytes()
+        if now + need_bytes > self.limit:
+            raise ProtocolError(f"{what}: needs about {need_bytes / 2**20:.0f} MiB more on top of "
+                                f"{now / 2**20:.0f} MiB in use, above the memory limit of "
+                                f"{self.limit / 2**20:.0f} MiB; use fewer documents per step, a smaller "
+                                f"batch, or raise run_dynamic.memory_limit_mb")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the split as datasets
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class DynamicData:
+    split: DynamicSplit
+    full: Dataset  # corpus rows ordered D0, D1, ..., Dn
+    d0: Dataset  # the first |D0| rows, P0 as its training split
+    part_rows: list[np.ndarray]  # rows of D_o in `full`
+    test_texts: dict[str, str]
+    test_qrels: dict
+
+
+def _subset(values, rows):
+    return None if values is None else [values[int(r)] for r in rows]
+
+
+def make_dynamic_data(dataset: Dataset, seed: int = 0, initial_fraction: float = 0.5, n_parts: int = 5,
+                      train_split: str = "train", test_split: str = "test") -> DynamicData:
+    for split in (train_split, test_split):
+        if split not in dataset.queries:
+            raise ProtocolError(f"the dataset has no {split!r} queries (it has {sorted(dataset.queries)})")
+    c = dataset.corpus
+    split = dynamic_split(list(c.doc_ids), dataset.qrels[train_split], dataset.qrels[test_split], seed=seed,
+                          initial_fraction=initial_fraction, n_parts=n_parts)
+    order = np.array([c.index_of(d) for part in split.parts for d in part], np.int64)
+    full_corpus = Corpus([c.doc_ids[i] for i in order], [c.texts[i] for i in order], _subset(c.titles, order),
+                         _subset(c.urls, order))
+    bounds = np.cumsum([0] + [len(p) for p in split.parts])
+    part_rows = [np.arange(bounds[o], bounds[o + 1]) for o in range(len(split.parts))]
+    n0 = len(split.parts[0])
+    d0_corpus = Corpus(full_corpus.doc_ids[:n0], full_corpus.texts[:n0], _subset(full_corpus.titles, range(n0)),
+                       _subset(full_corpus.urls, range(n0)))
+    train_q = dataset.queries[train_split]
+    keep = set(split.train_queries)
+    qids = [q for q in train_q.qids if q in keep]
+    text_of = dict(zip(train_q.qids, train_q.texts))
+    d0_train = QuerySet(qids, [text_of[q] for q in qids])
+    in_d0 = set(split.parts[0])
+    d0_qrels = {q: {d: g for d, g in dataset.qrels[train_split][q].items() if d in in_d0} for q in qids}
+    d0 = Dataset(d0_corpus, {train_split: d0_train}, {train_split: d0_qrels})
+    test = dataset.queries[test_split]
+    full = Dataset(full_corpus, dataset.queries, dataset.qrels)
+    return DynamicData(split, full, d0, part_rows, dict(zip(test.qids, test.texts)), dataset.qrels[test_split])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# systems: each indexes D0 at construction, then `add(rows)` and `search(texts, qids)`
+# ----------------------------------------------------------------------------------------------------------
+
+
+class BM25System:
+    """BM25 (bm25s) re-indexed over D0..D_o at every step, as the paper does."""
+
+    name = "bm25"
+
+    def __init__(self, data: DynamicData, k: int):
+        self.data, self.k, self.rows = data, k, list(data.part_rows[0])
+        self._build()
+
+    def _build(self):
+        from gr_jax.baselines.bm25 import BM25
+
+        c = self.data.full.corpus
+        self.bm25 = BM25.build([c.doc_ids[r] for r in self.rows], [c.texts[r] for r in self.rows])
+
+    def estimate_bytes(self, rows) -> int:
+        c = self.data.full.corpus
+        return 8 * sum(len(c.texts[r]) for r in self.rows) + 8 * sum(len(c.texts[r]) for r in rows)
+
+    def add(self, rows) -> dict:
+        self.rows += list(rows)
+        self._build()
+        return {"documents": len(self.rows)}
+
+    def search(self, texts, qids) -> Run:
+        # bm25s cuts ties at the k-th score in index order, and D0 is indexed first: on a corpus with many
+        # tied scores that alone biases the top k toward initial documents (IDBI ≈ 0.3 on the demo corpus).
+        # Retrieving a wider list and cutting it in trec_eval order (ties by docid) removes that artefact.
+        wide = self.bm25.search(list(qids), list(texts), k=max(100, 4 * self.k))
+        return {q: {d: docs[d] for d in ranked(docs)[: self.k]} for q, docs in wide.items()}
+
+
+class DenseSystem:
+    """Exact inner-product search; the embedder is fitted on D0 (TF-IDF) or frozen (MiniLM, T5) and encodes
+    the new documents of every step without refitting."""
+
+    name = "dense"
+
+    def __init__(self, data: DynamicData, k: int, embedder):
+        from gr_jax.baselines.dense import DenseIndex
+        from gr_jax.docids.embed import TfidfSvdEmbedder
+
+        self.data, self.k = data, k
+        self.index = DenseIndex.build(embedder if embedder is not None else TfidfSvdEmbedder(), data.full.corpus,
+                                      rows=data.part_rows[0])
+
+    def estimate_bytes(self, rows) -> int:
+        return 4 * len(rows) * max(self.index.matrix.shape[1], 1) * 3
+
+    def add(self, rows) -> dict:
+        self.index.add(self.data.full.corpus, rows)
+        return {"documents": len(self.index), "index_mb": self.index.matrix.nbytes / 2**20}
+
+    def search(self, texts, qids) -> Run:
+        return self.index.search(texts, qids, k=self.k)
+
+
+@gin.configurable
+@dataclasses.dataclass
+class Replay:
+    """DSI++-style incremental training after indexing each D_o: `steps` updates on the indexing pairs of the
+    new documents mixed with a `replay_fraction` share of old pairs (D0..D_{o-1} documents and P0 queries)."""
+
+    steps: int = 100
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    replay_fraction: float = 0.5
+    seed: int = 0
+
+
+class GRSystem:
+    """A generative retriever trained on D0 by the trainer; new documents get docids from the frozen scheme
+    and are inserted into the prefix tree."""
+
+    name = "gr"
+
+    def __init__(self, data: DynamicData, model_dir: Path, k: int, replay: Optional[Replay], eval_batch: int):
+        from gr_jax import gin_utils
+        from gr_jax.training import trainer
+
+        self.data, self.k, self.replay, self.eval_batch = data, k, replay, eval_batch
+        summary = gin_utils.call_configured(lambda: trainer.train(model_dir=str(model_dir), dataset=data.d0,
+                                                                  final_eval=False))
+        self.params = summary["state"]["params"]
+        self.setup = gin_utils.call_configured(lambda: trainer.prepare(
+            model_dir=str(model_dir), batch_size=1, feature_lengths=trainer._macro("TASK_FEATURE_LENGTHS"),
+            task=trainer._macro("MIXTURE_OR_TASK_NAME"), with_training_data=False, dataset=data.d0))
+        self.eval_config = gin_utils.call_configured(trainer.EvalConfig)
+        self.index = self.setup.index
+        self.tables = [self.setup.table]
+        self.rows = list(data.part_rows[0])
+        space = self.setup.table.space
+        if space.kind == "text" and getattr(self.setup.scheme, "name", "") == "atomic":
+            raise ProtocolError("atomic docids give every new document a new token that the D0 model has no "
+                                "embedding for; the protocol needs a scheme whose new docids reuse the D0 token "
+                                "space (naive, title, url, keywords, n-gram, semantic, PQ, RQ, MDGR)")
+
+    def estimate_bytes(self, rows) -> int:
+        per_doc = self.index.nbytes() / max(len(self.rows), 1)
+        return int(3 * per_doc * len(rows)) + (64 << 20)
+
+    def add(self, rows) -> dict:
+        corpus = self.data.full.corpus
+        embeddings = None
+        if getattr(self.setup.scheme, "needs_embeddings", False):
+            embeddings = self.setup.embedder.embed([corpus.texts[r] for r in rows])
+        table = self.setup.scheme.assign(corpus, rows=rows, embeddings=embeddings)
+        if table.space.kind == "text" and table.space.end > self.setup.model.config.vocab_size:
+            raise ProtocolError(f"new docids use token ids up to {table.space.end} but the model has "
+                                f"{self.setup.model.config.vocab_size}")
+        counts = table.insert_into(self.index)
+        self.tables.append(table)
+        self.rows += list(rows)
+        if self.replay is not None and self.replay.steps > 0:
+            self._replay(rows)
+        return {"documents": len(self.rows), "docids_added": counts["docids_added"],
+                "index_mb": self.index.nbytes() / 2**20}
+
+    def search(self, texts, qids) -> Run:
+        from gr_jax.training import trainer
+
+        tokens = tokenize(list(texts), self.setup.vocab, self.setup.feature_lengths["inputs"], what="queries")
+        cfg = self.eval_config
+        return trainer.retrieve(self.setup.model, self.params, tokens, list(qids), self.index,
+                                self.data.full.corpus.doc_ids, max(cfg.num_beams, self.k), self.eval_batch,
+                                cfg.ranker, cfg.mdgr_lambda)
+
+    def _replay(self, new_rows) -> None:
+        """Fine-tunes on the new documents' indexing pairs plus replayed old pairs (DSI++ without SAM)."""
+        import jax
+        import optax
+
+        from gr_jax.data.pipeline import ExampleStore, MixtureIterator
+        from gr_jax.training import objectives, trainer
+
+        r = self.replay
+        corpus, lengths = self.data.full.corpus, self.setup.feature_lengths
+        table = _concat_tables(self.tables)
+        rng = np.random.default_rng([r.seed, len(self.tables)])
+        old = np.asarray(self.rows[: len(self.rows) - len(new_rows)], np.int64)
+        n_old = int(round(len(new_rows) * r.replay_fraction / max(1 - r.replay_fraction, 1e-9)))
+        old_pick = rng.choice(old, size=min(n_old, len(old)), replace=False) if n_old and len(old) else old[:0]
+        new = objectives.indexing_pairs(corpus, new_rows)
+        stores = [ExampleStore({"inputs": tokenize(new.texts, self.setup.vocab, lengths["inputs"], what="new"),
+                                "targets": table.targets(new.rows, lengths["targets"])})]
+        rates = [1.0 - r.replay_fraction]
+        if len(old_pick):
+            replay = objectives.indexing_pairs(corpus, old_pick)
+            stores.append(ExampleStore({"inputs": tokenize(replay.texts, self.setup.vocab, lengths["inputs"],
+                                                           what="replay"),
+                                        "targets": table.targets(replay.rows, lengths["targets"])}))
+            rates.append(r.replay_fraction)
+        it = MixtureIterator(stores, r.batch_size, seed=r.seed + len(self.tables), rates=rates)
+        tx = optax.adamw(r.learning_rate, weight_decay=0.0)
+        step = jax.jit(trainer._make_train_step(self.setup.model, tx))
+        state = {"step": jax.numpy.int32(0), "params": self.params, "opt_state": tx.init(self.params),
+                 "nonfinite": jax.numpy.int32(0)}
+        key = jax.random.PRNGKey(r.seed)
+        for _ in range(r.steps):
+            batch = {k: jax.numpy.asarray(v) for k, v in next(it).items()}
+            state, _ = step(state, batch, key)
+        self.params = state["params"]
+
+
+def _concat_tables(tables):
+    from gr_jax.docids.base import DocidTable
+
+    width = max(t.sequences.shape[1] for t in tables)
+    seqs = np.concatenate([np.pad(t.sequences, ((0, 0), (0, width - t.sequences.shape[1]))) for t in tables])
+    return DocidTable(seqs, np.concatenate([t.lengths for t in tables]),
+                      np.concatenate([t.doc_rows for t in tables]), tables[0].space)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the protocol
+# ----------------------------------------------------------------------------------------------------------
+
+
+def summarize(P: np.ndarray) -> dict:
+    """F_n and GA_n (n = 1..N) of a performance matrix, plus its rows as the paper's tables print them."""
+    P = np.asarray(P, float)
+    out = measures.from_matrix(P)
+    out["initial_P_o0"] = P[:, 0].tolist()
+    out["new_P_oo"] = np.diag(P).tolist()
+    return out
+
+
+def _hit10(run: Run, qrels, qids) -> float:
+    qids = [q for q in qids if q in qrels]
+    if not qids:
+        return float("nan")
+    return evaluate({q: run.get(q, {}) for q in qids}, {q: qrels[q] for q in qids}, ["Hit@10"],
+                    missing_as_zero=True)["Hit@10"]
+
+
+@gin.configurable
+def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = gin.REQUIRED, seed: int = 0,
+                initial_fraction: float = 0.5, n_parts: int = 5, train_split: str = "train",
+                test_split: str = "test", k: int = 10, embedder=None, replay: Optional[Replay] = None,
+                eval_batch_size: int = 32, max_test_queries_per_part: int = 0,
+                memory_limit_mb: Optional[int] = None, label: Optional[str] = None, progress: bool = True) -> dict:
+    """Runs the protocol for one system and writes OUTPUT_DIR/{dynamic.json, dynamic.md, dynamic.png}."""
+    from tqdm.auto import tqdm
+
+    if method not in METHODS:
+        raise ProtocolError(f"run_dynamic.method must be one of {METHODS}, got {method!r}")
+    out_dir = Path(output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    guard = MemoryGuard(None if memory_limit_mb is None else int(memory_limit_mb) << 20)
+    data = make_dynamic_data(sources.load_dataset(task), seed, initial_fraction, n_parts, train_split, test_split)
+    parts_q = [q[:max_test_queries_per_part] if max_test_queries_per_part else q for q in data.split.test_queries]
+    label = label or method
+    log.info("dynamic split: %s documents, %s test queries", [len(p) for p in data.split.parts],
+             [len(q) for q in parts_q])
+
+    t0 = time.perf_counter()
+    if method == "bm25":
+        system = BM25System(data, k)
+    elif method == "dense":
+        system = DenseSystem(data, k, embedder)
+    else:
+        system = GRSystem(data, out_dir / "model", k, replay, eval_batch_size)
+    steps = [{"step": 0, "documents": len(data.part_rows[0]), "index_s": time.perf_counter() - t0}]
+
+    n = len(data.split.parts) - 1
+    P = np.full((n + 1, n + 1), np.nan)
+    idbi_per_step: list[Optional[float]] = [None]
+    initial = set(data.split.parts[0])
+    bar = tqdm(range(n + 1), desc=f"dynamic {label}", disable=not progress)
+    for o in bar:
+        if o > 0:
+            rows = data.part_rows[o]
+            guard.check(f"step {o} (indexing {len(rows)} documents)", system.estimate_bytes(rows))
+            t = time.perf_counter()
+            info = system.add(rows)
+            steps.append({"step": o, "index_s": time.perf_counter() - t, **info})
+        qids = [q for j in range(o + 1) for q in parts_q[j]]
+        t = time.perf_counter()
+        run = system.search([data.test_texts[q] for q in qids], qids) if qids else {}
+        steps[-1]["search_s"] = time.perf_counter() - t
+        steps[-1]["queries"] = len(qids)
+        steps[-1]["rss_mb"] = rss_bytes() / 2**20
+        for j in range(o + 1):
+            P[o, j] = _hit10(run, data.test_qrels, parts_q[j])
+        if o > 0 and qids:
+            rankings = {q: ranked(run.get(q, {})) for q in qids}
+            n_total = sum(len(p) for p in data.split.parts[: o + 1])
+            idbi_per_step.append(measures.idbi(rankings, initial, len(initial), n_total, k=10))
+        elif o > 0:
+            idbi_per_step.append(None)
+        log.info("step %d: %s", o, {"P": [round(x, 4) for x in P[o, : o + 1]], **steps[-1]})
+        bar.set_postfix(P_oo=f"{P[o, o]:.3f}", P_o0=f"{P[o, 0]:.3f}")
+        if not np.isfinite(P[o]).any() and o == 0:
+            raise ProtocolError("no test queries for D0: check test_split and the split of the dataset")
+
+    result = {"method": label, "P": P.tolist(), "idbi": idbi_per_step, "steps": steps,
+              "parts": [len(p) for p in data.split.parts], "test_queries": [len(q) for q in parts_q],
+              "seed": seed, **summarize(P)}
+    write_outputs(out_dir, result)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------
+# reports
+# ----------------------------------------------------------------------------------------------------------
+
+
+def tables_markdown(results: Sequence[dict]) -> str:
+    """Tables 1 and 2 of the paper: Hit@10 on initial (P_o0) and new (P_oo) documents, F_n / GA_n."""
+    from gr_jax.evaluation.report import markdown_table
+
+    n = len(results[0]["P"]) - 1
+    heads = [f"D{o}" for o in range(n + 1)]
+    fmt = lambda x: "—" if x is None or not np.isfinite(x) else f"{x:.3f}"
+    t1 = markdown_table(["method", *heads, f"F_{n} ↓"],
+                        [[r["method"], *map(fmt, r["initial_P_o0"]), fmt(r[f"F_{n}"])] for r in results])
+    t2 = markdown_table(["method", *heads, f"GA_{n} ↑"],
+                        [[r["method"], *map(fmt, r["new_P_oo"]), fmt(r[f"GA_{n}"])] for r in results])
+    t3 = markdown_table(["method", *[f"D{o}" for o in range(1, n + 1)]],
+                        [[r["method"], *map(fmt, r["idbi"][1:])] for r in results])
+    return (f"Initial documents (Hit@10 on Q0 after indexing D1..Do; Table 1)\n\n{t1}\n\n"
+            f"New documents (Hit@10 on Qo after indexing Do; Table 2)\n\n{t2}\n\n"
+            f"Initial-document bias IDBI (top 10, queries Q0..Qo; Figure 1)\n\n{t3}\n")
+
+
+def plot(results: Sequence[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for i, r in enumerate(results):
+        xs = np.arange(len(r["P"]))
+        color = f"C{i}"
+        ax.plot(xs, r["initial_P_o0"], "-o", color=color, label=f"{r['method']}: initial (Q0)")
+        ax.plot(xs, r["new_P_oo"], "--s", color=color, label=f"{r['method']}: new (Qo)")
+    ax.set_xticks(np.arange(len(results[0]["P"])))
+    ax.set_xticklabels([f"D{o}" for o in range(len(results[0]["P"]))])
+    ax.set_ylabel("Hit@10")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(out_dir: Path, result: dict) -> None:
+    with atomic_dir(out_dir / "dynamic") as tmp:
+        (tmp / "dynamic.json").write_text(json.dumps(result, indent=1, default=float))
+        (tmp / "dynamic.md").write_text(tables_markdown([result]))
+        plot([result], tmp / "dynamic.png")
