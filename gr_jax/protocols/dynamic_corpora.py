@@ -248,7 +248,7 @@ class GRSystem:
                                 "space (naive, title, url, keywords, n-gram, semantic, PQ, RQ, MDGR)")
 
     def estimate_bytes(self, rows) -> int:
-        per_doc = self.index.nbytes() / max(len(self.rows), 1)
+        per_doc = self.index.nbytes / max(len(self.rows), 1)
         return int(3 * per_doc * len(rows)) + (64 << 20)
 
     def add(self, rows) -> dict:
@@ -266,7 +266,7 @@ class GRSystem:
         if self.replay is not None and self.replay.steps > 0:
             self._replay(rows)
         return {"documents": len(self.rows), "docids_added": counts["docids_added"],
-                "index_mb": self.index.nbytes() / 2**20}
+                "index_mb": self.index.nbytes / 2**20}
 
     def search(self, texts, qids) -> Run:
         from gr_jax.training import trainer
@@ -361,7 +361,6 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
     guard = MemoryGuard(None if memory_limit_mb is None else int(memory_limit_mb) << 20)
     data = make_dynamic_data(sources.load_dataset(task), seed, initial_fraction, n_parts, train_split, test_split)
     parts_q = [q[:max_test_queries_per_part] if max_test_queries_per_part else q for q in data.split.test_queries]
-    label = label or method
     log.info("dynamic split: %s documents, %s test queries", [len(p) for p in data.split.parts],
              [len(q) for q in parts_q])
 
@@ -372,12 +371,15 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
         system = DenseSystem(data, k, embedder)
     else:
         system = GRSystem(data, out_dir / "model", k, replay, eval_batch_size)
+        if label is None:
+            label = f"gr-{system.setup.scheme.name}" + ("++" if replay is not None else "")
     steps = [{"step": 0, "documents": len(data.part_rows[0]), "index_s": time.perf_counter() - t0}]
 
     n = len(data.split.parts) - 1
     P = np.full((n + 1, n + 1), np.nan)
     idbi_per_step: list[Optional[float]] = [None]
     initial = set(data.split.parts[0])
+    label = label or method
     bar = tqdm(range(n + 1), desc=f"dynamic {label}", disable=not progress)
     for o in bar:
         if o > 0:
@@ -400,7 +402,7 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
             idbi_per_step.append(measures.idbi(rankings, initial, len(initial), n_total, k=10))
         elif o > 0:
             idbi_per_step.append(None)
-        log.info("step %d: %s", o, {"P": [round(x, 4) for x in P[o, : o + 1]], **steps[-1]})
+        log.info("step %d: %s", o, {"P": [round(float(x), 4) for x in P[o, : o + 1]], **steps[-1]})
         bar.set_postfix(P_oo=f"{P[o, o]:.3f}", P_o0=f"{P[o, 0]:.3f}")
         if not np.isfinite(P[o]).any() and o == 0:
             raise ProtocolError("no test queries for D0: check test_split and the split of the dataset")
