@@ -1,0 +1,268 @@
+"""The dynamic-corpora protocol: the command end to end at small scale (BM25, numeric DSI, text DSI, MDGR,
+DSI++ replay), insert == rebuild, the MDGR ranker and docids by hand, published rows, the memory guard."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import gin
+import numpy as np
+import pytest
+
+from gr_jax import dynamic as dynamic_cmd
+from gr_jax import gin_utils
+from gr_jax.data import demo
+from gr_jax.data.readers import Corpus
+from gr_jax.decoding import rankers
+from gr_jax.docids.base import DocidTable, load_scheme_state, save_scheme
+from gr_jax.docids.chunked import ChunkedPQDocids
+from gr_jax.docids.embed import TfidfSvdEmbedder
+from gr_jax.protocols import dynamic_corpora as dc
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+SMALL = """
+load_dataset.demo_docs = 60
+TRAIN_STEPS = 4
+BATCH_SIZE = 16
+prepare.vocab_size = 300
+train.progress = False
+train.log_period = 2
+train.checkpoint_period = 100
+run_dynamic.progress = False
+EvalConfig.batch_size = 32
+"""
+
+GR = {
+    "pq": """
+        include 'experiments/demo/dynamic_dsi_pq.gin'
+        PQDocids.k = 8
+        CodebookHead.codes = 8
+        TfidfSvdEmbedder.dim = 16
+        """,
+    "title": """
+        include 'experiments/demo/dynamic_dsi_title.gin'
+        """,
+    "mdgr": """
+        include 'experiments/demo/dynamic_mdgr.gin'
+        ChunkedPQDocids.k = 8
+        CodebookHead.codes = 8
+        TfidfSvdEmbedder.dim = 16
+        """,
+    "pq_replay": """
+        include 'experiments/demo/dynamic_dsi_pp.gin'
+        PQDocids.k = 8
+        CodebookHead.codes = 8
+        TfidfSvdEmbedder.dim = 16
+        Replay.steps = 2
+        Replay.batch_size = 8
+        """,
+}
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def _check_outputs(out: Path, method: str):
+    result = json.loads((out / "dynamic" / "dynamic.json").read_text())
+    P = np.array(result["P"], float)
+    assert P.shape == (6, 6)
+    assert np.isfinite(P[np.tril_indices(6)]).all() and np.isnan(P[np.triu_indices(6, 1)]).all()
+    assert ((P[np.tril_indices(6)] >= 0) & (P[np.tril_indices(6)] <= 1)).all()
+    assert result["F_5"] == pytest.approx(np.mean(np.maximum(P[0, 0] - P[1:, 0], 0)))
+    assert result["GA_5"] == pytest.approx(np.mean(np.diag(P)[1:]))
+    assert result["idbi"][0] is None and all(v is not None and -3 <= v <= 1 for v in result["idbi"][1:])
+    assert [s["step"] for s in result["steps"]] == list(range(6))
+    assert all(s["rss_mb"] > 0 and s["search_s"] >= 0 for s in result["steps"])
+    assert result["parts"] == [30, 6, 6, 6, 6, 6]
+    md = (out / "dynamic" / "dynamic.md").read_text()
+    assert "F_5" in md and "GA_5" in md and "IDBI" in md and result["method"] in md
+    png = (out / "dynamic" / "dynamic.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    return result
+
+
+def test_command_with_bm25(tmp_path, capsys):
+    f = tmp_path / "bm25.gin"
+    f.write_text("include 'experiments/demo/dynamic_bm25.gin'\n" + SMALL)
+    assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / 'bm25'}'"]) == 0
+    result = _check_outputs(tmp_path / "bm25", "bm25")
+    assert result["method"] == "bm25" and result["P"][0][0] > 0.5  # BM25 finds most demo documents
+    assert "| bm25 |" in capsys.readouterr().out
+
+
+def test_dense_system_reencodes_new_documents(tmp_path):
+    f = tmp_path / "dense.gin"
+    f.write_text("include 'experiments/demo/dynamic_dense.gin'\nTfidfSvdEmbedder.dim = 16\n" + SMALL)
+    gin_utils.parse([str(f)], [f"MODEL_DIR = '{tmp_path / 'dense'}'"])
+    result = gin_utils.call_configured(dc.run_dynamic)
+    _check_outputs(tmp_path / "dense", "dense")
+    assert result["steps"][-1]["documents"] == 60
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(GR))
+def test_command_with_generative_retrievers(tmp_path, name):
+    f = tmp_path / f"{name}.gin"
+    f.write_text(textwrap.dedent(GR[name]) + SMALL)
+    assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / name}'"]) == 0
+    result = _check_outputs(tmp_path / name, name)
+    expect = {"pq": "gr-pq", "title": "gr-title", "mdgr": "gr-mdgr", "pq_replay": "gr-pq++"}[name]
+    assert result["method"] == expect
+    added = [s.get("docids_added") for s in result["steps"][1:]]
+    if name == "mdgr":
+        assert added == [0] * 5  # constrained expansion: new chunks only reuse D0 docids
+    else:
+        assert sum(added) > 0
+    assert (tmp_path / name / "model" / "checkpoints").is_dir()
+
+
+def test_atomic_docids_are_refused(tmp_path):
+    f = tmp_path / "atomic.gin"
+    f.write_text("include 'runs/dynamic.gin'\ninclude 'experiments/demo/dsi_atomic.gin'\n"
+                 "run_dynamic.method = 'gr'\nTRAIN_STEPS = 1\nEvalConfig.compare_bm25 = False\n" + SMALL)
+    gin_utils.parse([str(f)], [f"MODEL_DIR = '{tmp_path / 'a'}'"])
+    with pytest.raises(dc.ProtocolError, match="atomic docids give every new document a new token"):
+        gin_utils.call_configured(dc.run_dynamic)
+
+
+@pytest.mark.slow
+def test_insert_equals_rebuild(tmp_path):
+    """Retrieval after inserting D1..D5 one by one equals retrieval over an index built from scratch."""
+    from gr_jax.docids.lexical import FieldDocids
+    from gr_jax.docids.numeric import PQDocids
+    from gr_jax.index.trie import TrieIndex
+    from gr_jax.models import t5
+    from gr_jax.models.heads import CodebookHead, TextHead
+    from gr_jax.models.retriever import GenerativeRetriever
+    from gr_jax.models.vocab import train_sentencepiece
+    from gr_jax.training import trainer
+    from gr_jax.data.pipeline import tokenize
+
+    data = dc.make_dynamic_data(demo.generate(num_docs=60, seed=5))
+    corpus = data.full.corpus
+    vocab = train_sentencepiece(list(corpus.texts) + list(corpus.titles), tmp_path / "v.model", vocab_size=300)
+    qids = [q for part in data.split.test_queries for q in part]
+    tokens = tokenize([data.test_texts[q] for q in qids], vocab, 32, what="q")
+    emb = TfidfSvdEmbedder(dim=16).fit([corpus.texts[r] for r in data.part_rows[0]])
+    for scheme, head in ((FieldDocids("title"), TextHead()), (PQDocids(4, 8), CodebookHead(length=4, codes=8))):
+        d0 = data.d0.corpus
+        scheme.fit(d0, embeddings=emb.embed(d0.texts), vocab=vocab)
+        tables = [scheme.assign(corpus, rows=r, embeddings=emb.embed([corpus.texts[i] for i in r]))
+                  for r in data.part_rows]
+        config = t5.get_config("tiny", vocab_size=vocab.size)
+        model = GenerativeRetriever(config, head)
+        params = model.init_params(seed=1)
+        grown = tables[0].index(vocab_size=config.vocab_size) if head.kind == "text" else tables[0].index()
+        for t in tables[1:]:
+            t.insert_into(grown)
+        all_table = dc._concat_tables(tables)
+        rebuilt = all_table.index(vocab_size=config.vocab_size) if head.kind == "text" else all_table.index()
+        assert isinstance(rebuilt, TrieIndex)
+        runs = [trainer.retrieve(model, params, tokens, qids, index, corpus.doc_ids, 10, 32)
+                for index in (grown, rebuilt)]
+        assert runs[0] == runs[1], scheme.name
+        assert any(len(r) == 10 for r in runs[0].values())
+
+
+def test_mdgr_ranker_by_hand():
+    # beams best first; each beam's docid leads to the documents listed (a chunk code shared by documents)
+    beams = [[7, 3], [3], [5], [7]]
+    got = rankers.mdgr(beams, lam=1.0)
+    # doc 7: coverage 2, 1/1 + 1/4 → 3.25; doc 3: coverage 2, 1/1 + 1/2 → 3.5; doc 5: 1 + 1/3 → 1.333
+    assert [d for d, _ in got] == [3, 7, 5]
+    assert [s for _, s in got] == pytest.approx([3.5, 3.25, 1 + 1 / 3])
+    # λ = 0: coverage only; a tie (7 and 3 both cover 2) keeps the order of first appearance (7 before 3)
+    assert rankers.mdgr(beams, lam=0.0) == [(7, 2.0), (3, 2.0), (5, 1.0)]
+    # λ large: the ranking term decides; 7 (1 + 1/4) > 3 (1 + 1/2)? no: 3 has 1.5 > 7's 1.25
+    assert [d for d, _ in rankers.mdgr(beams, lam=100.0)] == [3, 7, 5]
+    # a document listed twice under one beam counts once for it
+    assert rankers.mdgr([[2, 2]], lam=1.0) == [(2, 2.0)]
+    assert rankers.first_occurrence(beams, [-0.1, -0.5, -0.7, -0.9]) == [(7, -0.1), (3, -0.1), (5, -0.7)]
+    with pytest.raises(ValueError, match="unknown ranker"):
+        rankers.rank(beams, [0] * 4, "rrf")
+
+
+class _Words:
+    """A word-level 'vocabulary' so chunk windows are easy to check by hand."""
+
+    def __init__(self, texts):
+        words = sorted({w for t in texts for w in t.split()})
+        self.ids = {w: i + 2 for i, w in enumerate(words)}
+        self.words = {i: w for w, i in self.ids.items()}
+        self.size = len(words) + 2
+
+    def encode(self, text):
+        return [self.ids.get(w, 1) for w in text.split()]
+
+    def decode(self, ids):
+        return " ".join(self.words.get(i, "?") for i in ids)
+
+
+def test_mdgr_docids_chunks_constrained_expansion_and_state(tmp_path):
+    ds = demo.generate(num_docs=40, seed=7)
+    d0 = Corpus(ds.corpus.doc_ids[:30], ds.corpus.texts[:30])
+    vocab = _Words(list(ds.corpus.texts) + ["a b c d e f g"])
+    s = ChunkedPQDocids(window=4, stride=2, m=2, k=8, embedder=TfidfSvdEmbedder(dim=8))
+    s.bind(vocab)
+    assert s.chunks("a b c d e f g") == ["a b c d", "c d e f", "d e f g"]  # the last window reaches the end
+    assert s.chunks("a b") == ["a b"]
+    s.fit(d0, vocab=vocab)
+    table0 = s.assign(d0)
+    allowed = {tuple(c) for c in s.allowed.tolist()}
+    assert {tuple(table0.sequence(i)) for i in range(len(table0))} == allowed  # D0 docids are the D0 set
+    assert table0.space.kind == "codebook" and table0.space.length == 2 and table0.sequences.max() < 8
+    texts, owners, idx = s.chunk_pairs()
+    assert len(texts) == len(owners) == len(idx) and (table0.doc_rows[idx] == owners).all()
+    new = s.assign(ds.corpus, rows=range(30, 40))
+    assert {tuple(new.sequence(i)) for i in range(len(new))} <= allowed  # constrained expansion
+    free = ChunkedPQDocids(window=4, stride=2, m=2, k=8, constrain=False, embedder=TfidfSvdEmbedder(dim=8))
+    free.fit(d0, vocab=vocab)
+    np.testing.assert_array_equal(free.assign(d0).sequences, table0.sequences)  # same codes for D0
+    single = ChunkedPQDocids(window=4, stride=2, m=2, k=8, multi_docid=False, embedder=TfidfSvdEmbedder(dim=8))
+    one = single.fit(d0, vocab=vocab).assign(d0)
+    assert len(one) == 30 and sorted(one.doc_rows.tolist()) == list(range(30))
+    save_scheme(s, tmp_path / "s")
+    back = load_scheme_state(ChunkedPQDocids(embedder=TfidfSvdEmbedder()), tmp_path / "s")
+    back.bind(vocab)
+    assert back.window == 4 and back.m == 2
+    np.testing.assert_array_equal(back.assign(ds.corpus, rows=range(30, 40)).sequences, new.sequences)
+    with pytest.raises(ValueError, match="k = 100000 clusters but only"):
+        ChunkedPQDocids(window=4, stride=2, k=100000, embedder=TfidfSvdEmbedder(dim=8)).fit(d0, vocab=vocab)
+
+
+def test_summaries_from_published_rows():
+    """The command's summarize() on a P matrix holding the published rows reproduces the published F_5/GA_5."""
+    tables = json.loads((FIXTURES / "dynamic_corpora_tables.json").read_text())
+    t1, t2 = tables["table1_P_o0_and_F5"], tables["table2_P_oo_and_GA5"]
+    n = 0
+    for method in t1:
+        for dataset in t1[method]:
+            if method not in t2 or dataset not in t2[method]:
+                continue
+            P = np.full((6, 6), np.nan)
+            P[:, 0] = t1[method][dataset]["hit10_D0_to_D5"]
+            P[np.diag_indices(6)] = t2[method][dataset]["hit10_D0_to_D5"]
+            P[0, 0] = t1[method][dataset]["hit10_D0_to_D5"][0]
+            got = dc.summarize(P)
+            assert got["F_5"] == pytest.approx(t1[method][dataset]["summary"], abs=1e-3), (method, dataset)
+            assert got["GA_5"] == pytest.approx(t2[method][dataset]["summary"], abs=1e-3), (method, dataset)
+            n += 1
+    assert n >= 20
+
+
+def test_memory_guard_stops_a_step_with_a_message(tmp_path):
+    guard = dc.MemoryGuard(limit=dc.rss_bytes() + (10 << 20))
+    guard.check("small step", 1 << 20)
+    with pytest.raises(dc.ProtocolError, match=r"step 3.*needs about 100 MiB.*raise run_dynamic.memory_limit_mb"):
+        guard.check("step 3", 100 << 20)
+    f = tmp_path / "bm25.gin"
+    f.write_text("include 'experiments/demo/dynamic_bm25.gin'\n" + SMALL)
+    gin_utils.parse([str(f)], [f"MODEL_DIR = '{tmp_path / 'm'}'", "run_dynamic.memory_limit_mb = 1"])
+    with pytest.raises(dc.ProtocolError, match="step 1"):
+        gin_utils.call_configured(dc.run_dynamic)
+    assert not (tmp_path / "m" / "dynamic").exists()  # nothing half-written
