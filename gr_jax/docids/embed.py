@@ -116,7 +116,7 @@ class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (384-d, mean pooling, normalised) through sentence-transformers on the host (torch)."""
 
     batch_size: int = 64
-    device: str = "cpu"
+    device: Optional[str] = None  # None: CUDA when torch sees a GPU, else CPU
     name = "minilm"
     _model: object = dataclasses.field(default=None, repr=False)
 

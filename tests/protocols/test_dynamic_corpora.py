@@ -40,8 +40,11 @@ GR = {
         CodebookHead.codes = 8
         TfidfSvdEmbedder.dim = 16
         """,
-    "title": """
-        include 'experiments/demo/dynamic_dsi_title.gin'
+    "naive": """
+        include 'runs/dynamic.gin'
+        include 'experiments/demo/dsi_naive.gin'
+        run_dynamic.method = 'gr'
+        EvalConfig.compare_bm25 = False
         """,
     "mdgr": """
         include 'experiments/demo/dynamic_mdgr.gin'
@@ -111,7 +114,7 @@ def test_command_with_generative_retrievers(tmp_path, name):
     f.write_text(textwrap.dedent(GR[name]) + SMALL)
     assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / name}'"]) == 0
     result = _check_outputs(tmp_path / name, name)
-    expect = {"pq": "gr-pq", "title": "gr-title", "mdgr": "gr-mdgr", "pq_replay": "gr-pq++"}[name]
+    expect = {"pq": "gr-pq", "naive": "gr-naive", "mdgr": "gr-mdgr", "pq_replay": "gr-pq++"}[name]
     assert result["method"] == expect
     added = [s.get("docids_added") for s in result["steps"][1:]]
     if name == "mdgr":
