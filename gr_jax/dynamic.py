@@ -16,18 +16,15 @@ from gr_jax.cli import setup_logging
 
 def main(argv=None) -> int:
     setup_logging()
-    files, bindings, paths, rest = gin_utils.split_flags(sys.argv[1:] if argv is None else argv)
-    if rest or not files:
-        sys.stderr.write((f"unknown arguments: {rest}\n" if rest else "") + __doc__ + "\n")
-        return 2
-    try:
-        gin_utils.parse(files, bindings, paths)
+
+    def configured():
         from gr_jax.protocols import dynamic_corpora
 
-        result = gin_utils.call_configured(dynamic_corpora.run_dynamic)
-    except (gin_utils.GinConfigError, ValueError) as e:
-        sys.stderr.write(f"error: {e}\n")
-        return 2
+        return dynamic_corpora.run_dynamic
+
+    rc, result = gin_utils.run_entry(argv, __doc__, configured)
+    if rc:
+        return rc
     from gr_jax.protocols.dynamic_corpora import tables_markdown
 
     sys.stdout.write("\n" + tables_markdown([result]) + "\n")

@@ -107,3 +107,21 @@ def call_configured(fn, macro_hint: str = "--gin.NAME=VALUE"):
             raise GinConfigError(f"{e}\nSet the missing values in a gin file or on the command line, e.g. "
                                  f"{macro_hint}") from None
         raise
+
+
+def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = ()):
+    """The body of a `python -m gr_jax.<command>` entry point: split the flags, parse gin, call the configured
+    function `get_fn()` returns. Returns (exit code, result); usage or a configuration error → (2, None) with
+    the message on stderr."""
+    import sys
+
+    files, bindings, paths, rest = split_flags(sys.argv[1:] if argv is None else argv)
+    if rest or not files:
+        sys.stderr.write((f"unknown arguments: {rest}\n" if rest else "") + usage + "\n")
+        return 2, None
+    try:
+        parse(files, [*extra_bindings, *bindings], paths)
+        return 0, call_configured(get_fn())
+    except (GinConfigError, ValueError) as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2, None

@@ -20,18 +20,15 @@ log = logging.getLogger("gr_jax.infer")
 
 def main(argv=None) -> int:
     setup_logging()
-    files, bindings, paths, rest = gin_utils.split_flags(sys.argv[1:] if argv is None else argv)
-    if rest or not files:
-        sys.stderr.write(__doc__ + "\n")
-        return 2
-    try:
-        gin_utils.parse(files, ["TRAIN_STEPS = 0", "BATCH_SIZE = 1", *bindings], paths)
+
+    def configured():
         from gr_jax.training import trainer
 
-        out = gin_utils.call_configured(trainer.infer)
-    except (gin_utils.GinConfigError, ValueError) as e:
-        sys.stderr.write(f"error: {e}\n")
-        return 2
+        return trainer.infer
+
+    rc, out = gin_utils.run_entry(argv, __doc__, configured, ["TRAIN_STEPS = 0", "BATCH_SIZE = 1"])
+    if rc:
+        return rc
     sys.stdout.write(json.dumps(out, indent=1) + "\n")
     return 0
 

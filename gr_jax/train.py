@@ -28,21 +28,15 @@ def summary_table(summary: dict) -> str:
 
 def main(argv=None) -> int:
     setup_logging()
-    files, bindings, paths, rest = gin_utils.split_flags(sys.argv[1:] if argv is None else argv)
-    if rest:
-        sys.stderr.write(f"unknown arguments: {rest}\n{__doc__}\n")
-        return 2
-    if not files:
-        sys.stderr.write(__doc__ + "\n")
-        return 2
-    try:
-        gin_utils.parse(files, bindings, paths)
+
+    def configured():
         from gr_jax.training import trainer
 
-        summary = gin_utils.call_configured(trainer.train)
-    except (gin_utils.GinConfigError, ValueError) as e:
-        sys.stderr.write(f"error: {e}\n")
-        return 2
+        return trainer.train
+
+    rc, summary = gin_utils.run_entry(argv, __doc__, configured)
+    if rc:
+        return rc
     summary.pop("state", None)
     if "metrics" in summary:
         sys.stdout.write(f"\n{summary['split']} ({summary['queries']} queries):\n{summary_table(summary)}\n\n")

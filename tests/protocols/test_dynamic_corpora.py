@@ -14,7 +14,7 @@ from gr_jax import gin_utils
 from gr_jax.data import demo
 from gr_jax.data.readers import Corpus
 from gr_jax.decoding import rankers
-from gr_jax.docids.base import DocidTable, load_scheme_state, save_scheme
+from gr_jax.docids.base import load_scheme_state, save_scheme
 from gr_jax.docids.chunked import ChunkedPQDocids
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.protocols import dynamic_corpora as dc
