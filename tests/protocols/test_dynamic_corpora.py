@@ -33,13 +33,7 @@ run_dynamic.progress = False
 EvalConfig.batch_size = 32
 """
 
-GR = {
-    "pq": """
-        include 'experiments/demo/dynamic_dsi_pq.gin'
-        PQDocids.k = 8
-        CodebookHead.codes = 8
-        TfidfSvdEmbedder.dim = 16
-        """,
+GR = {  # a text-docid DSI, MDGR, and a numeric-docid DSI with DSI++ replay (covers the plain numeric path)
     "naive": """
         include 'runs/dynamic.gin'
         include 'experiments/demo/dsi_naive.gin'
@@ -114,7 +108,7 @@ def test_command_with_generative_retrievers(tmp_path, name):
     f.write_text(textwrap.dedent(GR[name]) + SMALL)
     assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / name}'"]) == 0
     result = _check_outputs(tmp_path / name, name)
-    expect = {"pq": "gr-pq", "naive": "gr-naive", "mdgr": "gr-mdgr", "pq_replay": "gr-pq++"}[name]
+    expect = {"naive": "gr-naive", "mdgr": "gr-mdgr", "pq_replay": "gr-pq++"}[name]
     assert result["method"] == expect
     added = [s.get("docids_added") for s in result["steps"][1:]]
     if name == "mdgr":
