@@ -443,7 +443,7 @@ def plot(results: Sequence[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plt.subplots(figsize=(8.5, 3.8))
     for i, r in enumerate(results):
         xs = np.arange(len(r["P"]))
         color = f"C{i}"
@@ -454,7 +454,7 @@ def plot(results: Sequence[dict], path: Path) -> None:
     ax.set_ylabel("Hit@10")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

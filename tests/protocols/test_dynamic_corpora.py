@@ -90,6 +90,15 @@ def test_command_with_bm25(tmp_path, capsys):
     result = _check_outputs(tmp_path / "bm25", "bm25")
     assert result["method"] == "bm25" and result["P"][0][0] > 0.5  # BM25 finds most demo documents
     assert "| bm25 |" in capsys.readouterr().out
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "tools/dynamic_report.py", str(tmp_path / "bm25"), str(tmp_path / "bm25"),
+                          "--out", str(tmp_path / "report")], cwd=root, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("| bm25 |") == 6  # two runs × three tables
+    assert (tmp_path / "report" / "report.png").stat().st_size > 5000
 
 
 def test_dense_system_reencodes_new_documents(tmp_path):
