@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     if rc:
         return rc
     summary.pop("state", None)
+    summary.pop("setup", None)
     if "metrics" in summary:
         sys.stdout.write(f"\n{summary['split']} ({summary['queries']} queries):\n{summary_table(summary)}\n\n")
         sys.stdout.write(f"run file:   {summary['run']}\n")

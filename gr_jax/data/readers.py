@@ -60,6 +60,14 @@ class PackedStrings(Sequence[str]):
     def nbytes(self) -> int:
         return len(self._buf) + self._off.nbytes
 
+    def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(uint8 buffer, int64 offsets): the strings as plain arrays for an npz (no pickle)."""
+        return np.frombuffer(bytes(self._buf), dtype=np.uint8).copy(), np.asarray(self._off, np.int64)
+
+    @classmethod
+    def from_arrays(cls, buffer: np.ndarray, offsets: np.ndarray) -> "PackedStrings":
+        return cls(np.asarray(buffer, np.uint8).tobytes(), np.asarray(offsets, np.int64))
+
 
 @dataclasses.dataclass
 class Corpus:

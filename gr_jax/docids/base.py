@@ -67,6 +67,17 @@ class DocidTable:
     def __len__(self) -> int:
         return len(self.doc_rows)
 
+    @classmethod
+    def concatenate(cls, tables: Sequence["DocidTable"]) -> "DocidTable":
+        """One table from several of the same token space (e.g. D0's docids and those of later parts)."""
+        if not tables or any(t.space != tables[0].space for t in tables):
+            raise ValueError("DocidTable.concatenate needs at least one table, all in the same token space")
+        width = max(t.sequences.shape[1] for t in tables)
+        seqs = np.concatenate([np.pad(t.sequences, ((0, 0), (0, width - t.sequences.shape[1])),
+                                      constant_values=PAD_ID) for t in tables])
+        return cls(seqs, np.concatenate([t.lengths for t in tables]), np.concatenate([t.doc_rows for t in tables]),
+                   tables[0].space)
+
     @property
     def fixed_length(self) -> bool:
         return self.space.kind == "codebook"

@@ -117,15 +117,14 @@ class ChunkedPQDocids:
         """PQ codes, projected onto the D0 docids when `constrain` (nearest reconstruction, exact)."""
         if not self.constrain:
             return self.q.encode(emb)
-        import jax.numpy as jnp
+        from gr_jax.baselines.dense import exact_search
 
         recon = self.q.decode(self.allowed).astype(np.float32)  # [E, D]
-        half_norm = 0.5 * (recon * recon).sum(1)
-        best = np.empty(len(emb), np.int64)
-        for s in range(0, len(emb), 4096):  # argmin |x - r|² = argmax x·r - |r|²/2
-            sims = jnp.asarray(emb[s:s + 4096]) @ jnp.asarray(recon).T - jnp.asarray(half_norm)[None]
-            best[s:s + 4096] = np.asarray(jnp.argmax(sims, axis=1))
-        return self.allowed[best]
+        # argmin |x - r|² = argmax [x, 1]·[r, -|r|²/2]: an exact inner-product search over the D0 docids
+        x1 = np.concatenate([emb, np.ones((len(emb), 1), np.float32)], axis=1)
+        r1 = np.concatenate([recon, -0.5 * (recon * recon).sum(1, keepdims=True)], axis=1)
+        _, best = exact_search(x1, r1, k=1)
+        return self.allowed[best[:, 0]]
 
     def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
         if self.q is None or self._vocab is None:

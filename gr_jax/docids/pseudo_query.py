@@ -25,7 +25,7 @@ from typing import Mapping, Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.data.readers import DataError
+from gr_jax.data.readers import DataError, PackedStrings
 from gr_jax.docids.base import DocidTable
 from gr_jax.models.vocab import DocidTokenSpace
 
@@ -85,17 +85,6 @@ def read_queries_file(path: str | Path) -> dict[str, list[str]]:
                 if t.strip() not in held:
                     held.append(t.strip())
     return out
-
-
-def _pack(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    encoded = [s.encode("utf-8") for s in strings]
-    offsets = np.concatenate([[0], np.cumsum([len(e) for e in encoded], dtype=np.int64)]).astype(np.int64)
-    return np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets
-
-
-def _unpack(buffer: np.ndarray, offsets: np.ndarray) -> list[str]:
-    raw = np.asarray(buffer, np.uint8).tobytes()
-    return [raw[offsets[i]:offsets[i + 1]].decode("utf-8") for i in range(len(offsets) - 1)]
 
 
 @gin.configurable
@@ -171,8 +160,8 @@ class PseudoQueryDocids:
         docs = sorted(self._queries)
         texts = [t for d in docs for t in self._queries[d]]
         counts = np.array([len(self._queries[d]) for d in docs], np.int64)
-        doc_buf, doc_off = _pack(docs)
-        q_buf, q_off = _pack(texts)
+        doc_buf, doc_off = PackedStrings.from_list(docs).to_arrays()
+        q_buf, q_off = PackedStrings.from_list(texts).to_arrays()
         meta = {"source": self.source, "per_document": self.per_document, "max_tokens": self.max_tokens,
                 "fallback": self.fallback, "text_vocab_size": self.text_vocab_size}
         return meta, {"doc_utf8": doc_buf, "doc_offsets": doc_off, "query_utf8": q_buf, "query_offsets": q_off,
@@ -181,8 +170,8 @@ class PseudoQueryDocids:
     def load_state(self, meta, arrays) -> None:
         self.per_document, self.max_tokens = int(meta["per_document"]), int(meta["max_tokens"])
         self.fallback, self.text_vocab_size = meta["fallback"], int(meta["text_vocab_size"])
-        docs = _unpack(arrays["doc_utf8"], arrays["doc_offsets"])
-        texts = _unpack(arrays["query_utf8"], arrays["query_offsets"])
+        docs = list(PackedStrings.from_arrays(arrays["doc_utf8"], arrays["doc_offsets"]))
+        texts = list(PackedStrings.from_arrays(arrays["query_utf8"], arrays["query_offsets"]))
         ends = np.cumsum(arrays["counts"]).tolist()
         starts = [0] + ends[:-1]
         self._queries = {d: texts[s:e] for d, s, e in zip(docs, starts, ends)}

@@ -175,11 +175,7 @@ class BM25System:
         return {"documents": len(self.rows)}
 
     def search(self, texts, qids) -> Run:
-        # bm25s cuts ties at the k-th score in index order, and D0 is indexed first: on a corpus with many
-        # tied scores that alone biases the top k toward initial documents (IDBI ≈ 0.3 on the demo corpus).
-        # Retrieving a wider list and cutting it in trec_eval order (ties by docid) removes that artefact.
-        wide = self.bm25.search(list(qids), list(texts), k=max(100, 4 * self.k))
-        return {q: {d: docs[d] for d in ranked(docs)[: self.k]} for q, docs in wide.items()}
+        return self.bm25.search(list(qids), list(texts), k=self.k)
 
 
 class DenseSystem:
@@ -234,9 +230,7 @@ class GRSystem:
         summary = gin_utils.call_configured(lambda: trainer.train(model_dir=str(model_dir), dataset=data.d0,
                                                                   final_eval=False))
         self.params = summary["state"]["params"]
-        self.setup = gin_utils.call_configured(lambda: trainer.prepare(
-            model_dir=str(model_dir), batch_size=1, feature_lengths=trainer._macro("TASK_FEATURE_LENGTHS"),
-            task=trainer._macro("MIXTURE_OR_TASK_NAME"), with_training_data=False, dataset=data.d0))
+        self.setup = dataclasses.replace(summary["setup"], iterator=None)  # the training data is not needed now
         self.eval_config = gin_utils.call_configured(trainer.EvalConfig)
         self.index = self.setup.index
         self.tables = [self.setup.table]
@@ -283,11 +277,12 @@ class GRSystem:
         import optax
 
         from gr_jax.data.pipeline import ExampleStore, MixtureIterator
+        from gr_jax.docids.base import DocidTable
         from gr_jax.training import objectives, trainer
 
         r = self.replay
         corpus, lengths = self.data.full.corpus, self.setup.feature_lengths
-        table = _concat_tables(self.tables)
+        table = DocidTable.concatenate(self.tables)
         rng = np.random.default_rng([r.seed, len(self.tables)])
         old = np.asarray(self.rows[: len(self.rows) - len(new_rows)], np.int64)
         n_old = int(round(len(new_rows) * r.replay_fraction / max(1 - r.replay_fraction, 1e-9)))
@@ -312,15 +307,6 @@ class GRSystem:
             batch = {k: jax.numpy.asarray(v) for k, v in next(it).items()}
             state, _ = step(state, batch, key)
         self.params = state["params"]
-
-
-def _concat_tables(tables):
-    from gr_jax.docids.base import DocidTable
-
-    width = max(t.sequences.shape[1] for t in tables)
-    seqs = np.concatenate([np.pad(t.sequences, ((0, 0), (0, width - t.sequences.shape[1]))) for t in tables])
-    return DocidTable(seqs, np.concatenate([t.lengths for t in tables]),
-                      np.concatenate([t.doc_rows for t in tables]), tables[0].space)
 
 
 # ----------------------------------------------------------------------------------------------------------

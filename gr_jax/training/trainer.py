@@ -487,6 +487,7 @@ def train(model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, batch_
         (model_dir / "final_metrics.json").write_text(json.dumps(summary, indent=1))
     eval_writer.close()
     summary["state"] = state
+    summary["setup"] = setup  # model, docids, index, vocabulary: callers that go on (dynamic corpora) reuse it
     return summary
 
 

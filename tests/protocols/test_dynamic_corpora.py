@@ -14,7 +14,7 @@ from gr_jax import gin_utils
 from gr_jax.data import demo
 from gr_jax.data.readers import Corpus
 from gr_jax.decoding import rankers
-from gr_jax.docids.base import load_scheme_state, save_scheme
+from gr_jax.docids.base import DocidTable, load_scheme_state, save_scheme
 from gr_jax.docids.chunked import ChunkedPQDocids
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.protocols import dynamic_corpora as dc
@@ -166,7 +166,7 @@ def test_insert_equals_rebuild(tmp_path):
         grown = tables[0].index(vocab_size=config.vocab_size) if head.kind == "text" else tables[0].index()
         for t in tables[1:]:
             t.insert_into(grown)
-        all_table = dc._concat_tables(tables)
+        all_table = DocidTable.concatenate(tables)
         rebuilt = all_table.index(vocab_size=config.vocab_size) if head.kind == "text" else all_table.index()
         assert isinstance(rebuilt, TrieIndex)
         runs = [trainer.retrieve(model, params, tokens, qids, index, corpus.doc_ids, 10, 32)
