@@ -22,7 +22,8 @@ def main(argv=None) -> int:
 
         return dynamic_corpora.run_dynamic
 
-    rc, result = gin_utils.run_entry(argv, __doc__, configured)
+    # a GR system trains in MODEL_DIR/model: the protocol passes train's model_dir itself
+    rc, result = gin_utils.run_entry(argv, __doc__, configured, root="run_dynamic", allow_unused=("train.model_dir",))
     if rc:
         return rc
     from gr_jax.protocols.dynamic_corpora import tables_markdown

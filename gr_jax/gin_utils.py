@@ -1,32 +1,41 @@
 """gin flags the way t5x takes them: repeated `--gin_file`, `--gin.NAME=VALUE` (rewritten into the binding
-`NAME=VALUE`), `--gin_search_paths` (comma-separated; the repository's gin_configs/ and the working directory
-are always searched). Unknown configurables and missing REQUIRED macros become `GinConfigError`s that say
-what to set."""
+`NAME=VALUE`), `--gin_search_paths` (comma-separated).
+
+Where a relative gin path is looked up — `--gin_file` and every `include` inside a file alike — in this
+order: the `--gin_search_paths` in the order given, then the project's `gin_configs/`, then the working
+directory. An absolute path is used as it is. gin's own extra reader that takes `a/b.gin` for a file in a
+Python package `a` is switched off while we parse: any folder named `runs/` or `models/` in the working
+directory is such a "package" to Python, and that reader then crashed (or could pick up the wrong file).
+
+What becomes a `GinConfigError` with a message that says what to change, before anything runs:
+* an unknown configurable or parameter (with a "did you mean" suggestion);
+* a macro that no binding uses (`--gin.TRAIN_STEP=5` for TRAIN_STEPS), with a suggestion;
+* macros still `%gin.REQUIRED` after parsing;
+* after a command has built everything it configures (`check_bindings_used`, called by the library function
+  the command runs), a binding that nothing used — it would otherwise be ignored without a word.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+import inspect
 import logging
 import os
 import re
+import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import gin
+import gin.config
+
+from gr_jax.errors import UserError
+from gr_jax.gin_checks import MACRO, GinConfigError, call_configured, command  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
 GIN_CONFIGS = Path(__file__).resolve().parent.parent / "gin_configs"
-
-
-class GinConfigError(ValueError):
-    pass
-
-
-class _QuietIncludeSearch(logging.Filter):
-    """gin logs every search path an `include` misses at ERROR level; a real miss still raises."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Path not found")
 
 
 def register_configurables() -> None:
@@ -49,11 +58,11 @@ def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], l
     for arg in it:
         m = re.match(r"--gin_file(?:=(.*))?$", arg)
         if m:
-            files.append(m.group(1) if m.group(1) is not None else next(it))
+            files.append(m.group(1) if m.group(1) is not None else next(it, ""))
             continue
         m = re.match(r"--gin_search_paths(?:=(.*))?$", arg)
         if m:
-            paths += [p for p in (m.group(1) if m.group(1) is not None else next(it)).split(",") if p]
+            paths += [p for p in (m.group(1) if m.group(1) is not None else next(it, "")).split(",") if p]
             continue
         m = re.match(r"--gin\.([\w./]+)=(.*)$", arg, re.S)
         if m:
@@ -61,32 +70,139 @@ def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], l
             continue
         m = re.match(r"--gin_bindings(?:=(.*))?$", arg)
         if m:
-            bindings.append(m.group(1) if m.group(1) is not None else next(it))
+            bindings.append(m.group(1) if m.group(1) is not None else next(it, ""))
             continue
         rest.append(arg)
     return files, bindings, paths, rest
 
 
-def parse(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = ()) -> None:
-    register_configurables()
-    for p in [str(GIN_CONFIGS), *search_paths, os.getcwd()]:
-        gin.add_config_file_search_path(p)
-    resolved = []
-    for f in files:
-        candidates = [Path(f)] + [Path(p) / f for p in [*search_paths, str(GIN_CONFIGS)]]
-        hit = next((c for c in candidates if c.is_file()), None)
-        if hit is None:
-            raise GinConfigError(f"gin file {f!r} not found (searched the working directory, "
-                                 f"{[*search_paths, 'gin_configs/']})")
-        resolved.append(str(hit))
-    quiet = _QuietIncludeSearch()
-    logging.getLogger().addFilter(quiet)
+# ----------------------------------------------------------------------------------------------------------
+# where gin files come from
+# ----------------------------------------------------------------------------------------------------------
+
+
+def search_prefixes(search_paths: Sequence[str] = ()) -> list[str]:
+    return [*search_paths, str(GIN_CONFIGS), os.getcwd()]
+
+
+def resolve(name: str, search_paths: Sequence[str] = ()) -> Path:
+    """The file a relative gin path names (module docstring: search order); warns when another location
+    holds a file of the same relative name that this one shadows."""
+    if os.path.isabs(name):
+        if not os.path.isfile(name):
+            raise GinConfigError(f"gin file {name} not found")
+        return Path(name)
+    hits = [Path(p) / name for p in search_prefixes(search_paths) if (Path(p) / name).is_file()]
+    if not hits:
+        raise GinConfigError(f"gin file {name!r} not found (searched, in order: "
+                             f"{[*search_paths, 'gin_configs/', 'the working directory']})")
+    for other in hits[1:]:
+        if other.resolve() != hits[0].resolve():
+            log.warning("gin file %s: using %s; %s has the same name and is not used (pass --gin_search_paths "
+                        "to change the order)", name, hits[0], other)
+    return hits[0]
+
+
+@contextlib.contextmanager
+def _include_resolution(search_paths: Sequence[str]):
+    """gin resolves `include` against its module-level search list with every registered file reader; we set
+    both for the duration of one parse (gin has no public way to remove a reader or reorder the list)."""
+    prefixes, readers = gin.config._LOCATION_PREFIXES, gin.config._FILE_READERS
+    saved = (list(prefixes), list(readers))
+    prefixes[:] = search_prefixes(search_paths)
+    readers[:] = [(open, os.path.isfile)]
     try:
-        gin.parse_config_files_and_bindings(resolved, bindings, finalize_config=False)
-    except (ValueError, KeyError, SyntaxError, IOError) as e:
-        raise GinConfigError(f"bad gin configuration: {e}") from None
+        yield
     finally:
-        logging.getLogger().removeFilter(quiet)
+        prefixes[:], readers[:] = saved
+
+
+# ----------------------------------------------------------------------------------------------------------
+# suggestions and checks
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _configurable_names() -> list[str]:
+    names = set()
+    for selector, configurable in gin.config._REGISTRY.items():
+        if selector.startswith("gin."):
+            continue
+        names.add(configurable.name)
+        names.add(gin.config._REGISTRY.minimal_selector(selector))
+    return sorted(names)
+
+
+def _parameters(name: str) -> list[str]:
+    try:
+        configurable = gin.config._REGISTRY.get_match(name)
+    except (KeyError, ValueError):
+        return []
+    if configurable is None:
+        return []
+    try:
+        sig = inspect.signature(configurable.wrapped)
+    except (TypeError, ValueError):
+        return []
+    return [p for p in sig.parameters if p not in ("self", "args", "kwargs")]
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _explain(e: Exception) -> str:
+    msg = str(e)
+    m = re.search(r"No configurable matching '([\w.]+)'", msg)
+    if m:
+        return f"{msg}{did_you_mean(m.group(1), _configurable_names())}"
+    m = re.search(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'", msg)
+    if m:
+        return f"{msg}{did_you_mean(m.group(2), _parameters(m.group(1)))}"
+    return msg
+
+
+def _references(value, out: set[str]) -> None:
+    if isinstance(value, gin.config.ConfigurableReference):
+        if value.configurable.selector == MACRO:
+            out.add(value.scoped_selector.rsplit("/", 1)[0])
+    elif isinstance(value, dict):
+        for v in value.values():
+            _references(v, out)
+    elif isinstance(value, (list, tuple, set)):
+        for v in value:
+            _references(v, out)
+
+
+def check_macros(ignore: Iterable[str] = ()) -> None:
+    """A macro that no binding references does nothing: most often a typo of one that is used."""
+    defined, used = set(), set()
+    for (scope, selector), params in gin.config._CONFIG.items():
+        if selector == MACRO:
+            defined.add(scope)
+        for value in params.values():
+            _references(value, used)
+    unused = sorted(defined - used - set(ignore))
+    if unused:
+        hints = "".join(f"\n  {m}: nothing uses it{did_you_mean(m, sorted(used))}" for m in unused)
+        raise GinConfigError(f"gin macros that no binding uses:{hints}\nRemove them or fix the name.")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# parsing and running
+# ----------------------------------------------------------------------------------------------------------
+
+
+def parse(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = (),
+          ignore_unused_macros: Iterable[str] = ()) -> None:
+    register_configurables()
+    resolved = [str(resolve(f, search_paths)) for f in files]
+    with _include_resolution(search_paths):
+        try:
+            gin.parse_config_files_and_bindings(resolved, bindings, finalize_config=False)
+        except (ValueError, KeyError, SyntaxError, OSError) as e:
+            raise GinConfigError(f"bad gin configuration: {_explain(e)}") from None
+    check_macros(ignore_unused_macros)
     missing = [m for m in re.findall(r"^(\w+) = %gin.REQUIRED$", gin.config_str(), re.M)]
     if missing:
         examples = " ".join(f"--gin.{m}=..." for m in missing)
@@ -98,30 +214,29 @@ def parse(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[
         raise GinConfigError(f"bad gin configuration: {e}") from None
 
 
-def call_configured(fn, macro_hint: str = "--gin.NAME=VALUE"):
-    """Calls a gin-configured function; a missing REQUIRED parameter becomes a clear GinConfigError."""
-    try:
-        return fn()
-    except RuntimeError as e:
-        if "Required bindings" in str(e) or "REQUIRED" in str(e):
-            raise GinConfigError(f"{e}\nSet the missing values in a gin file or on the command line, e.g. "
-                                 f"{macro_hint}") from None
-        raise
+def expected_errors() -> tuple[type[BaseException], ...]:
+    """What an entry point reports as one message and exit code 2: bad configuration, bad data or files,
+    training that cannot go on. Anything else is a bug and keeps its traceback."""
+    return (UserError, ValueError, OSError)
 
 
-def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = ()):
+def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = (), root: str | None = None,
+              allow_unused: Sequence[str] = ()):
     """The body of a `python -m gr_jax.<command>` entry point: split the flags, parse gin, call the configured
-    function `get_fn()` returns. Returns (exit code, result); usage or a configuration error → (2, None) with
-    the message on stderr."""
-    import sys
-
+    function `get_fn()` returns (named `root` for `check_bindings_used`). Returns (exit code, result); a
+    usage, configuration, data or file error → (2, None) with one message on stderr."""
     files, bindings, paths, rest = split_flags(sys.argv[1:] if argv is None else argv)
     if rest or not files:
         sys.stderr.write((f"unknown arguments: {rest}\n" if rest else "") + usage + "\n")
         return 2, None
+    extra_macros = [b.split("=", 1)[0].strip() for b in extra_bindings]
     try:
-        parse(files, [*extra_bindings, *bindings], paths)
-        return 0, call_configured(get_fn())
-    except (GinConfigError, ValueError) as e:
-        sys.stderr.write(f"error: {e}\n")
+        with command(root, allow_unused):
+            parse(files, [*extra_bindings, *bindings], paths, ignore_unused_macros=extra_macros)
+            return 0, call_configured(get_fn())
+    except expected_errors() as e:
+        log.debug("the error's traceback", exc_info=True)
+        # gin appends "In call to configurable ..." lines naming its wrapper: noise for the user
+        message = "\n".join(line for line in str(e).splitlines() if not line.startswith("  In call to configurable"))
+        sys.stderr.write(f"error: {message}\n")
         return 2, None

@@ -26,7 +26,11 @@ def main(argv=None) -> int:
 
         return trainer.infer
 
-    rc, out = gin_utils.run_entry(argv, __doc__, configured, ["TRAIN_STEPS = 0", "BATCH_SIZE = 1"])
+    # The experiment file is the training one: its training settings, and the EvalConfig values that infer
+    # passes itself (split, beams, batch), are expected to stay unused here.
+    rc, out = gin_utils.run_entry(argv, __doc__, configured, ["TRAIN_STEPS = 1", "BATCH_SIZE = 1"], root="infer",
+                                  allow_unused=("train", "make_optimizer", "EvalConfig.split",
+                                                "EvalConfig.num_beams", "EvalConfig.batch_size"))
     if rc:
         return rc
     sys.stdout.write(json.dumps(out, indent=1) + "\n")

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
 
         return trainer.train
 
-    rc, summary = gin_utils.run_entry(argv, __doc__, configured)
+    rc, summary = gin_utils.run_entry(argv, __doc__, configured, root="train")
     if rc:
         return rc
     summary.pop("state", None)

@@ -1,0 +1,78 @@
+"""The part of our gin handling that library code calls: the configuration error type, `call_configured`,
+and `check_bindings_used` (every binding must have been used once a command has built what gin configures).
+It imports only `gr_jax.errors`, so library modules use it without importing the entry-point side
+(`gin_utils`, which imports every configurable module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Sequence
+
+import gin
+import gin.config
+
+from gr_jax.errors import UserError
+
+MACRO = "gin.macro"
+
+
+class GinConfigError(UserError, ValueError):
+    pass
+
+
+def call_configured(fn, macro_hint: str = "--gin.NAME=VALUE"):
+    """Calls a gin-configured function; a missing REQUIRED parameter becomes a clear GinConfigError."""
+    try:
+        return fn()
+    except RuntimeError as e:
+        if "Required bindings" in str(e) or "REQUIRED" in str(e):
+            raise GinConfigError(f"{e}\nSet the missing values in a gin file or on the command line, e.g. "
+                                 f"{macro_hint}") from None
+        raise
+
+
+def _minimal(selector: str) -> str:
+    try:
+        return gin.config._REGISTRY.minimal_selector(selector)
+    except (KeyError, ValueError):
+        return selector
+
+
+_ACTIVE: dict = {"root": None, "allow": ()}
+
+
+@contextlib.contextmanager
+def command(root: str | None, allow: Sequence[str] = ()):
+    """Marks the command being run from the command line (`gin_utils.run_entry`) for `check_bindings_used`."""
+    _ACTIVE.update(root=root, allow=tuple(allow))
+    try:
+        yield
+    finally:
+        _ACTIVE.update(root=None, allow=())
+
+
+def check_bindings_used(roots: str | Sequence[str], allow: Sequence[str] = ()) -> None:
+    """Called by library code once everything gin configures for a command has been built, before the long
+    work (`roots`: the commands this point belongs to: "train", "infer", "run_dynamic"). When one of them is
+    the command being run from the command line (`run_entry`), every binding must have been used by now,
+    except those `allow` or the command allows ("configurable" or "configurable.param"). Library calls from
+    Python are not checked."""
+    if _ACTIVE["root"] is None or _ACTIVE["root"] not in ([roots] if isinstance(roots, str) else roots):
+        return
+    allow = set(allow) | set(_ACTIVE["allow"])
+    operative = {key: set(params) for key, params in gin.config._OPERATIVE_CONFIG.items()}
+    unused = []
+    for (scope, selector), params in gin.config._CONFIG.items():
+        if selector == MACRO:
+            continue
+        name = _minimal(selector)
+        for param in params:
+            if param in operative.get((scope, selector), ()) or name in allow or f"{name}.{param}" in allow:
+                continue
+            unused.append(f"{scope + '/' if scope else ''}{name}.{param}")
+    if unused:
+        raise GinConfigError(
+            "gin bindings that this run never used (they would be ignored):\n  " + "\n  ".join(sorted(unused))
+            + "\nRemove them, or bind the parameter of what this run calls (a caller may pass that value "
+              "itself; see the run's config.gin for what was used).")
