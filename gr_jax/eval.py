@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 
+from gr_jax import io_utils
 from gr_jax.cli import setup_logging
 from gr_jax.evaluation import metrics, report, runs
 
@@ -40,17 +40,20 @@ def main(argv=None) -> int:
         for path in args.run:
             run = runs.read_run(path)
             evaluated = metrics.per_query(run, qrels, names, args.rel_threshold, subset, args.msmarco_official)
+            if not set(run) & set(qrels) & (set(subset) if subset is not None else set(run)):
+                raise ValueError(f"{path}: no query of the run is judged in {args.qrels}"
+                                 + (f" (and listed in {args.queries})" if subset is not None else "")
+                                 + "; are the run and the qrels of the same query set?")
             values = metrics.evaluate(run, qrels, names, args.rel_threshold, subset, args.msmarco_official)
             results[path] = {**values, "queries": len(evaluated)}
+        sys.stdout.write(report.metrics_table(results) + "\n")
+        if args.out:
+            io_utils.write_text(args.out, json.dumps({"qrels": args.qrels, "rel_threshold": args.rel_threshold,
+                                                      "msmarco_official": args.msmarco_official, "runs": results},
+                                                     indent=2), keep_previous=True)
     except (ValueError, OSError) as e:
-        logging.getLogger("gr_jax.eval").error("%s", e)
+        sys.stderr.write(f"error: {e}\n")
         return 2
-    sys.stdout.write(report.metrics_table(results) + "\n")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"qrels": args.qrels, "rel_threshold": args.rel_threshold,
-                                              "msmarco_official": args.msmarco_official, "runs": results},
-                                             indent=2))
     return 0
 
 

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         else:
             ok = _report(parity.check_parity(args.hf_dir, gr_jax_checkpoint=args.gr_jax_checkpoint, **kwargs),
                          args.tolerance)
-    except convert.CheckpointError as e:
+    except (ValueError, OSError) as e:  # CheckpointError is a ValueError
         logging.error("%s", e)
         return 2
     return 0 if ok else 1

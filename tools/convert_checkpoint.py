@@ -35,7 +35,7 @@ def main(argv=None) -> int:
         else:
             config = convert.convert_hf_to_checkpoint(args.hf_dir, args.out, overwrite=args.overwrite)
             result = {"out": args.out, "from": args.hf_dir, "t5_config": json.loads(config.to_json())}
-    except (convert.CheckpointError, FileExistsError) as e:
+    except (ValueError, OSError) as e:  # CheckpointError is a ValueError; OSError: unwritable --out
         logging.error("%s", e)
         return 2
     sys.stdout.write(json.dumps(result) + "\n")

@@ -70,10 +70,10 @@ def main(argv=None) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 vocab = train_sentencepiece(list(dataset.corpus.texts), Path(tmp) / "sp.model", 1000)
         result = stats(args.scheme, dataset, vocab)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ValueError, OSError) as e:
+        sys.stderr.write(f"error: {e}\n")
         return 2
-    print(json.dumps(result, indent=1))
+    sys.stdout.write(json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -28,17 +28,24 @@ def main(argv=None) -> int:
     for d in args.model_dirs:
         path = Path(d) / "dynamic" / "dynamic.json"
         try:
-            results.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError) as e:
+            result = json.loads(path.read_text())
+            if not isinstance(result, dict) or not {"P", "method", "idbi", "initial_P_o0", "new_P_oo"} <= set(result):
+                raise ValueError("fields P, method, idbi, initial_P_o0, new_P_oo missing")
+        except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
             sys.stderr.write(f"error: {path}: not a dynamic-corpora result ({e})\n")
             return 2
+        results.append(result)
     if len({len(r["P"]) for r in results}) != 1:
         sys.stderr.write("error: the runs have different numbers of steps\n")
         return 2
     text = tables_markdown(results)
-    with atomic_dir(args.out) as tmp:
-        (tmp / "report.md").write_text(text)
-        plot(results, tmp / "report.png")
+    try:
+        with atomic_dir(args.out, keep_previous=True) as tmp:
+            (tmp / "report.md").write_text(text)
+            plot(results, tmp / "report.png")
+    except OSError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
     sys.stdout.write(text)
     return 0
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import array
 import dataclasses
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -60,6 +61,11 @@ class PackedStrings(Sequence[str]):
     def nbytes(self) -> int:
         return len(self._buf) + self._off.nbytes
 
+    def update_hash(self, h) -> None:
+        """Feeds the strings to a hashlib object: the same as hashing them one by one (`hash_strings`)."""
+        h.update(np.diff(self._off).astype("<i8").tobytes())
+        h.update(memoryview(self._buf)[self._off[0]:self._off[-1]])
+
     def to_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(uint8 buffer, int64 offsets): the strings as plain arrays for an npz (no pickle)."""
         return np.frombuffer(bytes(self._buf), dtype=np.uint8).copy(), np.asarray(self._off, np.int64)
@@ -67,6 +73,27 @@ class PackedStrings(Sequence[str]):
     @classmethod
     def from_arrays(cls, buffer: np.ndarray, offsets: np.ndarray) -> "PackedStrings":
         return cls(np.asarray(buffer, np.uint8).tobytes(), np.asarray(offsets, np.int64))
+
+
+def hash_strings(h, items: Sequence[str]) -> None:
+    """Feeds a list of strings to a hashlib object (lengths, then the UTF-8 bytes), so that ["ab", "c"] and
+    ["a", "bc"] differ; `PackedStrings.update_hash` gives the same digest for the same strings."""
+    if isinstance(items, PackedStrings):
+        items.update_hash(h)
+        return
+    encoded = [s.encode("utf-8") for s in items]
+    h.update(np.array([len(e) for e in encoded], dtype="<i8").tobytes())
+    for e in encoded:
+        h.update(e)
+
+
+def fingerprint(*lists: Sequence[str]) -> str:
+    """A short digest of lists of strings (what a vocabulary, a docid scheme or a checkpoint was built from)."""
+    h = hashlib.blake2b(digest_size=12)
+    for items in lists:
+        h.update(len(items).to_bytes(8, "little"))
+        hash_strings(h, items)
+    return h.hexdigest()
 
 
 @dataclasses.dataclass
@@ -80,6 +107,7 @@ class Corpus:
         if len(self.doc_ids) != len(self.texts):
             raise DataError(f"corpus: {len(self.doc_ids)} ids for {len(self.texts)} texts")
         self._index: Optional[dict[str, int]] = None
+        self._fingerprint: Optional[str] = None
 
     def __len__(self) -> int:
         return len(self.doc_ids)
@@ -94,6 +122,12 @@ class Corpus:
 
     def __contains__(self, doc_id: str) -> bool:
         return doc_id in self._positions()
+
+    def fingerprint(self) -> str:
+        """Digest of the document ids and texts in row order (titles and URLs included when present)."""
+        if self._fingerprint is None:  # computed once: a Corpus is not edited after it is built
+            self._fingerprint = fingerprint(self.doc_ids, self.texts, self.titles or [], self.urls or [])
+        return self._fingerprint
 
 
 @dataclasses.dataclass
@@ -332,20 +366,25 @@ def read_nq320k_genret(data_dir: str | os.PathLike) -> Dataset:
 
 
 def read_msmarco_collection(path: str | os.PathLike, repair_utf8: bool = False) -> Corpus:
-    """collection.tsv (pid, passage), streamed into packed storage (memory ≈ file size + 16 bytes a row)."""
+    """collection.tsv (pid, passage), streamed into packed storage (memory ≈ file size + 24 bytes a row).
+    A blank or duplicate pid is an error naming its line (duplicates are found through a 64-bit hash per
+    row, then confirmed on the strings, so no set of 8.8M Python strings is built)."""
     path = Path(path)
     ids = bytearray()
     texts = bytearray()
     id_off, text_off = array.array("q", [0]), array.array("q", [0])  # 8 bytes a row, not a Python int
+    hashes, lines = array.array("q"), array.array("q")
     with _open(path) as f:
         for i, raw in enumerate(f, 1):
             raw = raw.rstrip(b"\r\n")
             if not raw.strip():
                 continue
             tab = raw.find(b"\t")
-            if tab <= 0 or raw.find(b"\t", tab + 1) != -1:
+            if tab < 0 or raw.find(b"\t", tab + 1) != -1:
                 raise DataError(f"{path}:{i}: expected 2 tab-separated fields (pid, passage)")
-            pid, text = raw[:tab], raw[tab + 1:]
+            pid, text = raw[:tab].strip(), raw[tab + 1:]
+            if not pid:
+                raise DataError(f"{path}:{i}: empty pid")
             if not text.strip():
                 raise DataError(f"{path}:{i}: empty passage")
             decoded = _decode(text, path, i)
@@ -356,11 +395,29 @@ def read_msmarco_collection(path: str | os.PathLike, repair_utf8: bool = False) 
             texts += text
             id_off.append(len(ids))
             text_off.append(len(texts))
+            hashes.append(hash(pid))
+            lines.append(i)
     # the bytearrays become the buffers as they are (no copy: a copy would double the peak memory)
     doc_ids = PackedStrings(ids, np.frombuffer(id_off, np.int64))
+    _check_unique_ids(doc_ids, np.frombuffer(hashes, np.int64), np.frombuffer(lines, np.int64), path, "pid")
     corpus = Corpus(doc_ids, PackedStrings(texts, np.frombuffer(text_off, np.int64)))
     log.info("read %d passages from %s", len(corpus), path)
     return corpus
+
+
+def _check_unique_ids(ids: Sequence[str], hashes: np.ndarray, lines: np.ndarray, path: Path, what: str) -> None:
+    """Rows whose hash another row shares (rare) are compared as strings, in file order."""
+    order = np.argsort(hashes, kind="stable")
+    dup = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    if not len(dup):
+        return
+    first: dict[str, int] = {}
+    for r in np.unique(np.concatenate([order[dup], order[dup + 1]])).tolist():
+        key = ids[r]
+        if key in first:
+            raise DataError(f"{path}:{int(lines[r])}: duplicate {what} {key!r} (first at line "
+                            f"{int(lines[first[key]])})")
+        first[key] = r
 
 
 def read_queries_tsv(path: str | os.PathLike, repair_utf8: bool = False) -> QuerySet:
@@ -384,21 +441,18 @@ def read_msmarco(data_dir: str | os.PathLike, splits: Sequence[str] = ("train", 
     queries, qrels = {}, {}
     for split in splits:
         queries[split] = read_queries_tsv(d / f"queries.{split}.tsv", repair_utf8)
-        qrels[split] = read_qrels_checked(d / f"qrels.{split}.tsv", queries[split])
+        qrels[split] = read_qrels_checked(d / f"qrels.{split}.tsv", queries[split], corpus)
     return Dataset(corpus, queries, qrels)
 
 
-def read_qrels_checked(path: str | os.PathLike, queries: Optional[QuerySet] = None) -> Qrels:
-    """TREC qrels (tabs or spaces; TREC DL grades 0–3), checked against a query set when given."""
+def read_qrels_checked(path: str | os.PathLike, queries: Optional[QuerySet] = None,
+                       corpus: Optional[Corpus] = None) -> Qrels:
+    """TREC qrels (tabs or spaces; TREC DL grades 0–3). A judged query without text in `queries`, or a judged
+    document missing from `corpus`, is an error naming its line."""
     try:
-        qrels = read_qrels(path)
+        return read_qrels(path, known_docs=corpus, known_qids=set(queries.qids) if queries is not None else None)
     except ValueError as e:
         raise DataError(str(e)) from None
-    if queries is not None:
-        missing = sorted(set(qrels) - set(queries.qids))
-        if missing:
-            raise DataError(f"{path}: {len(missing)} judged queries have no query text, e.g. {missing[:3]}")
-    return qrels
 
 
 def read_mmarco_queries(path: str | os.PathLike, english_qrels: Qrels) -> tuple[QuerySet, Qrels]:
@@ -418,11 +472,28 @@ _ID_KEYS = ("id", "_id", "doc_id", "docid", "qid", "query_id")
 _TEXT_KEYS = ("text", "contents", "body", "query")
 
 
-def _first_key(obj: dict, keys, path: Path, i: int, what: str) -> str:
+def _first_key(obj: dict, keys, path: Path, i: int, what: str, allow_int: bool = False) -> str:
+    """The first of `keys` present in a JSONL object: a non-empty string (or an integer id, with
+    `allow_int`); null, a list, a number or a blank string is an error naming the line."""
     for k in keys:
         if k in obj:
-            return _nonempty(str(obj[k]), what, path, i)
+            value = obj[k]
+            if allow_int and isinstance(value, int) and not isinstance(value, bool):
+                value = str(value)
+            if not isinstance(value, str):
+                raise DataError(f"{path}:{i}: field {k!r} ({what}) must be a string, found "
+                                f"{type(value).__name__ if value is not None else 'null'}: {value!r:.60}")
+            return _nonempty(value, what, path, i)
     raise DataError(f"{path}:{i}: no {what} field (one of {list(keys)})")
+
+
+def _optional_text(obj: dict, key: str, path: Path, i: int) -> str:
+    value = obj.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f"{path}:{i}: field {key!r} must be a string, found {type(value).__name__}: {value!r:.60}")
+    return value
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
@@ -447,12 +518,12 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
     ids, texts, titles, urls, seen = [], [], [], [], {}
     if path.suffix == ".jsonl":
         for i, obj in iter_jsonl(path):
-            doc = _first_key(obj, _ID_KEYS, path, i, "document id")
+            doc = _first_key(obj, _ID_KEYS, path, i, "document id", allow_int=True)
             _add_unique(seen, doc, path, i, "document id")
             ids.append(doc)
             texts.append(_first_key(obj, _TEXT_KEYS, path, i, "text"))
-            titles.append(str(obj.get("title", "")))
-            urls.append(str(obj.get("url", "")))
+            titles.append(_optional_text(obj, "title", path, i))
+            urls.append(_optional_text(obj, "url", path, i))
     else:
         with _open(path) as f:
             first = _decode(f.readline(), path, 1)
@@ -476,7 +547,7 @@ def read_queries(path: str | os.PathLike) -> QuerySet:
         return read_queries_tsv(path)
     qids, texts, seen = [], [], {}
     for i, obj in iter_jsonl(path):
-        qid = _first_key(obj, _ID_KEYS, path, i, "query id")
+        qid = _first_key(obj, _ID_KEYS, path, i, "query id", allow_int=True)
         _add_unique(seen, qid, path, i, "query id")
         qids.append(qid)
         texts.append(_first_key(obj, _TEXT_KEYS, path, i, "query"))

@@ -35,7 +35,7 @@ def _read_jsonl_dataset(d: Path) -> readers.Dataset:
     for path in sorted(d.glob("queries.*.jsonl")):
         split = path.name[len("queries."):-len(".jsonl")]
         queries[split] = readers.read_queries(path)
-        qrels[split] = readers.read_qrels_checked(d / f"qrels.{split}.tsv", queries[split])
+        qrels[split] = readers.read_qrels_checked(d / f"qrels.{split}.tsv", queries[split], corpus)
     return readers.Dataset(corpus, queries, qrels)
 
 

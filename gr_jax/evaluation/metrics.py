@@ -19,7 +19,7 @@ import math
 import re
 from typing import Iterable, Mapping, Optional
 
-from gr_jax.evaluation.runs import Qrels, Run, ranked
+from gr_jax.evaluation.runs import Qrels, Run, check_finite, ranked
 
 _NAME = re.compile(r"^(Hit|Success|Recall|MRR|RR|nDCG)@(\d+)$")
 _ALIASES = {"Success": "Hit", "RR": "MRR"}
@@ -88,6 +88,7 @@ def per_query(run: Run, qrels: Qrels, metrics: Iterable[str | Metric], rel_thres
               queries: Optional[Iterable[str]] = None, missing_as_zero: bool = False) -> dict[str, dict[str, float]]:
     """{qid: {metric name: value}} over the evaluated queries (see the module docstring)."""
     ms = [m if isinstance(m, Metric) else Metric.parse(m) for m in metrics]
+    check_finite(run)
     qids = set(qrels) if queries is None else set(queries) & set(qrels)
     if not missing_as_zero:
         qids &= set(run)

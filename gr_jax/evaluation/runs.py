@@ -7,10 +7,12 @@ run `qid Q0 docid rank score tag`, qrels `qid iteration docid grade`.
 
 from __future__ import annotations
 
+import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
+
+from gr_jax.io_utils import atomic_file
 
 Run = dict[str, dict[str, float]]
 Qrels = dict[str, dict[str, int]]
@@ -33,10 +35,37 @@ def run_from_rankings(rankings: Mapping[str, Sequence[str]]) -> Run:
     return run
 
 
+def check_finite(run: Mapping[str, Mapping[str, float]], source: str = "run") -> None:
+    """NaN or infinite scores cannot be ranked (NaN compares false with everything): an error naming them."""
+    for qid, docs in run.items():
+        for doc, score in docs.items():
+            if not math.isfinite(score):
+                raise ValueError(f"{source}: query {qid!r}, document {doc!r} has score {score}; a run needs finite "
+                                 f"scores (a model that produced NaN/inf is broken: check its training)")
+
+
 def ranked(run_for_query: Mapping[str, float]) -> list[str]:
     """Docids by decreasing score; ties by decreasing docid (trec_eval's convention, which ir-measures and
     pytrec_eval follow), so our metrics agree with theirs on runs with ties."""
     return [d for d, _ in sorted(run_for_query.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)]
+
+
+def top_k(scores: Mapping[str, float], k: int) -> dict[str, float]:
+    """One query's k best documents in `ranked` order: a score tie at the cut goes by docid, never by the
+    position a retriever happened to hold the documents in."""
+    return {d: scores[d] for d in ranked(scores)[:k]}
+
+
+def fetch_deciding_ties(fetch, k: int, n_docs: int, margin: int = 100):
+    """Runs `fetch(n) -> (result, [descending scores per query])` with n = k + margin, doubling n until the
+    top k of every query is decided: its k-th score is above its last fetched score (so no document left out
+    can tie with the k-th), or the query has at most k results, or n covers all `n_docs` documents."""
+    n = min(k + margin, n_docs)
+    while True:
+        result, score_rows = fetch(n)
+        if n >= n_docs or all(len(r) <= k or r[k - 1] > r[-1] for r in score_rows):
+            return result
+        n = min(2 * n, n_docs)
 
 
 def _fields(path: Path, line_no: int, line: str, n: int, what: str) -> list[str]:
@@ -70,6 +99,8 @@ def read_run(path: str | os.PathLike) -> Run:
             value = float(score)
         except ValueError:
             raise ValueError(f"{path}:{i}: rank {rank!r} / score {score!r} are not numbers") from None
+        if not math.isfinite(value):
+            raise ValueError(f"{path}:{i}: score {score!r} is not a finite number; NaN/inf cannot be ranked")
         q = run.setdefault(qid, {})
         if docid in q:
             raise ValueError(f"{path}:{i}: document {docid!r} appears twice for query {qid!r}")
@@ -77,24 +108,22 @@ def read_run(path: str | os.PathLike) -> Run:
     return run
 
 
-def write_run(path: str | os.PathLike, run: Mapping[str, Mapping[str, float]], tag: str = "gr_jax") -> None:
-    """Writes a TREC run (ranks 1.. in score order); atomic (temporary file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            for qid in sorted(run):
-                for rank, docid in enumerate(ranked(run[qid]), 1):
-                    f.write(f"{qid} Q0 {docid} {rank} {run[qid][docid]:.6f} {tag}\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_run(path: str | os.PathLike, run: Mapping[str, Mapping[str, float]], tag: str = "gr_jax",
+              keep_previous: bool = True) -> None:
+    """Writes a TREC run (ranks 1.. in `ranked` order). Scores are written with `repr`, which reads back to
+    the same float, so trec_eval orders the file exactly as we do. Atomic; an earlier, different run file at
+    `path` is kept as `<name>.prev-<n>` (io_utils) unless `keep_previous=False`."""
+    check_finite(run, str(path))
+    with atomic_file(path, "w", keep_previous=keep_previous) as f:
+        for qid in sorted(run):
+            for rank, docid in enumerate(ranked(run[qid]), 1):
+                f.write(f"{qid} Q0 {docid} {rank} {float(run[qid][docid])!r} {tag}\n")
 
 
-def read_qrels(path: str | os.PathLike) -> Qrels:
-    """TREC qrels (`qid iteration docid grade`, tabs or spaces; MS MARCO and TREC DL use this)."""
+def read_qrels(path: str | os.PathLike, known_docs=None, known_qids=None) -> Qrels:
+    """TREC qrels (`qid iteration docid grade`, tabs or spaces; MS MARCO and TREC DL use this). With
+    `known_docs` / `known_qids` (containers), a judgement of an unknown document or query is an error naming
+    its line; so is a document judged twice with different grades."""
     path = Path(path)
     qrels: Qrels = {}
     for i, line in _lines(path):
@@ -103,14 +132,20 @@ def read_qrels(path: str | os.PathLike) -> Qrels:
             g = int(grade)
         except ValueError:
             raise ValueError(f"{path}:{i}: grade {grade!r} is not an integer") from None
-        qrels.setdefault(qid, {})[docid] = g
+        if known_qids is not None and qid not in known_qids:
+            raise ValueError(f"{path}:{i}: query {qid!r} is judged but has no query text in the query file")
+        if known_docs is not None and docid not in known_docs:
+            raise ValueError(f"{path}:{i}: document {docid!r} is not in the corpus")
+        judged = qrels.setdefault(qid, {})
+        if judged.get(docid, g) != g:
+            raise ValueError(f"{path}:{i}: query {qid!r}, document {docid!r} judged again with grade {g} "
+                             f"(earlier {judged[docid]})")
+        judged[docid] = g
     return qrels
 
 
 def write_qrels(path: str | os.PathLike, qrels: Mapping[str, Mapping[str, int]]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
+    with atomic_file(path, "w") as f:
         for qid in sorted(qrels):
             for docid in sorted(qrels[qid]):
                 f.write(f"{qid} 0 {docid} {qrels[qid][docid]}\n")
