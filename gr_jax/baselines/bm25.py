@@ -13,7 +13,9 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from gr_jax.evaluation.runs import Run, ranked
+import numpy as np
+
+from gr_jax.evaluation.runs import Run, fetch_deciding_ties, top_k
 from gr_jax.io_utils import atomic_dir
 
 log = logging.getLogger(__name__)
@@ -24,6 +26,7 @@ def _bm25s():
         import bm25s
     except ImportError:
         raise ImportError("the BM25 baseline needs bm25s: pip install bm25s") from None
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its logger to DEBUG when imported
     return bm25s
 
 
@@ -44,18 +47,23 @@ class BM25:
         log.info("BM25 index over %d documents", len(doc_ids))
         return cls(retriever, [str(d) for d in doc_ids])
 
-    def search(self, qids: Sequence[str], queries: Sequence[str], k: int = 100, tie_margin: int = 100) -> Run:
-        """Top k per query. bm25s cuts score ties at the k-th place in index order, which favours documents
-        indexed first (in the dynamic-corpora protocol, D0: an IDBI of ≈ 0.3 on the demo corpus from that
-        alone); we retrieve `tie_margin` more and cut in trec_eval order (ties by docid) instead."""
+    def search(self, qids: Sequence[str], queries: Sequence[str], k: int = 100) -> Run:
+        """Top k per query (documents with a positive score). bm25s cuts score ties at the k-th place in index
+        order, which favours documents indexed first (in the dynamic-corpora protocol, D0: an IDBI of ≈ 0.3 on
+        the demo corpus from that alone); we fetch more until no tie crosses the cut and cut in trec_eval
+        order (`runs.top_k`) instead."""
         bm25s = _bm25s()
-        wide = min(k + tie_margin, len(self.doc_ids))
         tokens = bm25s.tokenize(list(queries), stopwords="en", show_progress=False)
-        docs, scores = self.retriever.retrieve(tokens, k=wide, show_progress=False)
+
+        def fetch(n: int):
+            docs, scores = self.retriever.retrieve(tokens, k=n, show_progress=False)
+            return (docs, scores), [row for row in np.asarray(scores)]
+
+        docs, scores = fetch_deciding_ties(fetch, k, len(self.doc_ids))
         run: Run = {}
         for qid, row_docs, row_scores in zip(qids, docs, scores):
             hits = {self.doc_ids[int(d)]: float(s) for d, s in zip(row_docs, row_scores) if s > 0}
-            run[str(qid)] = {d: hits[d] for d in ranked(hits)[:k]}
+            run[str(qid)] = top_k(hits, k)
         return run
 
     def save(self, path: str | os.PathLike) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from gr_jax.evaluation.runs import Run
+from gr_jax.evaluation.runs import Run, fetch_deciding_ties, top_k
 from gr_jax.io_utils import atomic_dir
 
 log = logging.getLogger(__name__)
@@ -117,8 +117,13 @@ class DenseIndex:
         if empty:
             raise ValueError(f"DenseIndex.search: empty query text for {empty[:3]}")
         q = np.asarray(self.embedder.embed(list(texts)), np.float32)
-        scores, rows = exact_search(q, self.matrix, k, self.query_block, self.doc_block)
-        return {qid: {self.doc_ids[int(r)]: float(s) for s, r in zip(srow, rrow) if r >= 0}
+
+        def fetch(n: int):  # `exact_search` keeps the earlier row on a tie: fetch past the cut, cut by docid
+            scores, rows = exact_search(q, self.matrix, n, self.query_block, self.doc_block)
+            return (scores, rows), [srow[rrow >= 0] for srow, rrow in zip(scores, rows)]
+
+        scores, rows = fetch_deciding_ties(fetch, k, len(self))
+        return {qid: top_k({self.doc_ids[int(r)]: float(s) for s, r in zip(srow, rrow) if r >= 0}, k)
                 for qid, srow, rrow in zip(qids, scores, rows)}
 
     def save(self, path: str | os.PathLike) -> None:

@@ -3,7 +3,9 @@
 D0 = a random 50% of the documents; D1..D5 = the other documents in five parts of (about) 10% each. Every
 query follows its relevant document: P0 = the training queries of D0 documents, Q_o = the test queries of
 D_o documents. A query judged relevant to documents in several parts follows the earliest part (so a query
-answerable from D0 stays a D0 query). Seeded: the same seed gives the same split.
+answerable from D0 stays a D0 query). Seeded: the same seed gives the same split, and the split depends on
+the *set* of document ids, never on their order in the corpus file (the permutation is drawn over the ids
+sorted as strings); query lists are sorted.
 """
 
 from __future__ import annotations
@@ -35,14 +37,15 @@ def dynamic_split(doc_ids: Sequence[str], train_qrels: Mapping[str, Mapping[str,
     """Splits documents into D0..Dn and assigns every judged query to the part of its relevant document."""
     if not 0 < initial_fraction < 1:
         raise ValueError(f"initial_fraction must be in (0, 1), got {initial_fraction}")
-    if len(set(doc_ids)) != len(doc_ids):
+    canonical = sorted(doc_ids)
+    if len(set(canonical)) != len(canonical):
         raise ValueError("dynamic_split: duplicate document ids")
-    n = len(doc_ids)
+    n = len(canonical)
     if n < n_parts + 1:
         raise ValueError(f"dynamic_split: {n} documents cannot fill D0 and {n_parts} parts")
     order = np.random.default_rng(seed).permutation(n)
     n0 = int(round(n * initial_fraction))
-    shuffled = [doc_ids[i] for i in order]
+    shuffled = [canonical[i] for i in order]
     parts = [shuffled[:n0]] + [list(p) for p in np.array_split(np.array(shuffled[n0:], dtype=object), n_parts)]
     part = {d: o for o, docs in enumerate(parts) for d in docs}
 

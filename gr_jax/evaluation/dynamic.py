@@ -43,15 +43,22 @@ def idbi(rankings: Mapping[str, Sequence[str]], initial_docs: set[str], n_initia
          k: int = 10) -> float:
     """Initial-document bias (formula (7)), averaged over queries.
 
-    IDBI = (N_init − E_init) / (K − E_init), N_init = initial (D0) documents among a query's top K,
-    E_init = K·|D0| / |D0 ∪ D_new| (what an unbiased ranking would hold). 0: no bias; 1: only D0 documents;
-    negative: biased toward new documents. Queries with fewer than K results count the documents present.
+    Per query, over its top n = min(K, length of its ranking) documents: IDBI = (N_init − E_init) /
+    (n − E_init), with N_init the initial (D0) documents among them and E_init = n·|D0| / |D0 ∪ D_new| what
+    an unbiased ranking of n documents would hold. With n = K this is the paper's formula; a query that
+    returns fewer than K documents is measured on what it returns (so a short, unbiased list scores 0, not
+    a negative value), and a query that returns nothing carries no evidence and is left out. 0: no bias;
+    1: only D0 documents; negative: biased toward new documents. NaN when no query returned a document.
     """
     if not 0 < n_initial < n_total:
         raise ValueError(f"idbi needs 0 < |D0| < |D0 ∪ D_new|, got {n_initial} and {n_total}")
-    e_init = k * n_initial / n_total
-    values = [(sum(d in initial_docs for d in list(docs)[:k]) - e_init) / (k - e_init)
-              for docs in rankings.values()]
-    if not values:
+    if not rankings:
         raise ValueError("idbi: no queries")
-    return float(np.mean(values))
+    share = n_initial / n_total
+    values = []
+    for docs in rankings.values():
+        top = list(docs)[:k]
+        if top:
+            n_init = sum(d in initial_docs for d in top)
+            values.append((n_init - len(top) * share) / (len(top) * (1.0 - share)))
+    return float(np.mean(values)) if values else float("nan")

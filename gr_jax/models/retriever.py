@@ -104,12 +104,13 @@ class GenerativeRetriever:
                 for b in range(res.leaf_ids.shape[0])]
 
     def predict_documents(self, params, query_tokens_BxL, index, num_beams: int = 10, ranker: str = "first",
-                          mdgr_lambda: float = 1.0) -> list[list[tuple[int, float]]]:
-        """Per query, (document, score) best first (decoding/rankers.py). With the default ranker a docid
-        shared by several documents (collision) yields each of them at that docid's score, in document order."""
+                          mdgr_lambda: float = 1.0, keys=None) -> list[list[tuple[int, float]]]:
+        """Per query, (document row, score) best first (decoding/rankers.py). With the default ranker a docid
+        shared by several documents (collision) yields each of them at that docid's score; ties are ordered
+        by `keys[row]` descending (pass the document ids for trec_eval's order), else by row."""
         from gr_jax.decoding import rankers
 
-        return [rankers.rank([docs for docs, _ in beams], [s for _, s in beams], ranker, mdgr_lambda)
+        return [rankers.rank([docs for docs, _ in beams], [s for _, s in beams], ranker, mdgr_lambda, keys)
                 for beams in self.predict_beams(params, query_tokens_BxL, index, num_beams)]
 
     @functools.partial(jax.jit, static_argnums=0)

@@ -14,6 +14,11 @@
 
 Corpus rows: the protocol reorders the corpus as D0, D1, ..., D5, so a D0 row is the same row in the D0
 dataset the model is trained on and in the full corpus the index grows over.
+
+Order never changes a number: the split is drawn over the sorted document ids, the rows of each part, the
+training queries (sorted by id) and their judgements come in an order fixed by the ids, and every ranker and
+baseline breaks score ties by document id (trec_eval's order) — so permuting the corpus rows, the queries or
+the qrels leaves P, F_n, GA_n and IDBI unchanged (tests/protocols/test_dynamic_corpora.py checks it).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
+from gr_jax import gin_checks, validation
 from gr_jax.data import sources
 from gr_jax.data.pipeline import tokenize
 from gr_jax.data.readers import Corpus, Dataset, QuerySet
@@ -133,12 +139,14 @@ def make_dynamic_data(dataset: Dataset, seed: int = 0, initial_fraction: float =
     d0_corpus = Corpus(full_corpus.doc_ids[:n0], full_corpus.texts[:n0], _subset(full_corpus.titles, range(n0)),
                        _subset(full_corpus.urls, range(n0)))
     train_q = dataset.queries[train_split]
-    keep = set(split.train_queries)
-    qids = [q for q in train_q.qids if q in keep]
     text_of = dict(zip(train_q.qids, train_q.texts))
+    missing = [q for q in split.train_queries if q not in text_of]
+    if missing:
+        raise ProtocolError(f"{len(missing)} judged {train_split!r} queries have no text, e.g. {missing[:3]}")
+    qids = list(split.train_queries)  # sorted by id: the training data do not depend on the query file's order
     d0_train = QuerySet(qids, [text_of[q] for q in qids])
     in_d0 = set(split.parts[0])
-    d0_qrels = {q: {d: g for d, g in dataset.qrels[train_split][q].items() if d in in_d0} for q in qids}
+    d0_qrels = {q: {d: g for d, g in sorted(dataset.qrels[train_split][q].items()) if d in in_d0} for q in qids}
     d0 = Dataset(d0_corpus, {train_split: d0_train}, {train_split: d0_qrels})
     test = dataset.queries[test_split]
     full = Dataset(full_corpus, dataset.queries, dataset.qrels)
@@ -223,15 +231,14 @@ class GRSystem:
     name = "gr"
 
     def __init__(self, data: DynamicData, model_dir: Path, k: int, replay: Optional[Replay], eval_batch: int):
-        from gr_jax import gin_utils
         from gr_jax.training import trainer
 
         self.data, self.k, self.replay, self.eval_batch = data, k, replay, eval_batch
-        summary = gin_utils.call_configured(lambda: trainer.train(model_dir=str(model_dir), dataset=data.d0,
+        summary = gin_checks.call_configured(lambda: trainer.train(model_dir=str(model_dir), dataset=data.d0,
                                                                   final_eval=False))
         self.params = summary["state"]["params"]
         self.setup = dataclasses.replace(summary["setup"], iterator=None)  # the training data is not needed now
-        self.eval_config = gin_utils.call_configured(trainer.EvalConfig)
+        self.eval_config = gin_checks.call_configured(trainer.EvalConfig)
         self.index = self.setup.index
         self.tables = [self.setup.table]
         self.rows = list(data.part_rows[0])
@@ -342,8 +349,18 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
 
     if method not in METHODS:
         raise ProtocolError(f"run_dynamic.method must be one of {METHODS}, got {method!r}")
+    validation.integer("run_dynamic.k", k)
+    validation.integer("run_dynamic.n_parts", n_parts)
+    validation.integer("run_dynamic.seed", seed, minimum=0)
+    validation.integer("run_dynamic.eval_batch_size", eval_batch_size)
+    validation.integer("run_dynamic.max_test_queries_per_part (0: all)", max_test_queries_per_part, minimum=0)
+    if memory_limit_mb is not None:
+        validation.integer("run_dynamic.memory_limit_mb", memory_limit_mb)
+    if not 0 < validation.number("run_dynamic.initial_fraction", initial_fraction) < 1:
+        raise ProtocolError(f"run_dynamic.initial_fraction must be in (0, 1), got {initial_fraction}")
     out_dir = Path(output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ProtocolError(f"MODEL_DIR {out_dir} is a file, not a directory; choose another MODEL_DIR")
     guard = MemoryGuard(None if memory_limit_mb is None else int(memory_limit_mb) << 20)
     data = make_dynamic_data(sources.load_dataset(task), seed, initial_fraction, n_parts, train_split, test_split)
     parts_q = [q[:max_test_queries_per_part] if max_test_queries_per_part else q for q in data.split.test_queries]
@@ -359,6 +376,7 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
         system = GRSystem(data, out_dir / "model", k, replay, eval_batch_size)
         if label is None:
             label = f"gr-{system.setup.scheme.name}" + ("++" if replay is not None else "")
+    gin_checks.check_bindings_used("run_dynamic")
     steps = [{"step": 0, "documents": len(data.part_rows[0]), "index_s": time.perf_counter() - t0}]
 
     n = len(data.split.parts) - 1
@@ -385,7 +403,8 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
         if o > 0 and qids:
             rankings = {q: ranked(run.get(q, {})) for q in qids}
             n_total = sum(len(p) for p in data.split.parts[: o + 1])
-            idbi_per_step.append(measures.idbi(rankings, initial, len(initial), n_total, k=10))
+            value = measures.idbi(rankings, initial, len(initial), n_total, k=10)
+            idbi_per_step.append(value if np.isfinite(value) else None)
         elif o > 0:
             idbi_per_step.append(None)
         log.info("step %d: %s", o, {"P": [round(float(x), 4) for x in P[o, : o + 1]], **steps[-1]})
@@ -447,7 +466,7 @@ def plot(results: Sequence[dict], path: Path) -> None:
 
 
 def write_outputs(out_dir: Path, result: dict) -> None:
-    with atomic_dir(out_dir / "dynamic") as tmp:
+    with atomic_dir(out_dir / "dynamic", keep_previous=True) as tmp:
         (tmp / "dynamic.json").write_text(json.dumps(result, indent=1, default=float))
         (tmp / "dynamic.md").write_text(tables_markdown([result]))
         plot([result], tmp / "dynamic.png")
