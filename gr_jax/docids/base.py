@@ -195,22 +195,56 @@ class DocidScheme(Protocol):
     def load_state(self, meta: dict, arrays: dict[str, np.ndarray]) -> None: ...
 
 
-def save_scheme(scheme: DocidScheme, path: str | os.PathLike) -> None:
+def scheme_params(scheme) -> dict:
+    """The configured parameters of a scheme (its public scalar fields, and those of a nested dataclass such
+    as its embedder), read *before* fit/load_state: part of what a saved scheme state was built from."""
+    out = {}
+    if not dataclasses.is_dataclass(scheme):
+        return out
+    for f in dataclasses.fields(scheme):
+        if f.name.startswith("_"):
+            continue
+        value = getattr(scheme, f.name)
+        if value is None or isinstance(value, (str, int, float, bool)):
+            out[f.name] = value
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out[f.name] = {"class": type(value).__name__, **scheme_params(value)}
+    return out
+
+
+def save_scheme(scheme: DocidScheme, path: str | os.PathLike, built_from: Optional[dict] = None) -> None:
+    """Writes the state atomically, with `built_from` (corpus / vocabulary fingerprints, parameters) recorded
+    so that a later run can check it before reusing the state."""
     meta, arrays = scheme.state()
     with atomic_dir(path) as tmp:
-        (tmp / "scheme.json").write_text(json.dumps({"name": scheme.name, **meta}, indent=1))
+        (tmp / "scheme.json").write_text(json.dumps({"name": scheme.name, "built_from": built_from or {}, **meta},
+                                                    indent=1))
         np.savez(tmp / "scheme.npz", **arrays)
 
 
-def load_scheme_state(scheme: DocidScheme, path: str | os.PathLike) -> DocidScheme:
+def load_scheme_state(scheme: DocidScheme, path: str | os.PathLike,
+                      built_from: Optional[dict] = None) -> DocidScheme:
+    """Loads a saved state into `scheme`. With `built_from`, the state must have been built from the same
+    things (each key compared), else a ValueError says what differs and how to rebuild."""
     path = Path(path)
     try:
         meta = json.loads((path / "scheme.json").read_text())
         with np.load(path / "scheme.npz", allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a saved docid scheme ({e})") from None
+        raise ValueError(f"{path}: not a saved docid scheme ({e}); delete it to rebuild the docids") from None
     if meta.get("name") != scheme.name:
-        raise ValueError(f"{path}: holds the state of scheme {meta.get('name')!r}, not {scheme.name!r}")
+        raise ValueError(f"{path}: holds the state of scheme {meta.get('name')!r}, not {scheme.name!r}; use a new "
+                         f"MODEL_DIR for another docid scheme")
+    stored = meta.pop("built_from", None)
+    if built_from is not None:
+        if not stored:
+            raise ValueError(f"{path}: records nothing of what it was built from; delete {path} to rebuild "
+                             f"the docids, or use a new MODEL_DIR")
+        differs = [f"{k} (saved {stored.get(k)!r}, now {v!r})" for k, v in built_from.items() if stored.get(k) != v]
+        if differs:
+            raise ValueError(f"{path}: the saved docid scheme was built from another " + "; another ".join(differs)
+                             + ". Use the configuration and data it was built with (MODEL_DIR/config.gin), or a "
+                               "new MODEL_DIR")
     scheme.load_state(meta, arrays)
     return scheme

@@ -14,6 +14,7 @@ kept bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from typing import Mapping, Protocol, Sequence
 import jax
 import numpy as np
 
+from gr_jax.io_utils import write_bytes
 from gr_jax.models.t5 import EOS_ID, PAD_ID, UNK_ID, T5Config
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class SentencePieceVocabulary:
             proto = self.model_file.read_bytes()
         except OSError as e:
             raise ValueError(f"{self.model_file}: cannot read SentencePiece model ({e.strerror})") from None
+        self._proto = proto
         self._sp = spm.SentencePieceProcessor()
         try:
             self._sp.LoadFromSerializedProto(proto)
@@ -77,6 +80,11 @@ class SentencePieceVocabulary:
     @property
     def base_size(self) -> int:
         return self._sp.GetPieceSize()
+
+    @property
+    def fingerprint(self) -> str:
+        """Digest of the model file's bytes and the sentinel count: what a checkpoint records and checks."""
+        return hashlib.blake2b(self._proto + f"|extra_ids={self.extra_ids}".encode(), digest_size=12).hexdigest()
 
     @property
     def size(self) -> int:
@@ -129,6 +137,10 @@ class HFTokenizerVocabulary:
     def size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.blake2b(self._tok.to_str().encode("utf-8"), digest_size=12).hexdigest()
+
     def encode(self, text: str) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
         return list(ids)
@@ -161,9 +173,7 @@ def train_sentencepiece(texts: Sequence[str], path: str | os.PathLike, vocab_siz
                                    model_type=model_type, character_coverage=character_coverage,
                                    num_threads=1, minloglevel=2, input_sentence_size=0,
                                    shuffle_input_sentence=False, hard_vocab_limit=False)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(model.getvalue())
-    os.replace(tmp, path)
+    write_bytes(path, model.getvalue())
     return SentencePieceVocabulary(path)
 
 
