@@ -21,6 +21,16 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 
+@pytest.fixture(autouse=True)
+def clean_gin():
+    """Every test starts and ends with an empty gin configuration (entry points parse into gin's global state)."""
+    import gin
+
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
 def require(module: str):
     """Imports `module`, or skips (locally) / fails (CI) the calling test."""
     try:

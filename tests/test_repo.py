@@ -1,9 +1,12 @@
 """Repository contracts: the README's test command is what CI runs; core modules import without torch/TF."""
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,3 +50,48 @@ def test_every_package_directory_has_an_init():
     missing = [str(d.relative_to(ROOT)) for d in (ROOT / "gr_jax").rglob("*")
                if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists()]
     assert not missing, f"package directories without __init__.py (not installed by pip): {missing}"
+
+
+def _copy_of_the_working_tree(dest: Path) -> None:
+    """What a fresh clone holds: the tracked files and the untracked ones git does not ignore (so the test
+    also sees changes not committed yet)."""
+    import shutil
+
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    for f in files:
+        if (ROOT / f).is_file():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, dest / f)
+
+
+@pytest.mark.slow
+def test_readme_sequence_in_a_fresh_copy(tmp_path):
+    """The README's command 1, command 1 again (it resumes and finishes), then command 2's pytest, from the
+    root of a fresh copy — the order a newcomer runs them in. `pip install` is left out (the test must not
+    re-point this environment's installation); the copy's own code runs through PYTHONPATH. Command 1 runs
+    with fewer documents and steps so the test stays short."""
+    import shlex
+
+    repo = tmp_path / "clone"
+    _copy_of_the_working_tree(repo)
+    first = _readme_commands()[0]
+    train = first.split("&&", 1)[1].strip()
+    assert train.startswith("python -m gr_jax.train")
+    argv = [sys.executable if a == "python" else a for a in shlex.split(train)]
+    argv += ["--gin.TRAIN_STEPS=20", "--gin.load_dataset.demo_docs=80"]
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    outs = []
+    for attempt in ("first", "again"):
+        proc = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, (attempt, proc.stderr[-3000:])
+        outs.append(proc.stdout)
+    model_dir = repo / "runs" / "demo_dsi_url"
+    assert (model_dir / "checkpoints" / "20").is_dir() and (model_dir / "runs" / "test.step20.run").is_file()
+    assert outs[0] == outs[1]  # the second run resumed the finished one: same table, same files
+    assert not list(model_dir.rglob("*.prev-*"))  # identical results: nothing had to be set aside
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_repo.py",
+                           "tests/training/test_trainer.py::test_every_shipped_gin_file_parses",
+                           "-k", "not sequence"], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout

@@ -93,7 +93,7 @@ def test_run_from_rankings_dedupes_and_decreases():
 def test_run_and_qrels_files(tmp_path):
     run = {"q1": {"d1": 2.5, "d2": 1.0}, "q2": {"d9": 0.1}}
     runs.write_run(tmp_path / "r.txt", run, tag="t")
-    assert (tmp_path / "r.txt").read_text().splitlines()[0] == "q1 Q0 d1 1 2.500000 t"
+    assert (tmp_path / "r.txt").read_text().splitlines()[0] == "q1 Q0 d1 1 2.5 t"  # repr: reads back exactly
     assert runs.read_run(tmp_path / "r.txt") == run
     runs.write_qrels(tmp_path / "q.txt", {"q1": {"d1": 2}})
     assert runs.read_qrels(tmp_path / "q.txt") == {"q1": {"d1": 2}}
@@ -153,6 +153,13 @@ def test_from_matrix_and_idbi_by_hand():
     initial = {"i1", "i2", "i3", "i4"}
     value = dynamic.idbi({"a": ["i1", "i2", "i3", "i4", "n9"], "b": ["n1", "i1", "n2", "n3"]}, initial, 50, 100, k=4)
     assert value == pytest.approx((1.0 - 0.5) / 2)
+    # Short lists are measured on what they return (n = 2 → E_init = 1): two initial documents → (2-1)/(2-1) = 1,
+    # one of each → 0 (an unbiased short list is not "biased toward new documents"); an empty list is left out.
+    assert dynamic.idbi({"c": ["i1", "i2"]}, initial, 50, 100, k=4) == pytest.approx(1.0)
+    assert dynamic.idbi({"c": ["i1", "n1"], "e": []}, initial, 50, 100, k=4) == pytest.approx(0.0)
+    # |D0| = 30 of 120 (share 1/4), K = 10, 3 results of which 1 initial: (1 - 0.75) / (3 - 0.75) = 1/9.
+    assert dynamic.idbi({"d": ["i1", "n1", "n2"]}, initial, 30, 120, k=10) == pytest.approx(1 / 9)
+    assert np.isnan(dynamic.idbi({"e": []}, initial, 50, 100, k=4))
     with pytest.raises(ValueError, match="0 < |D0|"):
         dynamic.idbi({"a": ["x"]}, set(), 0, 10)
 

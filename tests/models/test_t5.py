@@ -96,11 +96,20 @@ def test_padding_does_not_change_valid_positions(tiny):
     ids2 = jnp.pad(ids, ((0, 0), (0, 5)))
     mask2 = jnp.pad(mask, ((0, 0), (0, 5)))
     enc2 = model.apply(v, ids2, mask2, method=t5.T5.encode)
-    np.testing.assert_allclose(np.asarray(enc2[:, :L]) * np.asarray(mask)[..., None],
-                               np.asarray(enc) * np.asarray(mask)[..., None], atol=1e-5)
+    # Padding changes the length of the float32 reductions (softmax sums, matmuls), which reorders their rounding:
+    # differences of some float32 ulps of the largest value are expected (7 were seen on v1.1 logits of size ~20),
+    # so the tolerance is 32 ulps of the magnitude, not an absolute number. A real leak of padding into valid
+    # positions changes them by the order of the values themselves.
+    def close(a, b):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        scale = max(np.abs(b).max(), 1.0)
+        np.testing.assert_allclose(a, b, rtol=0, atol=32 * np.finfo(np.float32).eps * scale)
+
+    m = np.asarray(mask)[..., None]
+    close(np.asarray(enc2[:, :L]) * m, np.asarray(enc) * m)
     logits = model.apply(v, enc, mask, dec, method=t5.T5.decode)
     logits2 = model.apply(v, enc2, mask2, dec, method=t5.T5.decode)
-    np.testing.assert_allclose(np.asarray(logits2), np.asarray(logits), atol=1e-5)
+    close(logits2, logits)
     # Changing a padded token's id must not matter either.
     ids3 = ids.at[2, 5].set(7)
     enc3 = model.apply(v, ids3, mask, method=t5.T5.encode)

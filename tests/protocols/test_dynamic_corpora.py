@@ -21,15 +21,17 @@ from gr_jax.protocols import dynamic_corpora as dc
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
-SMALL = """
+PROTOCOL = """
 load_dataset.demo_docs = 60
+run_dynamic.progress = False
+"""
+SMALL = PROTOCOL + """
 TRAIN_STEPS = 4
 BATCH_SIZE = 16
 prepare.vocab_size = 300
 train.progress = False
 train.log_period = 2
 train.checkpoint_period = 100
-run_dynamic.progress = False
 EvalConfig.batch_size = 32
 """
 
@@ -57,13 +59,6 @@ GR = {  # a text-docid DSI, MDGR, and a numeric-docid DSI with DSI++ replay (cov
 }
 
 
-@pytest.fixture(autouse=True)
-def clean_gin():
-    gin.clear_config()
-    yield
-    gin.clear_config()
-
-
 def _check_outputs(out: Path, method: str):
     result = json.loads((out / "dynamic" / "dynamic.json").read_text())
     P = np.array(result["P"], float)
@@ -85,7 +80,7 @@ def _check_outputs(out: Path, method: str):
 
 def test_command_with_bm25(tmp_path, capsys):
     f = tmp_path / "bm25.gin"
-    f.write_text("include 'experiments/demo/dynamic_bm25.gin'\n" + SMALL)
+    f.write_text("include 'experiments/demo/dynamic_bm25.gin'\n" + PROTOCOL)
     assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / 'bm25'}'"]) == 0
     result = _check_outputs(tmp_path / "bm25", "bm25")
     assert result["method"] == "bm25" and result["P"][0][0] > 0.5  # BM25 finds most demo documents
@@ -103,7 +98,7 @@ def test_command_with_bm25(tmp_path, capsys):
 
 def test_dense_system_reencodes_new_documents(tmp_path):
     f = tmp_path / "dense.gin"
-    f.write_text("include 'experiments/demo/dynamic_dense.gin'\nTfidfSvdEmbedder.dim = 16\n" + SMALL)
+    f.write_text("include 'experiments/demo/dynamic_dense.gin'\nTfidfSvdEmbedder.dim = 16\n" + PROTOCOL)
     gin_utils.parse([str(f)], [f"MODEL_DIR = '{tmp_path / 'dense'}'"])
     result = gin_utils.call_configured(dc.run_dynamic)
     _check_outputs(tmp_path / "dense", "dense")
@@ -182,13 +177,16 @@ def test_mdgr_ranker_by_hand():
     # doc 7: coverage 2, 1/1 + 1/4 → 3.25; doc 3: coverage 2, 1/1 + 1/2 → 3.5; doc 5: 1 + 1/3 → 1.333
     assert [d for d, _ in got] == [3, 7, 5]
     assert [s for _, s in got] == pytest.approx([3.5, 3.25, 1 + 1 / 3])
-    # λ = 0: coverage only; a tie (7 and 3 both cover 2) keeps the order of first appearance (7 before 3)
+    # λ = 0: coverage only; a tie (7 and 3 both cover 2) goes by the document key, descending (trec_eval's order)
     assert rankers.mdgr(beams, lam=0.0) == [(7, 2.0), (3, 2.0), (5, 1.0)]
+    keys = {3: "doc-b", 7: "doc-a", 5: "doc-c"}  # with document ids as keys, 3 ("doc-b") now comes first
+    assert rankers.mdgr(beams, lam=0.0, keys=keys) == [(3, 2.0), (7, 2.0), (5, 1.0)]
     # λ large: the ranking term decides; 7 (1 + 1/4) > 3 (1 + 1/2)? no: 3 has 1.5 > 7's 1.25
     assert [d for d, _ in rankers.mdgr(beams, lam=100.0)] == [3, 7, 5]
     # a document listed twice under one beam counts once for it
     assert rankers.mdgr([[2, 2]], lam=1.0) == [(2, 2.0)]
     assert rankers.first_occurrence(beams, [-0.1, -0.5, -0.7, -0.9]) == [(7, -0.1), (3, -0.1), (5, -0.7)]
+    assert rankers.first_occurrence(beams, [-0.1, -0.5, -0.7, -0.9], keys) == [(3, -0.1), (7, -0.1), (5, -0.7)]
     with pytest.raises(ValueError, match="unknown ranker"):
         rankers.rank(beams, [0] * 4, "rrf")
 
@@ -267,8 +265,92 @@ def test_memory_guard_stops_a_step_with_a_message(tmp_path):
     with pytest.raises(dc.ProtocolError, match=r"step 3.*needs about 100 MiB.*raise run_dynamic.memory_limit_mb"):
         guard.check("step 3", 100 << 20)
     f = tmp_path / "bm25.gin"
-    f.write_text("include 'experiments/demo/dynamic_bm25.gin'\n" + SMALL)
+    f.write_text("include 'experiments/demo/dynamic_bm25.gin'\n" + PROTOCOL)
     gin_utils.parse([str(f)], [f"MODEL_DIR = '{tmp_path / 'm'}'", "run_dynamic.memory_limit_mb = 1"])
     with pytest.raises(dc.ProtocolError, match="step 1"):
         gin_utils.call_configured(dc.run_dynamic)
     assert not (tmp_path / "m" / "dynamic").exists()  # nothing half-written
+
+
+def _write_jsonl_dataset(ds, out: Path, seed=None) -> None:
+    """The demo dataset in the `jsonl` layout; with a seed, every file's rows (and every query's judgements)
+    in a shuffled order."""
+    r = np.random.default_rng(seed)
+    perm = (lambda n: r.permutation(n)) if seed is not None else (lambda n: np.arange(n))
+    out.mkdir(parents=True)
+    c = ds.corpus
+    with open(out / "corpus.jsonl", "w") as f:
+        for i in perm(len(c)):
+            f.write(json.dumps({"id": c.doc_ids[i], "text": c.texts[i], "title": c.titles[i], "url": c.urls[i]}) + "\n")
+    for split, queries in ds.queries.items():
+        with open(out / f"queries.{split}.jsonl", "w") as f:
+            for i in perm(len(queries)):
+                f.write(json.dumps({"id": queries.qids[i], "text": queries.texts[i]}) + "\n")
+        lines = [f"{q} 0 {d} {g}\n" for q, judged in ds.qrels[split].items() for d, g in judged.items()]
+        (out / f"qrels.{split}.tsv").write_text("".join(lines[i] for i in perm(len(lines))))
+
+
+PERMUTED_SYSTEMS = {
+    "bm25": "include 'experiments/demo/dynamic_bm25.gin'\n" + PROTOCOL,
+    # one keyword per document: many documents share a docid, so ties between D0 and new documents are common
+    "keywords": """
+        include 'runs/dynamic.gin'
+        include 'experiments/demo/dsi_keywords.gin'
+        run_dynamic.method = 'gr'
+        EvalConfig.compare_bm25 = False
+        KeywordDocids.n = 1
+        KeywordDocids.split_collisions = False
+        """ + SMALL,
+    "mdgr": GR["mdgr"] + SMALL,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("system", sorted(PERMUTED_SYSTEMS))
+def test_permuting_corpus_queries_and_qrels_changes_no_number(tmp_path, system):
+    """Shuffling the rows of the corpus, of the query files and of the qrels (hence the order of the documents
+    inside D0..D5 too) leaves the P matrix, F_n, GA_n and IDBI unchanged."""
+    ds = demo.generate(num_docs=60, seed=0)
+    results = []
+    for name, seed in (("ordered", None), ("shuffled", 1)):
+        _write_jsonl_dataset(ds, tmp_path / f"data_{name}", seed)
+        f = tmp_path / f"{system}.gin"
+        f.write_text(textwrap.dedent(PERMUTED_SYSTEMS[system]).replace("load_dataset.demo_docs = 60\n", ""))
+        gin.clear_config()
+        gin_utils.parse([str(f)], [f"MODEL_DIR = '{tmp_path / name}'", "MIXTURE_OR_TASK_NAME = 'jsonl'",
+                                   f"DATA_DIR = '{tmp_path / f'data_{name}'}'"])
+        results.append(gin_utils.call_configured(dc.run_dynamic))
+    a, b = results
+    assert np.array_equal(np.array(a["P"]), np.array(b["P"]), equal_nan=True)
+    assert a["idbi"] == b["idbi"]
+    assert {k: a[k] for k in a if k[:2] in ("F_", "GA")} == {k: b[k] for k in b if k[:2] in ("F_", "GA")}
+    assert a["parts"] == b["parts"] == [30, 6, 6, 6, 6, 6]
+
+
+def test_retrieve_breaks_ties_by_document_id_not_by_row(tmp_path):
+    """Documents that share a docid get the docid's score; their order comes from the document ids (trec_eval's:
+    descending), so a corpus that lists new documents first or last gives the same run."""
+    from gr_jax.docids.base import DocidTable
+    from gr_jax.models import t5
+    from gr_jax.models.retriever import GenerativeRetriever
+    from gr_jax.models.vocab import DocidTokenSpace
+    from gr_jax.training import trainer
+
+    model = GenerativeRetriever(t5.get_config("tiny", vocab_size=64, dropout_rate=0.0))
+    params = model.init_params(seed=0)
+    tokens = np.random.default_rng(0).integers(3, 64, (3, 8)).astype(np.int32)
+    seqs = [[5, 6], [5, 6], [7], [5, 6], [7]]  # two docids, shared by three and two documents
+    ids = ["d1", "d0", "n4", "n2", "d3"]
+    runs = []
+    for order in ([0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 0, 4, 1, 3]):
+        table = DocidTable.from_lists([seqs[i] for i in order], list(range(5)), DocidTokenSpace("text", 64))
+        runs.append(trainer.retrieve(model, params, tokens, ["q0", "q1", "q2"], table.index(vocab_size=64),
+                                     [ids[i] for i in order], num_beams=2, batch_size=2))
+    assert runs[0] == runs[1] == runs[2]
+    for run in runs[0].values():
+        assert set(run) == set(ids)
+        assert len({run[d] for d in ("d1", "d0", "n2")}) == 1 and run["n4"] == run["d3"]  # a docid's score each
+        from gr_jax.evaluation.runs import ranked
+
+        group = [d for d in ranked(run) if d in ("d1", "d0", "n2")]
+        assert group == ["n2", "d1", "d0"]  # ties: document id descending, as trec_eval orders them
