@@ -372,6 +372,8 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
         system = BM25System(data, k)
     elif method == "dense":
         system = DenseSystem(data, k, embedder)
+        if label is None:  # the embedder is what tells two dense systems apart in a combined report
+            label = f"dense-{getattr(system.index.embedder, 'name', type(system.index.embedder).__name__)}"
     else:
         system = GRSystem(data, out_dir / "model", k, replay, eval_batch_size)
         if label is None:

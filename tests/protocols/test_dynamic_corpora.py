@@ -103,6 +103,7 @@ def test_dense_system_reencodes_new_documents(tmp_path):
     result = gin_utils.call_configured(dc.run_dynamic)
     _check_outputs(tmp_path / "dense", "dense")
     assert result["steps"][-1]["documents"] == 60
+    assert result["method"] == "dense-tfidf_svd"  # the embedder names the system in combined reports
 
 
 @pytest.mark.slow
