@@ -13,7 +13,8 @@ from pathlib import Path
 
 from gr_jax import io_utils
 from gr_jax.cli import setup_logging
-from gr_jax.evaluation import metrics, report, runs
+from gr_jax.data import trec
+from gr_jax.evaluation import metrics, report
 
 DEFAULT_METRICS = "Hit@1,Hit@10,Recall@100,MRR@10,nDCG@10"
 
@@ -32,13 +33,13 @@ def main(argv=None) -> int:
     setup_logging()
     try:
         names = [metrics.Metric.parse(m).name for m in args.metrics.split(",") if m.strip()]
-        qrels = runs.read_qrels(args.qrels)
+        qrels = trec.read_qrels(args.qrels)
         subset = None
         if args.queries:
             subset = [line.strip() for line in Path(args.queries).read_text().splitlines() if line.strip()]
         results = {}
         for path in args.run:
-            run = runs.read_run(path)
+            run = trec.read_run(path)
             evaluated = metrics.per_query(run, qrels, names, args.rel_threshold, subset, args.msmarco_official)
             if not set(run) & set(qrels) & (set(subset) if subset is not None else set(run)):
                 raise ValueError(f"{path}: no query of the run is judged in {args.qrels}"

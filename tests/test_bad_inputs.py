@@ -18,7 +18,7 @@ from gr_jax import gin_utils
 from gr_jax import infer as infer_cmd
 from gr_jax import train as train_cmd
 from gr_jax.data import readers, sources
-from gr_jax.evaluation import runs
+from gr_jax.data import trec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,7 @@ def test_entry_points_run_from_a_directory_with_runs_experiments_and_models_fold
 @pytest.mark.slow
 def test_infer_refuses_another_vocabulary_or_corpus_and_keeps_earlier_results(trained, tmp_path, capsys, caplog):
     exp, model = trained
-    from gr_jax.models.vocab import train_sentencepiece
+    from gr_jax.vocab import train_sentencepiece
 
     other = train_sentencepiece(["some other text about rivers", "and bridges of stone"] * 50, tmp_path / "o.model",
                                 200)
@@ -122,7 +122,7 @@ def test_state_left_in_model_dir_is_checked_before_reuse(trained, tmp_path, caps
     shutil.copytree(model, run_dir)
     base = [f"--gin_file={exp}", f"--gin.MODEL_DIR='{run_dir}'"]
     # a vocabulary file swapped after training
-    from gr_jax.models.vocab import train_sentencepiece
+    from gr_jax.vocab import train_sentencepiece
 
     spiece = run_dir / "vocabulary" / "spiece.model"
     original = spiece.read_bytes()
@@ -253,8 +253,8 @@ def test_model_dir_that_is_a_file(tmp_path, capsys):
 
 
 def test_eval_command_bad_inputs(tmp_path, capsys):
-    runs.write_run(tmp_path / "run.txt", {"1": {"a": 3.0}})
-    runs.write_qrels(tmp_path / "qrels.txt", {"7": {"a": 1}})
+    trec.write_run(tmp_path / "run.txt", {"1": {"a": 3.0}})
+    trec.write_qrels(tmp_path / "qrels.txt", {"7": {"a": 1}})
     argv = ["--run", str(tmp_path / "run.txt"), "--qrels", str(tmp_path / "qrels.txt")]
     assert eval_cmd.main(argv) == 2  # no query in common: not a table of zeros
     assert "no query of the run is judged" in capsys.readouterr().err
@@ -264,8 +264,8 @@ def test_eval_command_bad_inputs(tmp_path, capsys):
     assert eval_cmd.main(["--run", str(tmp_path / "nan.txt"), "--qrels", str(tmp_path / "qrels.txt")]) == 2
     assert "nan.txt:1: score 'nan' is not a finite number" in capsys.readouterr().err
     with pytest.raises(ValueError, match="has score inf"):
-        runs.write_run(tmp_path / "inf.txt", {"7": {"a": float("inf")}})
-    runs.write_run(tmp_path / "ok.txt", {"7": {"a": 1.0}})
+        trec.write_run(tmp_path / "inf.txt", {"7": {"a": float("inf")}})
+    trec.write_run(tmp_path / "ok.txt", {"7": {"a": 1.0}})
     (tmp_path / "file").write_text("x")
     assert eval_cmd.main(["--run", str(tmp_path / "ok.txt"), "--qrels", str(tmp_path / "qrels.txt"),
                           "--out", str(tmp_path / "file" / "m.json")]) == 2  # --out under a file

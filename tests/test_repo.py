@@ -35,7 +35,7 @@ class Block:
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
 import gr_jax
-skip = {'gr_jax.data.tasks'}  # the seqio adapter, imported only when seqio is installed
+skip = {'gr_jax.tasks'}  # the seqio adapter, imported only when seqio is installed
 names = [m.name for m in pkgutil.walk_packages(gr_jax.__path__, 'gr_jax.') if m.name not in skip]
 for n in names:
     importlib.import_module(n)
@@ -95,3 +95,75 @@ def test_readme_sequence_in_a_fresh_copy(tmp_path):
                            "-k", "not sequence"], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """gr_jax module → the gr_jax modules it imports (module level and inside functions alike)."""
+    import ast
+
+    root = ROOT / "gr_jax"
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in root.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gr_jax"):
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("gr_jax")]
+            deps.update(t for t in targets if t in modules and t != name)
+        graph[name] = deps
+    return graph
+
+
+LOW = ("gr_jax.data", "gr_jax.docids", "gr_jax.index", "gr_jax.decoding")
+LEAVES = ("gr_jax.errors", "gr_jax.validation", "gr_jax.io_utils", "gr_jax.vocab", "gr_jax.gin_checks",
+          "gr_jax.cli")
+HIGH = ("gr_jax.models", "gr_jax.training", "gr_jax.evaluation", "gr_jax.baselines", "gr_jax.protocols",
+        "gr_jax.gin_utils", "gr_jax.train", "gr_jax.infer", "gr_jax.eval", "gr_jax.dynamic")
+
+
+def _under(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_import_graph_follows_the_data_flow():
+    """DESIGN.md §2: no import cycle; data/, docids/, index/ and decoding/ import no model, training,
+    evaluation, baseline or protocol code; the leaf modules import only other leaves."""
+    graph = _import_graph()
+    up = sorted((m, d) for m, deps in graph.items() if _under(m, LOW) for d in deps if _under(d, HIGH))
+    assert not up, f"lower layers reaching up: {up}"
+    leaf = sorted((m, d) for m, deps in graph.items() if _under(m, LEAVES) for d in deps if not _under(d, LEAVES))
+    assert not leaf, f"leaf modules importing the rest of gr_jax: {leaf}"
+    # cycles: a depth-first search over the module graph (a package's __init__ counts as a module)
+    state, stack, cycles = {}, [], []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == "open":
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles, f"import cycles: {cycles[:3]}"
+
+
+def test_import_graph_check_can_fail(tmp_path, monkeypatch):
+    """The check above sees a violation when one exists (a graph with a cycle and an upward import)."""
+    fake = {"gr_jax.data.x": {"gr_jax.models.y"}, "gr_jax.models.y": {"gr_jax.data.x"}}
+    monkeypatch.setitem(globals(), "_import_graph", lambda: fake)
+    with pytest.raises(AssertionError, match="lower layers reaching up"):
+        test_import_graph_follows_the_data_flow()
+    fake["gr_jax.data.x"] = {"gr_jax.data.z"}
+    fake["gr_jax.data.z"] = {"gr_jax.data.x"}
+    with pytest.raises(AssertionError, match="import cycles"):
+        test_import_graph_follows_the_data_flow()

@@ -32,7 +32,7 @@ import numpy as np
 
 from gr_jax.cli import setup_logging
 from gr_jax.decoding import beam_search as bs
-from gr_jax.decoding.seq2seq import T5Searcher
+from gr_jax.models.search import T5Searcher
 from gr_jax.index.trie import TrieIndex
 from gr_jax.models import convert, t5
 

@@ -25,7 +25,7 @@ from gr_jax.docids.lexical import FieldDocids, KeywordDocids
 from gr_jax.docids.ngram import NgramDocids, multi_docid_stats
 from gr_jax.docids.numeric import PQDocids, RQDocids, SemanticDocids
 from gr_jax.docids.pseudo_query import PseudoQueryDocids, queries_by_document
-from gr_jax.models.vocab import load_vocabulary, train_sentencepiece
+from gr_jax.vocab import load_vocabulary, train_sentencepiece
 
 SCHEMES = {
     "atomic": AtomicDocids, "naive": NaiveDocids, "title": lambda: FieldDocids("title"),

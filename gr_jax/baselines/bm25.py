@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from gr_jax.evaluation.runs import Run, fetch_deciding_ties, top_k
+from gr_jax.data.trec import Run, fetch_deciding_ties, top_k
 from gr_jax.io_utils import atomic_dir
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import logging
 import os
-from functools import partial
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -24,49 +23,11 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from gr_jax.evaluation.runs import Run, fetch_deciding_ties, top_k
+from gr_jax.data.trec import Run, fetch_deciding_ties, top_k
+from gr_jax.docids.quantize import exact_search
 from gr_jax.io_utils import atomic_dir
 
 log = logging.getLogger(__name__)
-
-
-@partial(jax.jit, static_argnames=("k",))
-def _block_topk(q_QxD, d_BxD, valid_B, best_s_QxK, best_i_QxK, offset, k: int):
-    """Scores of one document block, merged with the running top-k (ties keep the earlier document)."""
-    s_QxB = jnp.where(valid_B[None, :], q_QxD @ d_BxD.T, -jnp.inf)
-    idx_B = offset + jnp.arange(d_BxD.shape[0], dtype=jnp.int32)
-    all_s = jnp.concatenate([best_s_QxK, s_QxB], axis=1)
-    all_i = jnp.concatenate([best_i_QxK, jnp.broadcast_to(idx_B, s_QxB.shape)], axis=1)
-    top_s, pos = jax.lax.top_k(all_s, k)
-    return top_s, jnp.take_along_axis(all_i, pos, axis=1)
-
-
-def exact_search(queries_QxD: np.ndarray, docs_NxD: np.ndarray, k: int, query_block: int = 256,
-                 doc_block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k inner products: (scores [Q, k'], document rows [Q, k']) with k' = min(k, N), best first."""
-    Q, N = len(queries_QxD), len(docs_NxD)
-    k = min(k, N)
-    if N == 0 or Q == 0:
-        return np.zeros((Q, 0), np.float32), np.zeros((Q, 0), np.int64)
-    doc_block = min(doc_block, N)
-    n_blocks = -(-N // doc_block)
-    padded = np.zeros((n_blocks * doc_block, docs_NxD.shape[1]), np.float32)
-    padded[:N] = docs_NxD
-    valid = np.arange(len(padded)) < N
-    scores, rows = [], []
-    for qs in range(0, Q, query_block):
-        q = np.zeros((query_block, queries_QxD.shape[1]), np.float32)  # fixed shape: one compilation
-        nq = min(query_block, Q - qs)
-        q[:nq] = queries_QxD[qs:qs + nq]
-        best_s = jnp.full((query_block, k), -jnp.inf, jnp.float32)
-        best_i = jnp.full((query_block, k), -1, jnp.int32)
-        for b in range(n_blocks):
-            sl = slice(b * doc_block, (b + 1) * doc_block)
-            best_s, best_i = _block_topk(jnp.asarray(q), jnp.asarray(padded[sl]), jnp.asarray(valid[sl]),
-                                         best_s, best_i, jnp.int32(b * doc_block), k=k)
-        scores.append(np.asarray(best_s)[:nq])
-        rows.append(np.asarray(best_i, dtype=np.int64)[:nq])
-    return np.concatenate(scores), np.concatenate(rows)
 
 
 @gin.configurable
@@ -169,7 +130,7 @@ def finetune_dual_encoder(embedder, queries: Sequence[str], documents: Sequence[
     parameters and the loss per step. Batches hold distinct documents, so in-batch negatives are real
     negatives."""
     from gr_jax.data.pipeline import tokenize
-    from gr_jax.docids.embed import t5_mean_pool
+    from gr_jax.models.embed import t5_mean_pool
 
     if len(queries) != len(documents) or not len(queries):
         raise ValueError(f"finetune_dual_encoder: {len(queries)} queries for {len(documents)} documents")

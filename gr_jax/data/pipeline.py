@@ -26,7 +26,7 @@ from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
-from gr_jax.models.t5 import EOS_ID, PAD_ID
+from gr_jax.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 

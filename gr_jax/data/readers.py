@@ -24,7 +24,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from gr_jax.evaluation.runs import Qrels, read_qrels
+from gr_jax.data.trec import Qrels, read_qrels
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ NEG_INF = -jnp.inf
 class BeamResult:
     """Per query, the N best docids in decreasing `prune_scores` order (equal to `scores` without a bonus)."""
 
-    tokens: jax.Array  # int32 [B, N, D], -1 after the end
+    tokens: jax.Array  # int32 [B, N, T], -1 after the end
     lengths: jax.Array  # int32 [B, N]
     scores: jax.Array  # float32 [B, N] model score, length-penalised; -inf where not valid
     prune_scores: jax.Array  # float32 [B, N] model score + bonuses, length-penalised
@@ -58,7 +58,7 @@ def gather_rows(tree, index: jax.Array, rows: int):
 
 
 def _token_scores(logits_BxNxV, tokens, valid, score_mode: str):
-    """Per-slot step scores [B, N, C] (-inf where not valid)."""
+    """Per-slot step scores [B, N, C] (-inf where not valid); C candidate slots per beam."""
     if score_mode not in SCORE_MODES:
         raise ValueError(f"score_mode must be one of {SCORE_MODES}, got {score_mode!r}")
     base = jax.nn.log_softmax(logits_BxNxV, axis=-1) if score_mode == "log_softmax" else logits_BxNxV
@@ -78,8 +78,8 @@ class _State:
     valid: jax.Array
 
 
-def _empty(B, N, D) -> _State:
-    return _State(tokens=jnp.full((B, N, D), -1, jnp.int32), score=jnp.full((B, N), NEG_INF),
+def _empty(B, N, T) -> _State:
+    return _State(tokens=jnp.full((B, N, T), -1, jnp.int32), score=jnp.full((B, N), NEG_INF),
                   prune=jnp.full((B, N), NEG_INF), node=jnp.full((B, N), -1, jnp.int32),
                   length=jnp.zeros((B, N), jnp.int32), valid=jnp.zeros((B, N), bool))
 
@@ -115,11 +115,11 @@ def _step(step_fn: StepFn, cache, last, alive: _State, tile_fn, d: int, B: int, 
     return logits.reshape(B, N, -1).astype(jnp.float32), cache, alive
 
 
-def _root(B: int, N: int, D: int) -> _State:
+def _root(B: int, N: int, T: int) -> _State:
     """Beam 0 alive at the root with score 0; the others dead, so no docid can be found twice."""
     first = jnp.arange(N) == 0
     zero_or_dead = jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0)
-    return _empty(B, N, D).replace(score=zero_or_dead, prune=zero_or_dead, node=jnp.zeros((B, N), jnp.int32),
+    return _empty(B, N, T).replace(score=zero_or_dead, prune=zero_or_dead, node=jnp.zeros((B, N), jnp.int32),
                                    valid=first[None].repeat(B, 0))
 
 
@@ -147,8 +147,8 @@ def _pad_beams(state: _State, idx, N: int):
     k = idx.shape[1]
     if k == N:
         return state, idx
-    B, _, D = state.tokens.shape
-    pad = _empty(B, N - k, D)
+    B, _, T = state.tokens.shape
+    pad = _empty(B, N - k, T)
     state = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=1), state, pad)
     return state, jnp.concatenate([idx, jnp.zeros((B, N - k), idx.dtype)], axis=1)
 
@@ -161,11 +161,11 @@ def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, nu
     `tile_fn(cache, n)` makes n rows per query after the first step (default: repeat every leaf with
     `batch_size` leading rows); the T5 searcher passes one that keeps encoder states shared per query.
     """
-    B, N, D = batch_size, num_beams, trie.depth
-    alive = _root(B, N, D)
-    finished = _empty(B, N, D)
+    B, N, T = batch_size, num_beams, trie.depth  # T decoding steps = the trie's depth
+    alive = _root(B, N, T)
+    finished = _empty(B, N, T)
     last = None
-    for d in range(D):
+    for d in range(T):
         spec = trie.specs[d]
         logits, cache, src = _step(step_fn, cache, last, alive, tile_fn, d, B, N, start_token)
         n = src.score.shape[1]
@@ -187,7 +187,7 @@ def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, nu
             new = _extend(src, idx, C, d, tokens, score / penalty, jnp.where(is_leaf, prune, NEG_INF) / penalty,
                           leaf, d + 1)
             finished = _merge_finished(finished, new, N)
-        if d + 1 < D:
+        if d + 1 < T:
             go_prune = jnp.where(is_leaf, NEG_INF, prune).reshape(B, n * C)
             _, idx = jax.lax.top_k(go_prune, min(N, n * C))
             alive, cache, last = _advance(src, idx, C, d, tokens, score, jnp.where(is_leaf, NEG_INF, prune),
@@ -199,11 +199,11 @@ def beam_search_unconstrained(step_fn: StepFn, cache, *, batch_size: int, num_be
                               eos_id: int, vocab_size: int, score_mode: str = "log_softmax",
                               length_penalty: float = 0.0, start_token: int = 0, tile_fn=None) -> BeamResult:
     """The same search over the whole vocabulary (EOS ends a sequence), for comparison; `leaf_ids` is -1."""
-    B, N, D, V = batch_size, num_beams, max_length, vocab_size
-    alive = _root(B, N, D)
-    finished = _empty(B, N, D)
+    B, N, T, V = batch_size, num_beams, max_length, vocab_size
+    alive = _root(B, N, T)
+    finished = _empty(B, N, T)
     last = None
-    for d in range(D):
+    for d in range(T):
         logits, cache, src = _step(step_fn, cache, last, alive, tile_fn, d, B, N, start_token)
         n = src.score.shape[1]
         vocab = jnp.broadcast_to(jnp.arange(V, dtype=jnp.int32), (B, n, V))
@@ -215,7 +215,7 @@ def beam_search_unconstrained(step_fn: StepFn, cache, *, batch_size: int, num_be
         eos_idx = jnp.broadcast_to(jnp.arange(n)[None, :] * V + eos_id, (B, n))
         new = _extend(src, eos_idx, V, d, vocab, score / penalty, score / penalty, None, d + 1)
         finished = _merge_finished(finished, new, N)
-        if d + 1 < D:
+        if d + 1 < T:
             go = jnp.where(jnp.arange(V) == eos_id, NEG_INF, score).reshape(B, n * V)
             _, idx = jax.lax.top_k(go, min(N, n * V))
             alive, cache, last = _advance(src, idx, V, d, vocab, score, score, None, cache, N, start_token)

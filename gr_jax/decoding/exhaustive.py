@@ -24,21 +24,21 @@ def _without_params(step_fn):
 
 @functools.partial(jax.jit, static_argnames=("step_fn", "batch_size", "score_mode", "length_penalty", "start_token",
                                              "tile_fn"))
-def _score_chunk(step_fn, step_params, cache, trie: DeviceTrie, seqs_MxD, lengths_M, nodes_MxD, *,
+def _score_chunk(step_fn, step_params, cache, trie: DeviceTrie, seqs_MxT, lengths_M, nodes_MxT, *,
                  batch_size: int, score_mode: str, length_penalty: float, start_token: int, tile_fn):
     B = batch_size
-    M, D = seqs_MxD.shape
+    M, T = seqs_MxT.shape
     # row b*M + m: query b, docid m
     cache = tile_rows(cache, M, B) if tile_fn is None else tile_fn(cache, M)
     total = jnp.zeros((B, M), jnp.float32)
     last = jnp.full((B * M,), start_token, jnp.int32)
-    for t in range(D):
+    for t in range(T):
         logits, cache = step_fn(step_params, cache, last)
         logits = logits.reshape(B, M, -1).astype(jnp.float32)
-        tokens, _, _, valid = level_candidates(trie, t, jnp.asarray(nodes_MxD[:, t]))
+        tokens, _, _, valid = level_candidates(trie, t, jnp.asarray(nodes_MxT[:, t]))
         if tokens is None:
             tokens = jnp.broadcast_to(jnp.arange(valid.shape[-1], dtype=jnp.int32), valid.shape)
-        target = seqs_MxD[:, t]
+        target = seqs_MxT[:, t]
         active = t < lengths_M
         slot_is_target = valid & (tokens == target[:, None])
         step = _token_scores(logits, jnp.broadcast_to(tokens, (B, *tokens.shape)),

@@ -1,7 +1,7 @@
 """DSI's unstructured docids: atomic (one new vocabulary token per document) and naive (the id as a string).
 
 * `AtomicDocids` — document k (in the order documents are first assigned) gets token `text_vocab + k`; the
-  model's vocabulary is grown to hold them (`models.vocab.grow_vocab`). New documents continue the count;
+  model's vocabulary is grown to hold them (`models.convert.grow_vocab`). New documents continue the count;
   the trained model has never seen their tokens, which is why atomic docids cannot index new documents
   without training (000_dynamic_corpora.txt §5).
 * `NaiveDocids` — the document's id string tokenized with the text vocabulary (DSI "naive string"); a new
@@ -17,7 +17,7 @@ import gin
 import numpy as np
 
 from gr_jax.docids.base import DocidTable
-from gr_jax.models.vocab import DocidTokenSpace
+from gr_jax.vocab import DocidTokenSpace
 
 
 def _rows(corpus, rows) -> np.ndarray:

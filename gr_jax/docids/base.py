@@ -4,7 +4,7 @@ A `DocidTable` is the plain value between a scheme and the rest of the library: 
 per document), the corpus row of each, and the `DocidTokenSpace` the tokens live in. From it come the
 training targets (`primary`) and the prefix tree (`index`).
 
-Two kinds of token spaces (models/vocab.py):
+Two kinds of token spaces (vocab.py):
 * "text" — ids of the model vocabulary (naive string docids, titles, keywords) or ids grown above it
   (atomic); sequences have variable length and end with EOS in the index and in the targets;
 * "codebook" — L positions × V codes of a per-position docid head (semantic, PQ, RQ); fixed length L,
@@ -25,8 +25,8 @@ from typing import Optional, Protocol, Sequence
 import numpy as np
 
 from gr_jax.io_utils import atomic_dir
-from gr_jax.models.t5 import EOS_ID, PAD_ID
-from gr_jax.models.vocab import DocidTokenSpace
+from gr_jax.vocab import EOS_ID, PAD_ID
+from gr_jax.vocab import DocidTokenSpace
 
 log = logging.getLogger(__name__)
 

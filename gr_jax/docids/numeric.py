@@ -23,7 +23,7 @@ import numpy as np
 
 from gr_jax.docids.base import DocidTable
 from gr_jax.docids.quantize import ProductQuantizer, ResidualQuantizer, kmeans
-from gr_jax.models.vocab import DocidTokenSpace
+from gr_jax.vocab import DocidTokenSpace
 
 
 def _embeddings(corpus, embeddings, rows, what: str) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 
 from gr_jax.data.readers import DataError, PackedStrings
 from gr_jax.docids.base import DocidTable
-from gr_jax.models.vocab import DocidTokenSpace
+from gr_jax.vocab import DocidTokenSpace
 
 log = logging.getLogger(__name__)
 

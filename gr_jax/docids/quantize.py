@@ -263,3 +263,47 @@ def _rq_beam_encode(x_NxD, books_LxKxD, beam: int):
         residual = jnp.take_along_axis(residual, parent[..., None], axis=1) - c[code]
         codes = jnp.concatenate([jnp.take_along_axis(codes, parent[..., None], axis=1), code[..., None]], -1)
     return codes[:, 0, :]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# exact nearest neighbours (dense retrieval, MDGR's constrained expansion)
+# ----------------------------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _block_topk(q_BxD, d_ExD, valid_E, best_s_BxN, best_i_BxN, offset, k: int):
+    """Scores of one document block, merged with the running top-k (ties keep the earlier document)."""
+    s_BxE = jnp.where(valid_E[None, :], q_BxD @ d_ExD.T, -jnp.inf)
+    idx_E = offset + jnp.arange(d_ExD.shape[0], dtype=jnp.int32)
+    all_s = jnp.concatenate([best_s_BxN, s_BxE], axis=1)
+    all_i = jnp.concatenate([best_i_BxN, jnp.broadcast_to(idx_E, s_BxE.shape)], axis=1)
+    top_s, pos = jax.lax.top_k(all_s, k)
+    return top_s, jnp.take_along_axis(all_i, pos, axis=1)
+
+
+def exact_search(queries_BxD: np.ndarray, docs_ExD: np.ndarray, k: int, query_block: int = 256,
+                 doc_block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k inner products: (scores [B, k'], document rows [B, k']) with k' = min(k, E), best first."""
+    B, E = len(queries_BxD), len(docs_ExD)
+    k = min(k, E)
+    if E == 0 or B == 0:
+        return np.zeros((B, 0), np.float32), np.zeros((B, 0), np.int64)
+    doc_block = min(doc_block, E)
+    n_blocks = -(-E // doc_block)
+    padded = np.zeros((n_blocks * doc_block, docs_ExD.shape[1]), np.float32)
+    padded[:E] = docs_ExD
+    valid = np.arange(len(padded)) < E
+    scores, rows = [], []
+    for qs in range(0, B, query_block):
+        q = np.zeros((query_block, queries_BxD.shape[1]), np.float32)  # fixed shape: one compilation
+        nq = min(query_block, B - qs)
+        q[:nq] = queries_BxD[qs:qs + nq]
+        best_s = jnp.full((query_block, k), -jnp.inf, jnp.float32)
+        best_i = jnp.full((query_block, k), -1, jnp.int32)
+        for b in range(n_blocks):
+            sl = slice(b * doc_block, (b + 1) * doc_block)
+            best_s, best_i = _block_topk(jnp.asarray(q), jnp.asarray(padded[sl]), jnp.asarray(valid[sl]),
+                                         best_s, best_i, jnp.int32(b * doc_block), k=k)
+        scores.append(np.asarray(best_s)[:nq])
+        rows.append(np.asarray(best_i, dtype=np.int64)[:nq])
+    return np.concatenate(scores), np.concatenate(rows)

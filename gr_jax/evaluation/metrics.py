@@ -19,7 +19,7 @@ import math
 import re
 from typing import Iterable, Mapping, Optional
 
-from gr_jax.evaluation.runs import Qrels, Run, check_finite, ranked
+from gr_jax.data.trec import Qrels, Run, check_finite, ranked
 
 _NAME = re.compile(r"^(Hit|Success|Recall|MRR|RR|nDCG)@(\d+)$")
 _ALIASES = {"Success": "Hit", "RR": "MRR"}

@@ -390,3 +390,33 @@ def convert_hf_to_checkpoint(hf_dir: str | os.PathLike, out_dir: str | os.PathLi
     n = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
     log.info("converted %s → %s (%d parameters)", hf_dir, out_dir, n)
     return config
+
+
+def grow_vocab(params: Mapping, config: T5Config, new_vocab_size: int, seed: int = 0,
+               pad_to_multiple: int = 1) -> tuple[dict, T5Config]:
+    """Grows the embedding (and an untied lm_head) to `new_vocab_size` rows, rounded up to a multiple of
+    `pad_to_multiple`. Old rows are unchanged; new rows ~ N(mean of old rows, std of old rows) drawn from
+    `seed`, so a resumed or re-run experiment gets the same matrix."""
+    new_size = -(-int(new_vocab_size) // pad_to_multiple) * pad_to_multiple
+    old = config.vocab_size
+    if new_size < old:
+        raise ValueError(f"grow_vocab: new size {new_size} is smaller than the current {old}")
+    if new_size == old:
+        return dict(params), config
+    n_new = new_size - old
+    key_emb, key_head = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), old * 1_000_003 + new_size))
+
+    def new_rows(table_VxD: np.ndarray, key) -> np.ndarray:
+        mean = table_VxD.mean(axis=0)
+        std = table_VxD.std(axis=0) + 1e-6
+        noise = np.asarray(jax.random.normal(key, (n_new, table_VxD.shape[1]), np.float32))
+        return (mean + std * noise).astype(table_VxD.dtype)
+
+    out = jax.tree_util.tree_map(lambda x: x, dict(params))
+    emb = np.asarray(params["embedding"])
+    out["embedding"] = np.concatenate([emb, new_rows(emb, key_emb)], axis=0)
+    if not config.tie_word_embeddings:
+        head_DxV = np.asarray(params["lm_head"]["kernel"])
+        out["lm_head"] = {"kernel": np.concatenate([head_DxV, new_rows(head_DxV.T, key_head).T], axis=1)}
+    log.info("grew vocabulary %d → %d rows (seed %d)", old, new_size, seed)
+    return out, config.replace(vocab_size=new_size)

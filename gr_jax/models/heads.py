@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from gr_jax.models import t5
-from gr_jax.models.t5 import PAD_ID
+from gr_jax.vocab import PAD_ID
 
 
 def _apply(network: t5.T5, params, *args, method, **kwargs):

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from gr_jax.decoding.beam_search import BeamResult
-from gr_jax.decoding.seq2seq import Searcher, t5_cache
+from gr_jax.models.search import Searcher, t5_cache
 from gr_jax.models import t5
 from gr_jax.models.heads import TextHead
 

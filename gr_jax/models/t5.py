@@ -31,10 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gr_jax.vocab import EOS_ID, PAD_ID
+
 Array = jax.Array
-PAD_ID = 0  # T5: padding, also the decoder start token
-EOS_ID = 1
-UNK_ID = 2
 
 _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "relu": jax.nn.relu,

@@ -42,7 +42,7 @@ from gr_jax.data.readers import Corpus, Dataset, QuerySet
 from gr_jax.data.splits import DynamicSplit, dynamic_split
 from gr_jax.evaluation import dynamic as measures
 from gr_jax.evaluation.metrics import evaluate
-from gr_jax.evaluation.runs import Run, ranked
+from gr_jax.data.trec import Run, ranked
 from gr_jax.io_utils import atomic_dir
 
 log = logging.getLogger(__name__)
@@ -285,7 +285,8 @@ class GRSystem:
 
         from gr_jax.data.pipeline import ExampleStore, MixtureIterator
         from gr_jax.docids.base import DocidTable
-        from gr_jax.training import objectives, trainer
+        from gr_jax.data.pairs import indexing_pairs
+        from gr_jax.training import trainer
 
         r = self.replay
         corpus, lengths = self.data.full.corpus, self.setup.feature_lengths
@@ -294,12 +295,12 @@ class GRSystem:
         old = np.asarray(self.rows[: len(self.rows) - len(new_rows)], np.int64)
         n_old = int(round(len(new_rows) * r.replay_fraction / max(1 - r.replay_fraction, 1e-9)))
         old_pick = rng.choice(old, size=min(n_old, len(old)), replace=False) if n_old and len(old) else old[:0]
-        new = objectives.indexing_pairs(corpus, new_rows)
+        new = indexing_pairs(corpus, new_rows)
         stores = [ExampleStore({"inputs": tokenize(new.texts, self.setup.vocab, lengths["inputs"], what="new"),
                                 "targets": table.targets(new.rows, lengths["targets"])})]
         rates = [1.0 - r.replay_fraction]
         if len(old_pick):
-            replay = objectives.indexing_pairs(corpus, old_pick)
+            replay = indexing_pairs(corpus, old_pick)
             stores.append(ExampleStore({"inputs": tokenize(replay.texts, self.setup.vocab, lengths["inputs"],
                                                            what="replay"),
                                         "targets": table.targets(replay.rows, lengths["targets"])}))

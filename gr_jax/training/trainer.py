@@ -38,6 +38,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from gr_jax import gin_checks, validation
+from gr_jax.data import pairs as dsi_pairs
 from gr_jax.data import sources
 from gr_jax.data.pipeline import ExampleStore, MixtureIterator, eval_batches, tokenize
 from gr_jax.data.readers import Dataset, fingerprint
@@ -48,13 +49,14 @@ from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.docids.pseudo_query import queries_by_document
 from gr_jax.errors import UserError
 from gr_jax.evaluation.metrics import evaluate
-from gr_jax.evaluation.runs import Run, check_finite, write_run
+from gr_jax.data.trec import Run, check_finite, write_run
 from gr_jax.io_utils import atomic_dir, write_text
 from gr_jax.models import convert, t5
 from gr_jax.models.heads import TextHead
 from gr_jax.models.retriever import GenerativeRetriever
-from gr_jax.models.vocab import grow_vocab, load_vocabulary, train_sentencepiece
-from gr_jax.training import objectives, partitioning
+from gr_jax.models.convert import grow_vocab
+from gr_jax.vocab import load_vocabulary, train_sentencepiece
+from gr_jax.training import partitioning
 
 log = logging.getLogger(__name__)
 
@@ -125,20 +127,20 @@ class Objectives:
     def build(self, dataset: Dataset, train_split: str, rows: Optional[np.ndarray] = None):
         parts, rates = [], []
         if self.indexing_rate > 0:
-            parts.append(objectives.indexing_pairs(dataset.corpus, rows, with_title=self.index_with_title))
+            parts.append(dsi_pairs.indexing_pairs(dataset.corpus, rows, with_title=self.index_with_title))
             rates.append(self.indexing_rate)
         if self.retrieval_rate > 0:
             if train_split not in dataset.queries:
                 raise ValueError(f"the dataset has no query split {train_split!r} (TRAIN_SPLIT); "
                                  f"it has {sorted(dataset.queries)}")
-            parts.append(objectives.query_pairs(dataset.queries[train_split], dataset.qrels[train_split],
+            parts.append(dsi_pairs.query_pairs(dataset.queries[train_split], dataset.qrels[train_split],
                                                 dataset.corpus, restrict_rows=rows))
             rates.append(self.retrieval_rate)
         if self.pseudo_query_rate > 0:
             split = self.pseudo_query_split
             if split not in dataset.queries:
                 raise ValueError(f"pseudo_query_rate > 0 but the dataset has no split {split!r}")
-            parts.append(objectives.query_pairs(dataset.queries[split], dataset.qrels[split], dataset.corpus,
+            parts.append(dsi_pairs.query_pairs(dataset.queries[split], dataset.qrels[split], dataset.corpus,
                                                 name="pseudo-query", restrict_rows=rows))
             rates.append(self.pseudo_query_rate)
         if not parts:
@@ -377,7 +379,7 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
             if not hasattr(scheme, "chunk_pairs"):
                 raise ValueError(f"Objectives.chunk_rate > 0 but docid scheme {scheme.name!r} has no chunks")
             texts, owners, idx = scheme.chunk_pairs()
-            pairs.append(objectives.Pairs("chunk", list(texts), owners, docid_index=idx))
+            pairs.append(dsi_pairs.Pairs("chunk", list(texts), owners, docid_index=idx))
             rates.append(objs.chunk_rate)
         stores = [_example_store(p, table, vocab, lengths, objs.all_docids) for p in pairs]
         iterator = MixtureIterator(stores, batch_size, seed=seed, rates=rates, names=[p.name for p in pairs])

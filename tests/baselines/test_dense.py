@@ -3,12 +3,14 @@
 import numpy as np
 import pytest
 
-from gr_jax.baselines.dense import DenseIndex, exact_search, finetune_dual_encoder, in_batch_loss
+from gr_jax.baselines.dense import DenseIndex, finetune_dual_encoder, in_batch_loss
+from gr_jax.docids.quantize import exact_search
 from gr_jax.data import demo
 from gr_jax.data.readers import Corpus
-from gr_jax.docids.embed import T5MeanEmbedder, TfidfSvdEmbedder
+from gr_jax.docids.embed import TfidfSvdEmbedder
+from gr_jax.models.embed import T5MeanEmbedder
 from gr_jax.evaluation.metrics import evaluate
-from gr_jax.evaluation.runs import ranked
+from gr_jax.data.trec import ranked
 from tests.conftest import require
 
 
@@ -70,7 +72,7 @@ def test_in_batch_loss_by_hand():
 
 def test_dual_encoder_finetuning_improves_retrieval():
     from gr_jax.models import t5
-    from gr_jax.models.vocab import train_sentencepiece
+    from gr_jax.vocab import train_sentencepiece
     import tempfile
     from pathlib import Path
 

@@ -185,7 +185,7 @@ def test_small_beams_follow_the_canonical_algorithm(mode):
 def test_t5_full_beam_equals_teacher_forced_oracle():
     """The Flax T5 under beam search vs an oracle that scores every docid with the full-sequence forward pass
     (no decode cache, no trie): the same ranking and scores, in every score mode."""
-    from gr_jax.decoding.seq2seq import T5Searcher
+    from gr_jax.models.search import T5Searcher
     from gr_jax.models import t5
 
     config = t5.get_config("tiny", dropout_rate=0.0)

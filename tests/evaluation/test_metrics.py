@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from gr_jax import eval as eval_cmd
-from gr_jax.evaluation import dynamic, metrics, report, runs
+from gr_jax.data import trec
+from gr_jax.evaluation import dynamic, metrics, report
 from tests.conftest import require
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -61,7 +62,7 @@ def test_parity_with_pytrec_eval(seed, threshold):
 def test_hand_worked_query():
     qrels = {"q": {"a": 1, "b": 3, "c": 0}}
     run = {"q": {"x": 5.0, "c": 4.0, "b": 4.0, "a": 1.0}}  # tie c/b: decreasing docid puts c first
-    assert runs.ranked(run["q"]) == ["x", "c", "b", "a"]
+    assert trec.ranked(run["q"]) == ["x", "c", "b", "a"]
     got = metrics.evaluate(run, qrels, ["Hit@2", "Hit@3", "MRR@10", "Recall@3", "nDCG@4"])
     assert got["Hit@2"] == 0.0 and got["Hit@3"] == 1.0
     assert got["MRR@10"] == pytest.approx(1 / 3) and got["Recall@3"] == pytest.approx(0.5)
@@ -85,35 +86,35 @@ def test_msmarco_official_and_subsets_and_accumulation():
 
 
 def test_run_from_rankings_dedupes_and_decreases():
-    run = runs.run_from_rankings({"q": ["d3", "d1", "d3", "d2"]})
-    assert runs.ranked(run["q"]) == ["d3", "d1", "d2"]
+    run = trec.run_from_rankings({"q": ["d3", "d1", "d3", "d2"]})
+    assert trec.ranked(run["q"]) == ["d3", "d1", "d2"]
     assert list(run["q"].values()) == [3.0, 2.0, 1.0]
 
 
 def test_run_and_qrels_files(tmp_path):
     run = {"q1": {"d1": 2.5, "d2": 1.0}, "q2": {"d9": 0.1}}
-    runs.write_run(tmp_path / "r.txt", run, tag="t")
+    trec.write_run(tmp_path / "r.txt", run, tag="t")
     assert (tmp_path / "r.txt").read_text().splitlines()[0] == "q1 Q0 d1 1 2.5 t"  # repr: reads back exactly
-    assert runs.read_run(tmp_path / "r.txt") == run
-    runs.write_qrels(tmp_path / "q.txt", {"q1": {"d1": 2}})
-    assert runs.read_qrels(tmp_path / "q.txt") == {"q1": {"d1": 2}}
+    assert trec.read_run(tmp_path / "r.txt") == run
+    trec.write_qrels(tmp_path / "q.txt", {"q1": {"d1": 2}})
+    assert trec.read_qrels(tmp_path / "q.txt") == {"q1": {"d1": 2}}
     (tmp_path / "bad.txt").write_text("q1 Q0 d1 1 2.5 t\nq1 Q0 d2 2\n")
     with pytest.raises(ValueError, match=r"bad.txt:2: expected 6 fields"):
-        runs.read_run(tmp_path / "bad.txt")
+        trec.read_run(tmp_path / "bad.txt")
     (tmp_path / "dup.txt").write_text("q1 Q0 d1 1 2.5 t\nq1 Q0 d1 2 2.0 t\n")
     with pytest.raises(ValueError, match=r"dup.txt:2: document 'd1' appears twice"):
-        runs.read_run(tmp_path / "dup.txt")
+        trec.read_run(tmp_path / "dup.txt")
     (tmp_path / "enc.txt").write_bytes(b"q1 0 d1 1\nq2 0 d\xff 1\n")
     with pytest.raises(ValueError, match=r"enc.txt:2: not valid UTF-8"):
-        runs.read_qrels(tmp_path / "enc.txt")
+        trec.read_qrels(tmp_path / "enc.txt")
     (tmp_path / "grade.txt").write_text("q1 0 d1 high\n")
     with pytest.raises(ValueError, match=r"grade.txt:1: grade 'high'"):
-        runs.read_qrels(tmp_path / "grade.txt")
+        trec.read_qrels(tmp_path / "grade.txt")
 
 
 def test_eval_command(tmp_path, capsys):
-    runs.write_run(tmp_path / "run.txt", {"1": {"a": 3.0, "b": 2.0}, "2": {"x": 1.0, "c": 0.5}})
-    runs.write_qrels(tmp_path / "qrels.txt", {"1": {"b": 2}, "2": {"c": 1}, "3": {"d": 1}})
+    trec.write_run(tmp_path / "run.txt", {"1": {"a": 3.0, "b": 2.0}, "2": {"x": 1.0, "c": 0.5}})
+    trec.write_qrels(tmp_path / "qrels.txt", {"1": {"b": 2}, "2": {"c": 1}, "3": {"d": 1}})
     out = tmp_path / "m.json"
     assert eval_cmd.main(["--run", str(tmp_path / "run.txt"), "--qrels", str(tmp_path / "qrels.txt"),
                           "--metrics", "Hit@1,Hit@2,MRR@10", "--out", str(out)]) == 0

@@ -141,7 +141,7 @@ def test_insert_equals_rebuild(tmp_path):
     from gr_jax.models import t5
     from gr_jax.models.heads import CodebookHead, TextHead
     from gr_jax.models.retriever import GenerativeRetriever
-    from gr_jax.models.vocab import train_sentencepiece
+    from gr_jax.vocab import train_sentencepiece
     from gr_jax.training import trainer
     from gr_jax.data.pipeline import tokenize
 
@@ -334,7 +334,7 @@ def test_retrieve_breaks_ties_by_document_id_not_by_row(tmp_path):
     from gr_jax.docids.base import DocidTable
     from gr_jax.models import t5
     from gr_jax.models.retriever import GenerativeRetriever
-    from gr_jax.models.vocab import DocidTokenSpace
+    from gr_jax.vocab import DocidTokenSpace
     from gr_jax.training import trainer
 
     model = GenerativeRetriever(t5.get_config("tiny", vocab_size=64, dropout_rate=0.0))
@@ -351,7 +351,7 @@ def test_retrieve_breaks_ties_by_document_id_not_by_row(tmp_path):
     for run in runs[0].values():
         assert set(run) == set(ids)
         assert len({run[d] for d in ("d1", "d0", "n2")}) == 1 and run["n4"] == run["d3"]  # a docid's score each
-        from gr_jax.evaluation.runs import ranked
+        from gr_jax.data.trec import ranked
 
         group = [d for d in ranked(run) if d in ("d1", "d0", "n2")]
         assert group == ["n2", "d1", "d0"]  # ties: document id descending, as trec_eval orders them

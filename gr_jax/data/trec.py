@@ -1,4 +1,5 @@
-"""TREC run files and qrels: read, write, and turning ranked beam output into a run.
+"""TREC run files and qrels — the file formats every layer shares (readers check qrels, baselines and the
+trainer write runs, evaluation reads them): read, write, rank in trec_eval's order, cut at k.
 
 A run is `{qid: {docid: score}}` and qrels are `{qid: {docid: grade}}` (the shapes ir-measures and
 pytrec_eval use), with string ids. Files are whitespace-separated TREC formats:

@@ -1,5 +1,6 @@
 """Glue between a seq2seq network and the model-agnostic decoders: encode queries, build the decode cache,
-and run constrained / unconstrained beam search or exhaustive scoring under one `jax.jit`.
+and run constrained / unconstrained beam search or exhaustive scoring under one `jax.jit`. It lives with the
+models so that `decoding/` imports no model code.
 
 `Searcher` takes two functions, so any docid head plugs in:
     cache_fn(params, query_tokens, max_length) -> decode cache (batch axis first)

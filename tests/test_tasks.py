@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 
 from gr_jax.data import demo
-from gr_jax.models.vocab import SentencePieceVocabulary, train_sentencepiece
+from gr_jax.vocab import SentencePieceVocabulary, train_sentencepiece
 from tests.conftest import require
 
 
 @pytest.fixture(scope="module")
 def tasks_and_vocab(tmp_path_factory):
     require("seqio")
-    from gr_jax.data import tasks
+    from gr_jax import tasks
 
     d = tmp_path_factory.mktemp("spm")
     ds = demo.generate(num_docs=40, seed=5)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from gr_jax.decoding.exhaustive import exhaustive_ranking
-from gr_jax.decoding.seq2seq import T5Searcher
+from gr_jax.models.search import T5Searcher
 from gr_jax.index.trie import TrieIndex
 from gr_jax.models import convert, t5
 from tests.conftest import require

@@ -1,12 +1,12 @@
-"""DSI training objectives as (input text, document row) pairs.
+"""DSI training pairs: (input text, document row), the data of the DSI objectives.
 
 * indexing — document text → its docid (DSI's "indexing" task; optionally the title is prepended);
 * retrieval — query → docid, one pair per (query, relevant document) with grade ≥ `min_grade`;
 * pseudo-query — a generated query → docid (the NCI/DSI-QG `nq_512_qg.tsv` split, or any query split).
 
 Targets are *document rows* of the corpus, not docids: the docid scheme turns rows into token sequences,
-so one set of pairs serves every scheme. `mix_objectives` tokenizes them into `ExampleStore`s for the
-`MixtureIterator`, whose rates gin sets.
+so one set of pairs serves every scheme. The trainer's `Objectives` tokenizes them into `ExampleStore`s for
+the `MixtureIterator`, whose rates gin sets.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from gr_jax.data.readers import Corpus, DataError, QuerySet
-from gr_jax.evaluation.runs import Qrels
+from gr_jax.data.trec import Qrels
 
 log = logging.getLogger(__name__)
 

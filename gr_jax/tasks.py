@@ -1,7 +1,8 @@
 """seqio task registrations over our readers (the adapter for users who feed t5x-style pipelines).
 
 Imported only when seqio (and so TensorFlow) is installed: `pip install -e '.[seqio]'`. Nothing else in
-gr_jax imports this module, so training, decoding and evaluation run without TensorFlow.
+gr_jax imports this module, so training, decoding and evaluation run without TensorFlow. It sits at the top of
+the package, not in data/, because it joins the readers and pair builders with evaluation's metrics.
 
 Tasks are text to text: `inputs` is a document (indexing) or a query (retrieval), `targets` the docid
 *string* — by default the document's own id (DSI's "naive string" docid); pass `docid_text` to use another
@@ -28,9 +29,9 @@ import tensorflow as tf
 
 from gr_jax.data import demo, readers
 from gr_jax.evaluation.metrics import evaluate
-from gr_jax.evaluation.runs import run_from_rankings
-from gr_jax.models.vocab import SentencePieceVocabulary
-from gr_jax.training.objectives import indexing_pairs, query_pairs
+from gr_jax.data.trec import run_from_rankings
+from gr_jax.vocab import SentencePieceVocabulary
+from gr_jax.data.pairs import indexing_pairs, query_pairs
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,15 @@
-"""Vocabularies: T5's SentencePiece model (or an HF tokenizer directory), and docid token spaces.
+"""Token constants, vocabularies and docid token spaces: the leaf module that data/, docids/ and models/ all
+import (it imports no network code).
 
-Docid tokens come in two kinds (see `DocidTokenSpace`):
-
-* `"text"` — ids placed above the text vocabulary (PAG-style `<docid_N>` tokens) and shared by every docid
-  position; the model's embedding/output matrix is grown to hold them with `grow_vocab`;
-* `"codebook"` — a separate per-position codebook of L positions × V codes (NCI / RQ docids); position l,
+* T5's special ids (`PAD_ID` 0 — also the decoder start token —, `EOS_ID` 1, `UNK_ID` 2);
+* `SentencePieceVocabulary` (T5's SentencePiece model), `HFTokenizerVocabulary` (an HF tokenizer.json),
+  `load_vocabulary`, `train_sentencepiece`;
+* `DocidTokenSpace` — where docid tokens live, in two kinds:
+  `"text"` — ids of the model vocabulary or placed above it (PAG-style `<docid_N>` tokens) and shared by
+  every docid position; the model's embedding/output matrix is grown to hold them
+  (`models.convert.grow_vocab`);
+  `"codebook"` — a separate per-position codebook of L positions × V codes (NCI / RQ docids); position l,
   code c is row `l * V + c` of a docid head's own table, so the text vocabulary is untouched.
-
-`grow_vocab` is deterministic: the new rows depend only on (seed, old size, new size), and the old rows are
-kept bit for bit.
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol, Sequence
 
-import jax
 import numpy as np
 
 from gr_jax.io_utils import write_bytes
-from gr_jax.models.t5 import EOS_ID, PAD_ID, UNK_ID, T5Config
 
 log = logging.getLogger(__name__)
 
+PAD_ID = 0  # T5: padding, also the decoder start token
+EOS_ID = 1
+UNK_ID = 2
 T5_EXTRA_IDS = 100  # <extra_id_0> .. <extra_id_99> at the top of T5's text vocabulary
 
 
@@ -265,33 +267,3 @@ class DocidTokenSpace:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def grow_vocab(params: Mapping, config: T5Config, new_vocab_size: int, seed: int = 0,
-               pad_to_multiple: int = 1) -> tuple[dict, T5Config]:
-    """Grows the embedding (and an untied lm_head) to `new_vocab_size` rows, rounded up to a multiple of
-    `pad_to_multiple`. Old rows are unchanged; new rows ~ N(mean of old rows, std of old rows) drawn from
-    `seed`, so a resumed or re-run experiment gets the same matrix."""
-    new_size = -(-int(new_vocab_size) // pad_to_multiple) * pad_to_multiple
-    old = config.vocab_size
-    if new_size < old:
-        raise ValueError(f"grow_vocab: new size {new_size} is smaller than the current {old}")
-    if new_size == old:
-        return dict(params), config
-    n_new = new_size - old
-    key_emb, key_head = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), old * 1_000_003 + new_size))
-
-    def new_rows(table_VxD: np.ndarray, key) -> np.ndarray:
-        mean = table_VxD.mean(axis=0)
-        std = table_VxD.std(axis=0) + 1e-6
-        noise = np.asarray(jax.random.normal(key, (n_new, table_VxD.shape[1]), np.float32))
-        return (mean + std * noise).astype(table_VxD.dtype)
-
-    out = jax.tree_util.tree_map(lambda x: x, dict(params))
-    emb = np.asarray(params["embedding"])
-    out["embedding"] = np.concatenate([emb, new_rows(emb, key_emb)], axis=0)
-    if not config.tie_word_embeddings:
-        head_DxV = np.asarray(params["lm_head"]["kernel"])
-        out["lm_head"] = {"kernel": np.concatenate([head_DxV, new_rows(head_DxV.T, key_head).T], axis=1)}
-    log.info("grew vocabulary %d → %d rows (seed %d)", old, new_size, seed)
-    return out, config.replace(vocab_size=new_size)
