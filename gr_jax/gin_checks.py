@@ -42,6 +42,34 @@ def _minimal(selector: str) -> str:
 _ACTIVE: dict = {"root": None, "allow": ()}
 
 
+def _references(value, out: set, uncalled_only: bool = False) -> None:
+    """Selectors of the configurables a bound value references (`@fn()` and `@fn`; or `@fn` alone)."""
+    if isinstance(value, gin.config.ConfigurableReference):
+        if not (uncalled_only and value.evaluate) and value.configurable.selector != MACRO:
+            out.add(value.configurable.selector)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _references(v, out, uncalled_only)
+    elif isinstance(value, (list, tuple, set)):
+        for v in value:
+            _references(v, out, uncalled_only)
+
+
+def _closure(selectors: set) -> set:
+    """The configurables reachable from `selectors` through the references in their bindings."""
+    todo, seen = list(selectors), set(selectors)
+    while todo:
+        sel = todo.pop()
+        found: set = set()
+        for (scope, selector), params in gin.config._CONFIG.items():
+            if selector == sel:
+                for value in params.values():
+                    _references(value, found)
+        todo += [f for f in found - seen]
+        seen |= found
+    return seen
+
+
 @contextlib.contextmanager
 def command(root: str | None, allow: Sequence[str] = ()):
     """Marks the command being run from the command line (`gin_utils.run_entry`) for `check_bindings_used`."""
@@ -62,9 +90,15 @@ def check_bindings_used(roots: str | Sequence[str], allow: Sequence[str] = ()) -
         return
     allow = set(allow) | set(_ACTIVE["allow"])
     operative = {key: set(params) for key, params in gin.config._OPERATIVE_CONFIG.items()}
+    passed: set = set()  # configurables handed over uncalled (`@fn`, not `@fn()`): their bindings apply when
+    for params in gin.config._OPERATIVE_CONFIG.values():  # the receiver calls them, e.g. in the train step
+        for value in params.values():
+            _references(value, passed, uncalled_only=True)
+    # an allowed configurable (not built yet) also covers what its bindings reference
+    later = _closure({sel for (_, sel) in gin.config._CONFIG if _minimal(sel) in allow})
     unused = []
     for (scope, selector), params in gin.config._CONFIG.items():
-        if selector == MACRO:
+        if selector == MACRO or selector in passed or selector in later:
             continue
         name = _minimal(selector)
         for param in params:

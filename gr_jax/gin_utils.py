@@ -40,7 +40,9 @@ GIN_CONFIGS = Path(__file__).resolve().parent.parent / "gin_configs"
 
 def register_configurables() -> None:
     """Import every module whose functions and classes gin files may name."""
+    from gr_jax import compose  # noqa: F401
     from gr_jax.data import sources  # noqa: F401
+    from gr_jax.decoding import rankers  # noqa: F401
     from gr_jax.docids import atomic, chunked, embed, lexical, ngram, numeric, pseudo_query  # noqa: F401
     from gr_jax.baselines import dense  # noqa: F401
     from gr_jax.models import embed as model_embed, heads, retriever, t5  # noqa: F401

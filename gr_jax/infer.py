@@ -22,9 +22,9 @@ def main(argv=None) -> int:
     setup_logging()
 
     def configured():
-        from gr_jax.training import trainer
+        from gr_jax import compose
 
-        return trainer.infer
+        return compose.infer
 
     # The experiment file is the training one: its training settings, and the EvalConfig values that infer
     # passes itself (split, beams, batch), are expected to stay unused here.

@@ -1,6 +1,6 @@
 """python -m gr_jax.train --gin_file=FILE [--gin_file=...] [--gin.NAME=VALUE ...] [--gin_search_paths=A,B]
 
-Parses the gin flags, writes the final config to MODEL_DIR/config.gin, calls `training.trainer.train`, and
+Parses the gin flags, calls `compose.train` (which writes the final config to MODEL_DIR/config.gin), and
 prints where the checkpoint, run file and metrics went (with BM25 next to the model when configured).
 """
 
@@ -30,9 +30,9 @@ def main(argv=None) -> int:
     setup_logging()
 
     def configured():
-        from gr_jax.training import trainer
+        from gr_jax import compose
 
-        return trainer.train
+        return compose.train
 
     rc, summary = gin_utils.run_entry(argv, __doc__, configured, root="train")
     if rc:

@@ -10,6 +10,8 @@
     trivial model (batch 2, beam 70: STATIC's configuration).
 (d) insert 10% new docids into a built index vs rebuilding from scratch.
 (e) GPU only: T5-base random weights, 8.8M docids, beam 10 and 100, batch 16 (skipped without a GPU).
+(f) the beam → documents → run tail (device gather, array ranker, run dicts) vs the decoding it follows,
+    tiny T5, batch 64, beam 100 (target: ≤ 10% of decoding), and the per-beam Python loop it replaced.
 Speed claims are ratios measured side by side in this run; absolute times are only meaningful on a GPU.
 """
 
@@ -223,6 +225,56 @@ def write_markdown(command: str, path: Path):
         f.write("\n".join(lines) + "\n")
 
 
+def bench_tail(n_docids: int = 20_000, batch: int = 64, beams: int = 100, length: int = 4):
+    """(f) the beam → documents → run tail vs the decoding it follows, tiny T5, batch 64, beam 100, docids
+    shared by up to 4 documents: the device gather + array ranker + run construction of today, and the
+    per-beam Python loop it replaced (host `TrieIndex.documents` per beam, list ranker)."""
+    from gr_jax.compose import retrieve
+    from gr_jax.decoding import rankers
+    from gr_jax.index.device import leaf_documents
+    from gr_jax.models.retriever import GenerativeRetriever
+
+    config = t5.get_config("tiny", dropout_rate=0.0)
+    model = GenerativeRetriever(config)
+    params = model.init_params(0)
+    docids = random_docids(n_docids // 2, length, 512, seed=5)
+    seqs = np.concatenate([docids, docids[np.random.default_rng(6).integers(0, len(docids), n_docids - len(docids))]])
+    index = TrieIndex.build(np.concatenate([seqs, np.full((len(seqs), 1), EOS, np.int32)], axis=1),
+                            np.arange(len(seqs)), vocab_size=config.vocab_size, eos_id=EOS)
+    queries = np.random.default_rng(7).integers(3, config.vocab_size, (batch, 16)).astype(np.int32)
+    doc_ids = [f"doc{i:06d}" for i in range(len(seqs))]
+    payload = index.device_payload()
+    decode = timed(lambda: model.predict(params, queries, index, beams).scores)
+    res = model.predict(params, queries, index, beams)
+
+    def tail():
+        docs, valid = leaf_documents(payload, jnp.where(res.valid, res.leaf_ids, -1))
+        docs, valid, scores = jax.device_get((docs, valid, res.scores))
+        q, d, s = model.ranker(docs, valid, scores)
+        ids = np.asarray(doc_ids, dtype=object)[d]
+        bounds = np.searchsorted(q, np.arange(batch + 1))
+        s = s.tolist()
+        return [dict(zip(ids[bounds[b]:bounds[b + 1]], s[bounds[b]:bounds[b + 1]])) for b in range(batch)]
+
+    def python_loop():
+        host = jax.device_get(res)
+        out = []
+        for b in range(batch):
+            beams_b = [index.documents(int(host.leaf_ids[b, n])).tolist() for n in range(beams) if host.valid[b, n]]
+            ranked = rankers.first_occurrence(beams_b, host.scores[b][host.valid[b]].tolist())
+            out.append({doc_ids[x]: y for x, y in ranked})
+        return out
+
+    assert tail() == python_loop()  # the same run either way
+    t_tail = timed(tail, sync=lambda out: out)
+    t_loop = timed(python_loop, sync=lambda out: out)
+    full = timed(lambda: retrieve(model, params, queries, [str(i) for i in range(batch)], index, doc_ids, beams,
+                                  batch), sync=lambda out: out)
+    emit(figure="f_beam_to_run_tail", docids=len(seqs), batch=batch, beam=beams, max_docs_per_docid=payload.max_docs,
+         decode_ms=1e3 * decode, tail_ms=1e3 * t_tail, tail_over_decode=t_tail / decode,
+         python_loop_ms=1e3 * t_loop, retrieve_ms=1e3 * full)
+
+
 def _fmt(v):
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -233,10 +285,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
     parser.add_argument("--no_write", action="store_true", help="print JSON lines only, do not touch BENCHMARKS.md")
-    parser.add_argument("--only", choices=["a", "c", "d", "e"], action="append", help="run only these parts")
+    parser.add_argument("--only", choices=["a", "c", "d", "e", "f"], action="append", help="run only these parts")
     args = parser.parse_args(argv)
     setup_logging()
-    parts = set(args.only or ["a", "c", "d", "e"])
+    parts = set(args.only or ["a", "c", "d", "e", "f"])
     if "a" in parts:
         try:
             import torch  # noqa: F401
@@ -253,6 +305,8 @@ def main(argv=None) -> int:
         bench_insert(100_000 if args.quick else 1_000_000)
         if not args.quick:
             bench_insert(8_800_000)
+    if "f" in parts:
+        bench_tail(batch=64, beams=100)
     if "e" in parts:
         if jax.devices()[0].platform == "gpu":
             bench_gpu()

@@ -44,8 +44,7 @@ def bench(config_name: str, batch: int, inputs: int, targets: int, dtype: str, s
     model = GenerativeRetriever(config)
     mesh = partitioning.make_mesh(1)
     params = model.init_params(0)
-    params = jax.device_put(params, partitioning.param_shardings(
-        partitioning.retriever_param_specs(config, params["head"]), mesh))
+    params = jax.device_put(params, partitioning.param_shardings(model.param_axes(params), mesh))
     tx = trainer.make_optimizer(learning_rate=1e-4)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": jax.jit(tx.init)(params),
              "nonfinite": jnp.zeros((), jnp.int32)}
@@ -53,7 +52,7 @@ def bench(config_name: str, batch: int, inputs: int, targets: int, dtype: str, s
     b = {"inputs": rng.integers(3, config.vocab_size, (batch, inputs)).astype(np.int32),
          "targets": rng.integers(3, config.vocab_size, (batch, targets)).astype(np.int32)}
     b = jax.device_put(b, partitioning.batch_sharding(mesh))
-    step = jax.jit(trainer._make_train_step(model, tx), donate_argnums=(0,))
+    step = jax.jit(trainer.make_train_step(model.loss_fn, tx), donate_argnums=(0,))
     key = jax.random.PRNGKey(0)
     compiled = step.lower(state, b, key).compile()
     cost = compiled.cost_analysis()

@@ -20,6 +20,7 @@ import numpy as np
 from gr_jax.cli import setup_logging
 from gr_jax.data import sources
 from gr_jax.docids.atomic import AtomicDocids, NaiveDocids
+from gr_jax.docids.base import FitContext
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.docids.lexical import FieldDocids, KeywordDocids
 from gr_jax.docids.ngram import NgramDocids, multi_docid_stats
@@ -38,12 +39,12 @@ SCHEMES = {
 def stats(scheme_name: str, dataset, vocab) -> dict:
     corpus = dataset.corpus
     scheme = SCHEMES[scheme_name]()
-    emb, extra = None, {}
-    if getattr(scheme, "needs_embeddings", False):
+    emb, queries = None, None
+    if scheme.needs_embeddings:
         emb = TfidfSvdEmbedder(dim=64).fit(corpus.texts).embed(corpus.texts)
-    if getattr(scheme, "wants_queries", False):
-        extra["queries"] = queries_by_document(dataset, "train")
-    table = scheme.fit(corpus, embeddings=emb, vocab=vocab, **extra).assign(corpus, embeddings=emb)
+    if scheme.uses_training_queries:
+        queries = queries_by_document(dataset, "train")
+    table = scheme.fit(corpus, FitContext(vocab=vocab, embeddings=emb, queries=queries)).assign(corpus, embeddings=emb)
     out = table.stats()
     if len(table) > len(set(table.doc_rows.tolist())):  # several docids per document
         out.update(multi_docid_stats(table))

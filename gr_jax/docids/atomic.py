@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.docids.base import DocidTable
+from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.vocab import DocidTokenSpace
 
 
@@ -26,12 +26,14 @@ def _rows(corpus, rows) -> np.ndarray:
 
 @gin.configurable
 @dataclasses.dataclass
-class AtomicDocids:
+class AtomicDocids(DocidScheme):
     name = "atomic"
+    adds_tokens_per_document = True
     text_vocab_size: int = 0  # set by fit() from the vocabulary
     doc_ids: list = dataclasses.field(default_factory=list)  # document id of token k
 
-    def fit(self, corpus, embeddings=None, *, vocab=None) -> "AtomicDocids":
+    def fit(self, corpus, context: FitContext = FitContext()) -> "AtomicDocids":
+        vocab = context.vocab
         if vocab is None:
             raise ValueError("atomic docids need the text vocabulary (its size is where docid tokens start)")
         self.text_vocab_size = int(vocab.size)
@@ -62,12 +64,13 @@ class AtomicDocids:
 
 @gin.configurable
 @dataclasses.dataclass
-class NaiveDocids:
+class NaiveDocids(DocidScheme):
     name = "naive"
     text_vocab_size: int = 0
     _vocab: object = dataclasses.field(default=None, repr=False)
 
-    def fit(self, corpus, embeddings=None, *, vocab=None) -> "NaiveDocids":
+    def fit(self, corpus, context: FitContext = FitContext()) -> "NaiveDocids":
+        vocab = context.vocab
         if vocab is None:
             raise ValueError("naive docids need the text vocabulary to tokenize document ids")
         self._vocab = vocab

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Optional, Protocol, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -181,18 +181,55 @@ class DocidTable:
         return cls(**arrays, space=DocidTokenSpace(**meta["space"]))
 
 
-class DocidScheme(Protocol):
-    """What every scheme provides. `fit` sees only the initial documents; `assign` never refits."""
+@dataclasses.dataclass(frozen=True)
+class FitContext:
+    """What `DocidScheme.fit` may use besides the initial documents, in one object: the text vocabulary, the
+    documents' embeddings (schemes that declare `needs_embeddings`; `prepare` computes them), and the
+    training queries of each document (schemes whose `uses_training_queries` is true)."""
 
-    name: str
+    vocab: Any = None
+    embeddings: Optional[np.ndarray] = None  # [N, D], one row per corpus row
+    queries: Optional[Mapping[str, Sequence[str]]] = None  # document id → its training query texts
 
-    def fit(self, corpus, embeddings: Optional[np.ndarray] = None, *, vocab=None) -> "DocidScheme": ...
 
-    def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable: ...
+class DocidScheme:
+    """The base of every docid scheme: what a scheme must provide, and the optional capabilities it declares
+    (read by the composition, never probed). `fit` sees only the initial documents; `assign` never refits.
 
-    def state(self) -> tuple[dict, dict[str, np.ndarray]]: ...
+    Declared capabilities (class attributes or properties; the defaults suit a plain text scheme):
+      needs_embeddings       — fit/assign take document embeddings (`prepare` embeds the corpus with the
+                               configured embedder and keeps it for new documents);
+      uses_training_queries  — fit takes the training queries of each document (`FitContext.queries`);
+      adds_tokens_per_document — every new document gets a token of its own (atomic ids): a model trained
+                               before has no embedding for it, so the dynamic-corpora protocol refuses it.
+    Optional methods with defaults here: `bind(vocab)` (re-attach the vocabulary after `load_state`) and
+    `training_pairs()` (extra training pairs the scheme makes, e.g. MDGR's chunk → its docid; the
+    `Objectives.scheme_pairs_rate` mixes them in).
+    """
 
-    def load_state(self, meta: dict, arrays: dict[str, np.ndarray]) -> None: ...
+    name = "?"
+    needs_embeddings = False
+    uses_training_queries = False
+    adds_tokens_per_document = False
+
+    def fit(self, corpus, context: FitContext = FitContext()) -> "DocidScheme":
+        raise NotImplementedError
+
+    def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
+        raise NotImplementedError
+
+    def state(self) -> tuple[dict, dict[str, np.ndarray]]:
+        raise NotImplementedError
+
+    def load_state(self, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+    def bind(self, vocab) -> None:
+        """Re-attaches the vocabulary after `load_state` (schemes that tokenize keep it); default: nothing."""
+
+    def training_pairs(self) -> list:
+        """Extra training pairs (`data.pairs.Pairs` with `docid_index` into the last assigned table)."""
+        return []
 
 
 def scheme_params(scheme) -> dict:

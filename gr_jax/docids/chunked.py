@@ -14,7 +14,7 @@
   embeddings.
 
 A document's docids are its distinct chunk codes, in chunk order (the first is the primary docid).
-`chunk_pairs` gives the "chunk → its docid" training objective; documents are ranked by the MDGR ranker
+`training_pairs` gives the "chunk → its docid" training objective; documents are ranked by the MDGR ranker
 (decoding/rankers.mdgr, EvalConfig.ranker = 'mdgr').
 """
 
@@ -27,7 +27,8 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.docids.base import DocidTable
+from gr_jax.data.pairs import Pairs
+from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.docids.quantize import ProductQuantizer
 from gr_jax.vocab import DocidTokenSpace
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 @gin.configurable
 @dataclasses.dataclass
-class ChunkedPQDocids:
+class ChunkedPQDocids(DocidScheme):
     window: int = 256
     stride: int = 128
     m: int = 4
@@ -93,7 +94,8 @@ class ChunkedPQDocids:
 
     # -- the scheme -----------------------------------------------------------------------------------------
 
-    def fit(self, corpus, embeddings=None, *, vocab=None) -> "ChunkedPQDocids":
+    def fit(self, corpus, context: FitContext = FitContext()) -> "ChunkedPQDocids":
+        vocab = context.vocab
         if vocab is None:
             raise ValueError("MDGR docids need the text vocabulary (to cut token windows)")
         self._vocab = vocab
@@ -150,11 +152,12 @@ class ChunkedPQDocids:
         return DocidTable(np.asarray(seqs, np.int32).reshape(len(seqs), self.m), np.full(len(seqs), self.m),
                           np.asarray(doc_rows, np.int64), DocidTokenSpace.codebook(self.m, self.k))
 
-    def chunk_pairs(self):
-        """(chunk texts, their document rows, the index of their docid in the last assigned table)."""
+    def training_pairs(self) -> list:
+        """MDGR's chunk objective: each chunk of the last assigned documents → its own docid."""
         if self._chunks is None:
-            raise ValueError("ChunkedPQDocids.chunk_pairs before assign()")
-        return self._chunks
+            raise ValueError("ChunkedPQDocids.training_pairs before assign()")
+        texts, owners, index = self._chunks
+        return [Pairs("chunk", list(texts), np.asarray(owners, np.int64), docid_index=index)]
 
     # -- state ----------------------------------------------------------------------------------------------
 

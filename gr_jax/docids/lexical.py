@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.docids.base import DocidTable
+from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.vocab import DocidTokenSpace
 
 FIELDS = ("title", "url")
@@ -18,7 +18,7 @@ FIELDS = ("title", "url")
 
 @gin.configurable
 @dataclasses.dataclass
-class FieldDocids:
+class FieldDocids(DocidScheme):
     field: str = "title"
     max_tokens: int = 32
     text_vocab_size: int = 0
@@ -32,7 +32,8 @@ class FieldDocids:
     def name(self) -> str:
         return self.field
 
-    def fit(self, corpus, embeddings=None, *, vocab=None) -> "FieldDocids":
+    def fit(self, corpus, context: FitContext = FitContext()) -> "FieldDocids":
+        vocab = context.vocab
         if vocab is None:
             raise ValueError(f"{self.field} docids need the text vocabulary")
         self._check(corpus)
@@ -74,7 +75,7 @@ class FieldDocids:
 
 @gin.configurable
 @dataclasses.dataclass
-class KeywordDocids:
+class KeywordDocids(DocidScheme):
     """GLEN phase 1 (002_glen.txt §3.3): the docid is the document's top-`n` vocabulary tokens by BM25 weight
     (term frequency in the document × inverse document frequency over the initial corpus), in decreasing
     weight, ties by token id. Tokens whose piece has no letter (digits, punctuation, the bare "▁") and special
@@ -93,7 +94,8 @@ class KeywordDocids:
     _vocab: object = dataclasses.field(default=None, repr=False)
     _seen: dict = dataclasses.field(default_factory=dict, repr=False)
 
-    def fit(self, corpus, embeddings=None, *, vocab=None) -> "KeywordDocids":
+    def fit(self, corpus, context: FitContext = FitContext()) -> "KeywordDocids":
+        vocab = context.vocab
         if vocab is None:
             raise ValueError("keyword docids need the text vocabulary")
         self._vocab, self.text_vocab_size = vocab, int(vocab.size)

@@ -19,13 +19,13 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.docids.base import DocidTable
+from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.vocab import DocidTokenSpace
 
 
 @gin.configurable
 @dataclasses.dataclass
-class NgramDocids:
+class NgramDocids(DocidScheme):
     n: int = 10
     stride: int = 5
     max_per_document: Optional[int] = 64
@@ -39,7 +39,8 @@ class NgramDocids:
         if self.n < 1 or self.stride < 1:
             raise ValueError(f"NgramDocids: n and stride must be ≥ 1 (got n={self.n}, stride={self.stride})")
 
-    def fit(self, corpus, embeddings=None, *, vocab=None) -> "NgramDocids":
+    def fit(self, corpus, context: FitContext = FitContext()) -> "NgramDocids":
+        vocab = context.vocab
         if vocab is None:
             raise ValueError("n-gram docids need the text vocabulary")
         if self.title_first and corpus.titles is None:

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.docids.base import DocidTable
+from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.docids.quantize import ProductQuantizer, ResidualQuantizer, kmeans
 from gr_jax.vocab import DocidTokenSpace
 
@@ -41,7 +41,7 @@ def _rows(corpus, rows):
     return np.arange(len(corpus)) if rows is None else np.asarray(rows, dtype=np.int64)
 
 
-class _QuantizedDocids:
+class _QuantizedDocids(DocidScheme):
     """Shared by PQ and RQ docids: a quantizer fitted on D0 embeddings; its codes are the docid."""
 
     needs_embeddings = True
@@ -53,7 +53,8 @@ class _QuantizedDocids:
     def _params(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "q"}
 
-    def fit(self, corpus, embeddings=None, *, vocab=None):
+    def fit(self, corpus, context: FitContext = FitContext()):
+        embeddings = context.embeddings
         self.q = self._quantizer().fit(_embeddings(corpus, embeddings, None, self.name.upper()))
         return self
 
@@ -105,7 +106,7 @@ class RQDocids(_QuantizedDocids):
 
 @gin.configurable
 @dataclasses.dataclass
-class SemanticDocids:
+class SemanticDocids(DocidScheme):
     """Hierarchical k-means paths of fixed depth `depth` (levels of clustering), then a leaf digit < c."""
 
     k: int = 10
@@ -124,7 +125,8 @@ class SemanticDocids:
     def codes(self) -> int:
         return max(self.k, self.c)
 
-    def fit(self, corpus, embeddings=None, *, vocab=None) -> "SemanticDocids":
+    def fit(self, corpus, context: FitContext = FitContext()) -> "SemanticDocids":
+        embeddings = context.embeddings
         e = _embeddings(corpus, embeddings, None, "semantic")
         if self.k < 2:
             raise ValueError("SemanticDocids.k must be ≥ 2")

@@ -20,13 +20,13 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 import gin
 import numpy as np
 
 from gr_jax.data.readers import DataError, PackedStrings
-from gr_jax.docids.base import DocidTable
+from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.vocab import DocidTokenSpace
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def read_queries_file(path: str | Path) -> dict[str, list[str]]:
 
 @gin.configurable
 @dataclasses.dataclass
-class PseudoQueryDocids:
+class PseudoQueryDocids(DocidScheme):
     source: str = "train"
     queries_file: Optional[str] = None
     per_document: int = 5
@@ -97,7 +97,6 @@ class PseudoQueryDocids:
     fallback: str = "leading"
     split: str = "train"
     name = "pseudo_query"
-    wants_queries = True  # `prepare` passes the training split's queries to fit (source "train")
     text_vocab_size: int = 0
     _queries: dict = dataclasses.field(default_factory=dict, repr=False)
     _vocab: object = dataclasses.field(default=None, repr=False)
@@ -112,15 +111,20 @@ class PseudoQueryDocids:
         if self.per_document < 1:
             raise ValueError("PseudoQueryDocids.per_document must be ≥ 1")
 
-    def fit(self, corpus, embeddings=None, *, vocab=None,
-            queries: Optional[Mapping[str, Sequence[str]]] = None) -> "PseudoQueryDocids":
+    @property
+    def uses_training_queries(self) -> bool:
+        """Source "train": `prepare` passes the training split's queries to fit (FitContext.queries)."""
+        return self.source == "train"
+
+    def fit(self, corpus, context: FitContext = FitContext()) -> "PseudoQueryDocids":
+        vocab, queries = context.vocab, context.queries
         if vocab is None:
             raise ValueError("pseudo-query docids need the text vocabulary")
         if self.source == "file":
             queries = read_queries_file(self.queries_file)
         elif queries is None:
             raise ValueError("pseudo-query docids with source 'train' need the training queries "
-                             "(fit(..., queries=queries_by_document(dataset)))")
+                             "(fit(corpus, FitContext(vocab, queries=queries_by_document(dataset))))")
         self._vocab, self.text_vocab_size = vocab, int(vocab.size)
         self._queries = {str(d): [t for t in ts if t.strip()][: self.per_document] for d, ts in queries.items()}
         covered = sum(1 for d in corpus.doc_ids if self._queries.get(d))

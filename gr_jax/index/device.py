@@ -127,3 +127,33 @@ def level_candidates(trie: DeviceTrie, d: int, node: jax.Array):
         leaf = jnp.concatenate([leaf, jnp.where(xvalid, arr["x_leaf"][xi], -1)], axis=-1)
         valid = jnp.concatenate([valid, xvalid], axis=-1)
     return tokens, child.astype(jnp.int32), leaf.astype(jnp.int32), valid
+
+
+@flax.struct.dataclass
+class DevicePayload:
+    """leaf → documents on the device: `docs[offsets[l]:offsets[l + 1]]` are leaf l's documents (corpus rows,
+    sorted); `max_docs` (static) is the most documents any leaf holds, P in `leaf_documents`."""
+
+    offsets: jax.Array  # int32/int64 [num_leaves + 1]
+    docs: jax.Array  # int32 [num_pairs] (int64 rows past 2**31 are kept as int64)
+    max_docs: int = flax.struct.field(pytree_node=False)
+
+    @classmethod
+    def build(cls, offsets: np.ndarray, docs: np.ndarray) -> "DevicePayload":
+        counts = np.diff(offsets)
+        dtype = np.int32 if (not len(docs) or docs.max() < 2**31) and offsets[-1] < 2**31 else np.int64
+        return cls(offsets=jnp.asarray(offsets.astype(dtype)), docs=jnp.asarray(docs.astype(dtype)),
+                   max_docs=max(int(counts.max()) if len(counts) else 1, 1))
+
+
+@jax.jit
+def leaf_documents(payload: DevicePayload, leaf_ids: jax.Array):
+    """Documents of each leaf: (docs [..., P], valid [..., P]) for leaf ids [...] (negative: none)."""
+    has = leaf_ids >= 0
+    safe = jnp.where(has, leaf_ids, 0)
+    start = payload.offsets[safe]
+    count = jnp.where(has, payload.offsets[safe + 1] - start, 0)
+    slot = jnp.arange(payload.max_docs, dtype=start.dtype)
+    valid = slot < count[..., None]
+    docs = payload.docs[jnp.where(valid, start[..., None] + slot, 0)]
+    return jnp.where(valid, docs, -1), valid

@@ -160,6 +160,7 @@ class TrieIndex:
         self.new_leaves = np.zeros(0, np.int64)  # depth of each leaf added by insert()
         self.extra_pairs = np.zeros((0, 2), np.int64)  # (leaf id, doc id) added by insert(), sorted
         self._device = None
+        self._device_payload = None
 
     # ------------------------------------------------------------------------------------------------------
     # construction
@@ -314,6 +315,26 @@ class TrieIndex:
 
             self._device = to_device(self)
         return self._device
+
+    def device_payload(self):
+        """leaf → documents on the default device (`index.device.DevicePayload`: one CSR over every leaf,
+        inserted pairs included), cached until the next insert(). Kept apart from `device()`: decoding
+        needs the tree, the beam → documents tail needs this."""
+        if self._device_payload is None:
+            from gr_jax.index.device import DevicePayload
+
+            offsets, docs = self.payload()
+            self._device_payload = DevicePayload.build(offsets, docs)
+        return self._device_payload
+
+    def payload(self) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets int64 [num_leaves + 1], documents [P]): every leaf's documents, sorted, main and inserted."""
+        leaf = np.repeat(np.arange(self.main_leaves, dtype=np.int64), np.diff(self.doc_offsets))
+        leaf = np.concatenate([leaf, self.extra_pairs[:, 0]])
+        docs = np.concatenate([self.doc_ids, self.extra_pairs[:, 1]]).astype(np.int64)
+        order = np.lexsort((docs, leaf))
+        counts = np.bincount(leaf, minlength=self.num_leaves)
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), docs[order]
 
     # ------------------------------------------------------------------------------------------------------
     # lookups (host side)
@@ -586,7 +607,7 @@ class TrieIndex:
         if len(add):
             merged = np.concatenate([self.extra_pairs, add])
             self.extra_pairs = merged[np.lexsort((merged[:, 1], merged[:, 0]))]
-        self._device = None
+        self._device = self._device_payload = None
         return {"pairs_added": int(len(add)), "docids_added": int(n_new_leaves), "nodes_added": int(nodes_added)}
 
     def _pairs_present(self, pairs: np.ndarray) -> np.ndarray:

@@ -103,3 +103,19 @@ class CodebookHead:
         table_VxD = table[jnp.clip(index, 0, self.length - 1)]
         logits = jnp.dot(self._scale(network, hidden).astype(jnp.float32), table_VxD.T)
         return logits, cache
+
+
+def head_for_space(space, head=None, scheme: str = "the docid scheme"):
+    """The docid head a token space needs: `TextHead` for "text", `CodebookHead(space.length, space.size)`
+    for "codebook" (other settings, e.g. `CodebookHead.init_std`, from gin). A given `head` is checked against
+    the space instead, so a docid scheme's size (e.g. `PQDocids.k`) is set in one place only."""
+    if head is None:
+        return TextHead() if space.kind == "text" else CodebookHead(length=space.length, codes=space.size)
+    if head.kind != space.kind:
+        raise ValueError(f"{scheme} makes {space.kind} docids but the model has a {head.kind} head; remove the "
+                         f"prepare.head binding (the head follows from the docids)")
+    if head.kind == "codebook" and (head.length, head.codes) != (space.length, space.size):
+        raise ValueError(f"{scheme} makes docids of {space.length} positions × {space.size} codes but the "
+                         f"CodebookHead has {head.length} × {head.codes}; remove CodebookHead.length / .codes "
+                         f"from the gin files (the head follows from the docids)")
+    return head

@@ -1,22 +1,32 @@
-"""`GenerativeRetriever`: the model object of the library — a Flax T5 network plus a docid head, with
-`loss_fn` (teacher-forced cross-entropy on docid tokens), `predict` (constrained beam search over a
-`TrieIndex`) and `score` (log-likelihood of given docids).
+"""`GenerativeRetriever`: the model object of the library — a Flax network (T5) plus a docid head, with
+`loss_fn` (the objective), `predict` (constrained beam search over a `TrieIndex`), `predict_documents`
+(beams → documents by the ranker) and `score` (log-likelihood of given docids).
 
-The network is a plain Flax module; the retriever owns no state. Parameters are the tree
-`{"network": T5 params, "head": head params}` (the text head's is empty).
+Injectable pieces (gin binds them; a method is a combination of these, not a new model class):
+  objective(model, params, batch, rng) -> (loss, {name: (sum, count)})   default: docid token cross-entropy
+  ranker(docs_BxNxP, valid_BxNxP, beam_scores_BxN) -> (query, document row, score) arrays   default: first
+                                                                          occurrence (decoding/rankers.py)
+  bonus_fn(level, child_node_ids, query_state) -> bonus                  added to the pruning score only
+  query_state_fn(model, params, query_tokens) -> query_state             per-query data the bonus reads
+
+The network is a plain Flax module (built by the caller, or from `config`); the retriever owns no state.
+Parameters are the tree `{"network": network params, "head": head params}` (the text head's is empty).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-
+from typing import Callable, Optional
 
 import gin
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
+from gr_jax.decoding import rankers
 from gr_jax.decoding.beam_search import BeamResult
+from gr_jax.index.device import leaf_documents
 from gr_jax.models.search import Searcher, t5_cache
 from gr_jax.models import t5
 from gr_jax.models.heads import TextHead
@@ -27,13 +37,24 @@ log = logging.getLogger(__name__)
 @gin.configurable
 class GenerativeRetriever:
     def __init__(self, config: t5.T5Config, head=None, score_mode: str = "log_softmax",
-                 length_penalty: float = 0.0):
+                 length_penalty: float = 0.0, *, network=None, objective: Optional[Callable] = None,
+                 ranker: Optional[Callable] = None, bonus_fn: Optional[Callable] = None,
+                 query_state_fn: Optional[Callable] = None):
         self.config = config
-        self.network = t5.T5(config)
+        self.network = network if network is not None else t5.T5(config)
         self.head = head if head is not None else TextHead()
         self.score_mode = score_mode
         self.length_penalty = length_penalty
+        self.objective = objective
+        self.ranker = ranker if ranker is not None else rankers.FirstOccurrence()
+        self.bonus_fn = bonus_fn
+        self.query_state_fn = query_state_fn
         self._searchers: dict[int, Searcher] = {}
+
+    def param_axes(self, params) -> dict:
+        """Logical sharding axes of the parameter tree (training/partitioning maps them to the mesh)."""
+        head = jax.tree_util.tree_map(lambda x: P("vocab", "embed") if x.ndim == 2 else P(), params["head"])
+        return {"network": t5.param_axes(self.config), "head": head}
 
     # -- parameters ---------------------------------------------------------------------------------------
     def init_params(self, seed: int = 0) -> dict:
@@ -62,8 +83,14 @@ class GenerativeRetriever:
         return target_logp, jnp.argmax(logits, axis=-1) == targets_BxT
 
     def loss_fn(self, params, batch, dropout_rng=None):
-        """Mean token cross-entropy over docid positions; returns (loss, sums) with sums as (sum, count)
-        pairs: loss_sum, tokens, correct_tokens, correct_docids, docids."""
+        """(loss, {name: (sum, count)}) of the injected objective, or of `docid_cross_entropy`."""
+        if self.objective is not None:
+            return self.objective(self, params, batch, dropout_rng)
+        return self.docid_cross_entropy(params, batch, dropout_rng)
+
+    def docid_cross_entropy(self, params, batch, dropout_rng=None):
+        """Mean token cross-entropy over docid positions (optional per-row `weights`); metrics as (sum, count)
+        pairs: loss (per token), token_accuracy, docid_accuracy (every docid token right)."""
         targets = batch["targets"]
         logp, hit = self.token_log_probs(params, batch["inputs"], targets, dropout_rng)
         mask = self.head.target_mask(targets).astype(jnp.float32)
@@ -73,9 +100,9 @@ class GenerativeRetriever:
         loss_sum = -(logp * mask).sum()
         tokens = mask.sum()
         seq_ok = (hit | (mask == 0)).all(axis=-1)
-        sums = {"loss_sum": loss_sum, "tokens": tokens, "correct_tokens": (hit * mask).sum(),
-                "correct_docids": (seq_ok * row_w).sum(), "docids": row_w.sum()}
-        return loss_sum / jnp.maximum(tokens, 1.0), sums
+        metrics = {"loss": (loss_sum, tokens), "token_accuracy": ((hit * mask).sum(), tokens),
+                   "docid_accuracy": ((seq_ok * row_w).sum(), row_w.sum())}
+        return loss_sum / jnp.maximum(tokens, 1.0), metrics
 
     # -- inference ----------------------------------------------------------------------------------------
     def _step(self, params, cache, tokens):
@@ -89,29 +116,35 @@ class GenerativeRetriever:
             self._searchers[num_beams] = Searcher(
                 self._step, self._cache, start_token=self.config.decoder_start_token_id,
                 eos_id=self.config.eos_token_id, vocab_size=self.head.output_size(self.config),
-                num_beams=num_beams, score_mode=self.score_mode, length_penalty=self.length_penalty)
+                num_beams=num_beams, score_mode=self.score_mode, length_penalty=self.length_penalty,
+                bonus_fn=self.bonus_fn)
         return self._searchers[num_beams]
 
     def predict(self, params, query_tokens_BxL, index, num_beams: int = 10) -> BeamResult:
-        """Constrained beam search over `index` (a TrieIndex); every returned docid is in the index."""
-        return self.searcher(num_beams).search(params, query_tokens_BxL, index.device())
+        """Constrained beam search over `index` (a TrieIndex); every returned docid is in the index. With a
+        `bonus_fn`, `query_state_fn` gives it the per-query state."""
+        state = None if self.query_state_fn is None else self.query_state_fn(self, params, query_tokens_BxL)
+        return self.searcher(num_beams).search(params, query_tokens_BxL, index.device(), query_state=state)
 
-    def predict_beams(self, params, query_tokens_BxL, index, num_beams: int = 10):
-        """Per query, the valid beams best first as (documents of the beam's docid, beam score)."""
-        res = jax.device_get(self.predict(params, query_tokens_BxL, index, num_beams))
-        return [[(index.documents(int(res.leaf_ids[b, n])).tolist(), float(res.scores[b, n]))
-                 for n in range(res.leaf_ids.shape[1]) if res.valid[b, n]]
-                for b in range(res.leaf_ids.shape[0])]
+    def predict_arrays(self, params, query_tokens_BxL, index, num_beams: int = 10):
+        """The beams' documents as arrays, gathered on the device from the index's leaf → documents payload:
+        (docs [B, N, P] corpus rows, valid [B, N, P], beam scores [B, N]) on the host."""
+        res = self.predict(params, query_tokens_BxL, index, num_beams)
+        docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
+        return jax.device_get((docs, valid, res.scores))
 
-    def predict_documents(self, params, query_tokens_BxL, index, num_beams: int = 10, ranker: str = "first",
-                          mdgr_lambda: float = 1.0, keys=None) -> list[list[tuple[int, float]]]:
-        """Per query, (document row, score) best first (decoding/rankers.py). With the default ranker a docid
-        shared by several documents (collision) yields each of them at that docid's score; ties are ordered
-        by `keys[row]` descending (pass the document ids for trec_eval's order), else by row."""
-        from gr_jax.decoding import rankers
+    def rank(self, params, query_tokens_BxL, index, num_beams: int = 10):
+        """The ranker's flat output: (query [R], document row [R], score [R]), each pair once."""
+        docs, valid, scores = self.predict_arrays(params, query_tokens_BxL, index, num_beams)
+        return self.ranker(docs, valid, scores)
 
-        return [rankers.rank([docs for docs, _ in beams], [s for _, s in beams], ranker, mdgr_lambda, keys)
-                for beams in self.predict_beams(params, query_tokens_BxL, index, num_beams)]
+    def predict_documents(self, params, query_tokens_BxL, index, num_beams: int = 10,
+                          keys=None) -> list[list[tuple[int, float]]]:
+        """Per query, (document row, score) best first, by the ranker (decoding/rankers.py). With the default
+        ranker a docid shared by several documents (collision) yields each of them at that docid's score;
+        ties are ordered by `keys[row]` descending (pass the document ids for trec_eval's order), else by row."""
+        q, d, s = self.rank(params, query_tokens_BxL, index, num_beams)
+        return rankers.per_query(q, d, s, len(query_tokens_BxL), keys)
 
     @functools.partial(jax.jit, static_argnums=0)
     def score(self, params, query_tokens_BxL, docid_targets_BxT):

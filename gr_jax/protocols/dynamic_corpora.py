@@ -3,7 +3,7 @@
 1. Split the corpus (data/splits.py): D0 = 50% of the documents, D1..D5 = 10% each; training queries of D0
    documents are P0, test queries follow their relevant document into Q0..Q5.
 2. Build the system on D0 only: BM25 over D0; a dense index with an embedder fitted on D0; or a generative
-   retriever (any docid scheme, MDGR included) trained on D0 by `training.trainer.train` (or restored from
+   retriever (any docid scheme, MDGR included) trained on D0 by `compose.train` (or restored from
    its checkpoint in OUTPUT_DIR/model when the command is re-run).
 3. For o = 1..5: index D_o without refitting (BM25 re-indexed; dense: the D0 encoder encodes D_o; GR: the
    docid scheme assigns docids to D_o with its D0 centroids/codebooks/vocabulary and `TrieIndex.insert` adds
@@ -215,7 +215,9 @@ class DenseSystem:
 @dataclasses.dataclass
 class Replay:
     """DSI++-style incremental training after indexing each D_o: `steps` updates on the indexing pairs of the
-    new documents mixed with a `replay_fraction` share of old pairs (D0..D_{o-1} documents and P0 queries)."""
+    new documents mixed with a `replay_fraction` share of old pairs — indexing pairs of a sample of the
+    D0..D_{o-1} documents and the training queries (P0) of those documents —, through the trainer's loop
+    (sharding, NaN guard, checkpoints in MODEL_DIR/model/replay/D<o>; a re-run resumes)."""
 
     steps: int = 100
     batch_size: int = 32
@@ -231,19 +233,19 @@ class GRSystem:
     name = "gr"
 
     def __init__(self, data: DynamicData, model_dir: Path, k: int, replay: Optional[Replay], eval_batch: int):
-        from gr_jax.training import trainer
+        from gr_jax import compose
 
         self.data, self.k, self.replay, self.eval_batch = data, k, replay, eval_batch
-        summary = gin_checks.call_configured(lambda: trainer.train(model_dir=str(model_dir), dataset=data.d0,
+        self.model_dir = Path(model_dir)
+        summary = gin_checks.call_configured(lambda: compose.train(model_dir=str(model_dir), dataset=data.d0,
                                                                   final_eval=False))
         self.params = summary["state"]["params"]
         self.setup = dataclasses.replace(summary["setup"], iterator=None)  # the training data is not needed now
-        self.eval_config = gin_checks.call_configured(trainer.EvalConfig)
+        self.eval_config = gin_checks.call_configured(compose.EvalConfig).validate()
         self.index = self.setup.index
         self.tables = [self.setup.table]
         self.rows = list(data.part_rows[0])
-        space = self.setup.table.space
-        if space.kind == "text" and getattr(self.setup.scheme, "name", "") == "atomic":
+        if self.setup.scheme.adds_tokens_per_document:
             raise ProtocolError("atomic docids give every new document a new token that the D0 model has no "
                                 "embedding for; the protocol needs a scheme whose new docids reuse the D0 token "
                                 "space (naive, title, url, keywords, n-gram, semantic, PQ, RQ, MDGR)")
@@ -255,7 +257,7 @@ class GRSystem:
     def add(self, rows) -> dict:
         corpus = self.data.full.corpus
         embeddings = None
-        if getattr(self.setup.scheme, "needs_embeddings", False):
+        if self.setup.scheme.needs_embeddings:
             embeddings = self.setup.embedder.embed([corpus.texts[r] for r in rows])
         table = self.setup.scheme.assign(corpus, rows=rows, embeddings=embeddings)
         if table.space.kind == "text" and table.space.end > self.setup.model.config.vocab_size:
@@ -270,51 +272,40 @@ class GRSystem:
                 "index_mb": self.index.nbytes / 2**20}
 
     def search(self, texts, qids) -> Run:
-        from gr_jax.training import trainer
+        from gr_jax import compose
 
         tokens = tokenize(list(texts), self.setup.vocab, self.setup.feature_lengths["inputs"], what="queries")
-        cfg = self.eval_config
-        return trainer.retrieve(self.setup.model, self.params, tokens, list(qids), self.index,
-                                self.data.full.corpus.doc_ids, max(cfg.num_beams, self.k), self.eval_batch,
-                                cfg.ranker, cfg.mdgr_lambda)
+        return compose.retrieve(self.setup.model, self.params, tokens, list(qids), self.index,
+                                self.data.full.corpus.doc_ids, max(self.eval_config.num_beams, self.k),
+                                self.eval_batch)
 
     def _replay(self, new_rows) -> None:
         """Fine-tunes on the new documents' indexing pairs plus replayed old pairs (DSI++ without SAM)."""
-        import jax
-        import optax
-
-        from gr_jax.data.pipeline import ExampleStore, MixtureIterator
+        from gr_jax import compose
+        from gr_jax.data.pairs import indexing_pairs, query_pairs
         from gr_jax.docids.base import DocidTable
-        from gr_jax.data.pairs import indexing_pairs
-        from gr_jax.training import trainer
 
-        r = self.replay
-        corpus, lengths = self.data.full.corpus, self.setup.feature_lengths
-        table = DocidTable.concatenate(self.tables)
-        rng = np.random.default_rng([r.seed, len(self.tables)])
+        r, part = self.replay, len(self.tables) - 1
+        corpus = self.data.full.corpus
+        rng = np.random.default_rng([r.seed, part])
         old = np.asarray(self.rows[: len(self.rows) - len(new_rows)], np.int64)
         n_old = int(round(len(new_rows) * r.replay_fraction / max(1 - r.replay_fraction, 1e-9)))
-        old_pick = rng.choice(old, size=min(n_old, len(old)), replace=False) if n_old and len(old) else old[:0]
-        new = indexing_pairs(corpus, new_rows)
-        stores = [ExampleStore({"inputs": tokenize(new.texts, self.setup.vocab, lengths["inputs"], what="new"),
-                                "targets": table.targets(new.rows, lengths["targets"])})]
-        rates = [1.0 - r.replay_fraction]
+        old_pick = np.sort(rng.choice(old, size=min(n_old, len(old)), replace=False)) if n_old and len(old) \
+            else old[:0]
+        parts, rates = [indexing_pairs(corpus, new_rows)], [1.0 - r.replay_fraction]
         if len(old_pick):
-            replay = indexing_pairs(corpus, old_pick)
-            stores.append(ExampleStore({"inputs": tokenize(replay.texts, self.setup.vocab, lengths["inputs"],
-                                                           what="replay"),
-                                        "targets": table.targets(replay.rows, lengths["targets"])}))
-            rates.append(r.replay_fraction)
-        it = MixtureIterator(stores, r.batch_size, seed=r.seed + len(self.tables), rates=rates)
-        tx = optax.adamw(r.learning_rate, weight_decay=0.0)
-        step = jax.jit(trainer._make_train_step(self.setup.model, tx))
-        state = {"step": jax.numpy.int32(0), "params": self.params, "opt_state": tx.init(self.params),
-                 "nonfinite": jax.numpy.int32(0)}
-        key = jax.random.PRNGKey(r.seed)
-        for _ in range(r.steps):
-            batch = {k: jax.numpy.asarray(v) for k, v in next(it).items()}
-            state, _ = step(state, batch, key)
-        self.params = state["params"]
+            d0 = self.data.d0
+            split = next(iter(d0.queries))  # the training split the protocol kept for D0 (P0)
+            old_parts = [indexing_pairs(corpus, old_pick),
+                         query_pairs(d0.queries[split], d0.qrels[split], corpus, restrict_rows=old_pick)]
+            old_parts = [p for p in old_parts if len(p)]
+            parts += old_parts
+            rates += [r.replay_fraction / len(old_parts)] * len(old_parts)
+        self.params = compose.fine_tune(
+            self.setup, self.params, parts, rates, DocidTable.concatenate(self.tables),
+            model_dir=self.model_dir / "replay" / f"D{part}", steps=r.steps, batch_size=r.batch_size,
+            learning_rate=r.learning_rate, seed=r.seed + part,
+            meta_extra={"replay_part": part, "replay": dataclasses.asdict(r)})
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from gr_jax.models import t5
 
 DEFAULT_RULES: tuple[tuple[str, Optional[str]], ...] = (
     ("batch", "data"),
@@ -48,12 +47,6 @@ def to_mesh_spec(logical: P, rules: dict[str, Optional[str]]) -> P:
     if unknown:
         raise ValueError(f"no sharding rule for logical axes {unknown}; add them to partitioning.logical_rules")
     return P(*[None if a is None else rules[a] for a in logical])
-
-
-def retriever_param_specs(config: t5.T5Config, head_params: dict) -> dict:
-    """Logical PartitionSpecs of the retriever's parameter tree {"network", "head"}."""
-    head = jax.tree_util.tree_map(lambda x: P("vocab", "embed") if x.ndim == 2 else P(), head_params)
-    return {"network": t5.param_axes(config), "head": head}
 
 
 def param_shardings(logical_specs, mesh: Mesh, rules: Optional[dict] = None):

@@ -4,7 +4,7 @@ import pytest
 from gr_jax.data import demo
 from gr_jax.data.readers import Corpus
 from gr_jax.docids.atomic import AtomicDocids, NaiveDocids
-from gr_jax.docids.base import DocidTable, load_scheme_state, save_scheme
+from gr_jax.docids.base import DocidTable, FitContext, load_scheme_state, save_scheme
 from gr_jax.docids.lexical import FieldDocids
 from gr_jax.vocab import DocidTokenSpace, train_sentencepiece
 
@@ -49,7 +49,7 @@ def test_table_save_load(tmp_path):
 
 def test_atomic_new_documents_continue_the_count(corpus_and_vocab, tmp_path):
     corpus, vocab = corpus_and_vocab
-    scheme = AtomicDocids().fit(corpus, vocab=vocab)
+    scheme = AtomicDocids().fit(corpus, FitContext(vocab=vocab))
     first = scheme.assign(corpus, rows=range(20))
     assert first.sequences[:, 0].tolist() == list(range(vocab.size, vocab.size + 20))
     assert first.space.offset == vocab.size and first.space.end == vocab.size + 20
@@ -64,14 +64,14 @@ def test_atomic_new_documents_continue_the_count(corpus_and_vocab, tmp_path):
 
 def test_naive_and_field_docids(corpus_and_vocab):
     corpus, vocab = corpus_and_vocab
-    naive = NaiveDocids().fit(corpus, vocab=vocab).assign(corpus)
+    naive = NaiveDocids().fit(corpus, FitContext(vocab=vocab)).assign(corpus)
     assert vocab.decode(naive.sequence(3)) == corpus.doc_ids[3]
-    url = FieldDocids(field="url").fit(corpus, vocab=vocab).assign(corpus)
+    url = FieldDocids(field="url").fit(corpus, FitContext(vocab=vocab)).assign(corpus)
     assert vocab.decode(url.sequence(4)) == corpus.urls[4]
     assert url.space.kind == "text" and url.sequences.max() < vocab.size
     bare = Corpus(["a", "b"], ["text a", "text b"])
     with pytest.raises(ValueError, match="the corpus has no titles"):
-        FieldDocids(field="title").fit(bare, vocab=vocab)
+        FieldDocids(field="title").fit(bare, FitContext(vocab=vocab))
     with pytest.raises(ValueError, match="field must be one of"):
         FieldDocids(field="body")
     with pytest.raises(ValueError, match="need the text vocabulary"):
@@ -82,7 +82,7 @@ def test_keyword_docids_by_bm25_weight(tmp_path, corpus_and_vocab):
     from gr_jax.docids.lexical import KeywordDocids
 
     corpus, vocab = corpus_and_vocab
-    scheme = KeywordDocids(n=3).fit(corpus, vocab=vocab)
+    scheme = KeywordDocids(n=3).fit(corpus, FitContext(vocab=vocab))
     table = scheme.assign(corpus)
     assert table.lengths.max() <= 3 and table.sequences.max() < vocab.size
     # hand check for one document: recompute BM25 weights of its tokens directly
@@ -101,10 +101,10 @@ def test_keyword_docids_by_bm25_weight(tmp_path, corpus_and_vocab):
     expected = sorted(best, key=lambda t: (-best[t], t))[:3]
     assert table.sequence(0) == expected
     # collisions split with a suffix; state round trip keeps the docids
-    split = KeywordDocids(n=1, split_collisions=True).fit(corpus, vocab=vocab)
+    split = KeywordDocids(n=1, split_collisions=True).fit(corpus, FitContext(vocab=vocab))
     t1 = split.assign(corpus)
     assert t1.stats()["collision_rate"] == 0.0
-    assert KeywordDocids(n=1).fit(corpus, vocab=vocab).assign(corpus).stats()["collision_rate"] > 0
+    assert KeywordDocids(n=1).fit(corpus, FitContext(vocab=vocab)).assign(corpus).stats()["collision_rate"] > 0
     save_scheme(split, tmp_path / "kw")
     back = load_scheme_state(KeywordDocids(n=1, split_collisions=True), tmp_path / "kw")
     back.bind(vocab)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from gr_jax.data.readers import Corpus
-from gr_jax.docids.base import load_scheme_state, save_scheme
+from gr_jax.docids.base import FitContext, load_scheme_state, save_scheme
 from gr_jax.docids.numeric import PQDocids, RQDocids, SemanticDocids
 
 
@@ -28,7 +28,7 @@ def test_numeric_scheme_contract(name, tmp_path):
     corpus, emb = _corpus(300), _emb(300)
     initial = np.arange(200)
     d0 = Corpus([corpus.doc_ids[i] for i in initial], [corpus.texts[i] for i in initial])
-    scheme = SCHEMES[name]().fit(d0, embeddings=emb[initial])
+    scheme = SCHEMES[name]().fit(d0, FitContext(embeddings=emb[initial]))
     table = scheme.assign(d0, embeddings=emb[initial])
     L, V = table.space.length, table.space.size
     assert table.space.kind == "codebook" and table.sequences.shape == (200, L)
@@ -37,7 +37,7 @@ def test_numeric_scheme_contract(name, tmp_path):
     if name == "semantic":  # the leaf digit makes docids unique while leaves hold ≤ c documents
         assert table.stats()["collision_rate"] == 0.0
     # determinism: a second fit gives the same docids
-    again = SCHEMES[name]().fit(d0, embeddings=emb[initial]).assign(d0, embeddings=emb[initial])
+    again = SCHEMES[name]().fit(d0, FitContext(embeddings=emb[initial])).assign(d0, embeddings=emb[initial])
     np.testing.assert_array_equal(again.sequences, table.sequences)
     # save / load, then new documents get docids in the same space without refitting
     save_scheme(scheme, tmp_path / "s")
@@ -58,10 +58,10 @@ def test_numeric_scheme_errors(name):
     with pytest.raises(ValueError, match="need document embeddings"):
         SCHEMES[name]().fit(corpus)
     with pytest.raises(ValueError, match=r"embeddings have shape \(9, 16\), expected \[10, D\]"):
-        SCHEMES[name]().fit(corpus, embeddings=_emb(9))
+        SCHEMES[name]().fit(corpus, FitContext(embeddings=_emb(9)))
     if name != "semantic":  # semantic clusters small nodes with fewer centroids
         with pytest.raises(ValueError, match="16 clusters but only 10 points"):
-            SCHEMES[name]().fit(corpus, embeddings=_emb(10))
+            SCHEMES[name]().fit(corpus, FitContext(embeddings=_emb(10)))
     with pytest.raises(ValueError, match="before fit"):
         SCHEMES[name]().assign(corpus, embeddings=_emb(10))
 

@@ -7,7 +7,7 @@ import pytest
 
 from gr_jax.data import demo
 from gr_jax.data.readers import Corpus, DataError
-from gr_jax.docids.base import load_scheme_state, save_scheme
+from gr_jax.docids.base import FitContext, load_scheme_state, save_scheme
 from gr_jax.docids.ngram import NgramDocids, multi_docid_stats
 from gr_jax.docids.pseudo_query import PseudoQueryDocids, queries_by_document, read_queries_file
 from gr_jax.vocab import train_sentencepiece
@@ -24,7 +24,7 @@ def data(tmp_path_factory):
 def test_pseudo_query_docids_from_training_queries(data, tmp_path):
     ds, vocab = data
     by_doc = queries_by_document(ds, "train")
-    scheme = PseudoQueryDocids(per_document=2).fit(ds.corpus, vocab=vocab, queries=by_doc)
+    scheme = PseudoQueryDocids(per_document=2).fit(ds.corpus, FitContext(vocab=vocab, queries=by_doc))
     table = scheme.assign(ds.corpus)
     rows = table.doc_rows.tolist()
     assert sorted(set(rows)) == list(range(30))
@@ -52,14 +52,14 @@ def test_pseudo_query_docids_from_training_queries(data, tmp_path):
 def test_pseudo_query_new_documents_and_errors(data, tmp_path):
     ds, vocab = data
     by_doc = queries_by_document(ds, "train")
-    scheme = PseudoQueryDocids().fit(ds.corpus, vocab=vocab, queries=by_doc)
+    scheme = PseudoQueryDocids().fit(ds.corpus, FitContext(vocab=vocab, queries=by_doc))
     new = Corpus(["fresh-1"], ["zebra quartz lantern harbour"])
     table = scheme.assign(new)  # no queries for it: the leading text, same token space
     assert table.sequence(0) == vocab.encode("zebra quartz lantern harbour")[:32]
     with pytest.raises(ValueError, match="'fresh-1' has no query"):
-        PseudoQueryDocids(fallback="error").fit(ds.corpus, vocab=vocab, queries=by_doc).assign(new)
+        PseudoQueryDocids(fallback="error").fit(ds.corpus, FitContext(vocab=vocab, queries=by_doc)).assign(new)
     with pytest.raises(ValueError, match="need the training queries"):
-        PseudoQueryDocids().fit(ds.corpus, vocab=vocab)
+        PseudoQueryDocids().fit(ds.corpus, FitContext(vocab=vocab))
     with pytest.raises(ValueError, match="source must be one of"):
         PseudoQueryDocids(source="llm")
 
@@ -72,7 +72,7 @@ def test_pseudo_query_file_formats(data, tmp_path):
     assert got == {ds.corpus.doc_ids[0]: ["where is the harbour", "who built it"]}
     jl = tmp_path / "q.jsonl"
     jl.write_text(json.dumps({"doc_id": ds.corpus.doc_ids[1], "queries": ["a b", "c d"]}) + "\n")
-    scheme = PseudoQueryDocids(source="file", queries_file=str(jl)).fit(ds.corpus, vocab=vocab)
+    scheme = PseudoQueryDocids(source="file", queries_file=str(jl)).fit(ds.corpus, FitContext(vocab=vocab))
     table = scheme.assign(ds.corpus, rows=[1])
     assert [table.sequence(i) for i in range(len(table))] == [vocab.encode("a b"), vocab.encode("c d")]
     bad = tmp_path / "bad.tsv"
@@ -101,7 +101,7 @@ def test_ngram_spans_by_hand():
     assert scheme.spans([1, 2]) == [(1, 2)]
     assert NgramDocids(n=2, stride=1).spans([7, 7, 7]) == [(7, 7)]  # duplicates within a document dropped
     corpus = Corpus(["a", "b", "c"], ["abcdef", "abcxyz", "qq"], titles=["T", "U", "V"])
-    s = NgramDocids(n=3, stride=3, title_first=True).fit(corpus, vocab=_Chars())
+    s = NgramDocids(n=3, stride=3, title_first=True).fit(corpus, FitContext(vocab=_Chars()))
     table = s.assign(corpus)
     got = [("".join(map(chr, table.sequence(i))), int(table.doc_rows[i])) for i in range(len(table))]
     assert got == [("T", 0), ("abc", 0), ("def", 0), ("U", 1), ("abc", 1), ("xyz", 1), ("V", 2), ("qq", 2)]
@@ -114,12 +114,12 @@ def test_ngram_spans_by_hand():
     leaf = index.lookup([[ord("a"), ord("b"), ord("c"), 1]])[0]
     assert sorted(index.documents(leaf).tolist()) == [0, 1]
     with pytest.raises(ValueError, match="no titles"):
-        NgramDocids(title_first=True).fit(Corpus(["a"], ["x"]), vocab=_Chars())
+        NgramDocids(title_first=True).fit(Corpus(["a"], ["x"]), FitContext(vocab=_Chars()))
 
 
 def test_ngram_docids_on_demo_corpus(data, tmp_path):
     ds, vocab = data
-    scheme = NgramDocids(n=6, stride=3, max_per_document=10).fit(ds.corpus, vocab=vocab)
+    scheme = NgramDocids(n=6, stride=3, max_per_document=10).fit(ds.corpus, FitContext(vocab=vocab))
     table = scheme.assign(ds.corpus)
     counts = np.bincount(table.doc_rows, minlength=30)
     assert counts.min() >= 1 and counts.max() <= 10

@@ -14,7 +14,7 @@ from gr_jax import gin_utils
 from gr_jax.data import demo
 from gr_jax.data.readers import Corpus
 from gr_jax.decoding import rankers
-from gr_jax.docids.base import DocidTable, load_scheme_state, save_scheme
+from gr_jax.docids.base import DocidTable, FitContext, load_scheme_state, save_scheme
 from gr_jax.docids.chunked import ChunkedPQDocids
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.protocols import dynamic_corpora as dc
@@ -45,13 +45,11 @@ GR = {  # a text-docid DSI, MDGR, and a numeric-docid DSI with DSI++ replay (cov
     "mdgr": """
         include 'experiments/demo/dynamic_mdgr.gin'
         ChunkedPQDocids.k = 8
-        CodebookHead.codes = 8
         TfidfSvdEmbedder.dim = 16
         """,
     "pq_replay": """
         include 'experiments/demo/dynamic_dsi_pp.gin'
         PQDocids.k = 8
-        CodebookHead.codes = 8
         TfidfSvdEmbedder.dim = 16
         Replay.steps = 2
         Replay.batch_size = 8
@@ -142,7 +140,7 @@ def test_insert_equals_rebuild(tmp_path):
     from gr_jax.models.heads import CodebookHead, TextHead
     from gr_jax.models.retriever import GenerativeRetriever
     from gr_jax.vocab import train_sentencepiece
-    from gr_jax.training import trainer
+    from gr_jax import compose
     from gr_jax.data.pipeline import tokenize
 
     data = dc.make_dynamic_data(demo.generate(num_docs=60, seed=5))
@@ -153,7 +151,7 @@ def test_insert_equals_rebuild(tmp_path):
     emb = TfidfSvdEmbedder(dim=16).fit([corpus.texts[r] for r in data.part_rows[0]])
     for scheme, head in ((FieldDocids("title"), TextHead()), (PQDocids(4, 8), CodebookHead(length=4, codes=8))):
         d0 = data.d0.corpus
-        scheme.fit(d0, embeddings=emb.embed(d0.texts), vocab=vocab)
+        scheme.fit(d0, FitContext(embeddings=emb.embed(d0.texts), vocab=vocab))
         tables = [scheme.assign(corpus, rows=r, embeddings=emb.embed([corpus.texts[i] for i in r]))
                   for r in data.part_rows]
         config = t5.get_config("tiny", vocab_size=vocab.size)
@@ -165,7 +163,7 @@ def test_insert_equals_rebuild(tmp_path):
         all_table = DocidTable.concatenate(tables)
         rebuilt = all_table.index(vocab_size=config.vocab_size) if head.kind == "text" else all_table.index()
         assert isinstance(rebuilt, TrieIndex)
-        runs = [trainer.retrieve(model, params, tokens, qids, index, corpus.doc_ids, 10, 32)
+        runs = [compose.retrieve(model, params, tokens, qids, index, corpus.doc_ids, 10, 32)
                 for index in (grown, rebuilt)]
         assert runs[0] == runs[1], scheme.name
         assert any(len(r) == 10 for r in runs[0].values())
@@ -188,8 +186,42 @@ def test_mdgr_ranker_by_hand():
     assert rankers.mdgr([[2, 2]], lam=1.0) == [(2, 2.0)]
     assert rankers.first_occurrence(beams, [-0.1, -0.5, -0.7, -0.9]) == [(7, -0.1), (3, -0.1), (5, -0.7)]
     assert rankers.first_occurrence(beams, [-0.1, -0.5, -0.7, -0.9], keys) == [(3, -0.1), (7, -0.1), (5, -0.7)]
-    with pytest.raises(ValueError, match="unknown ranker"):
-        rankers.rank(beams, [0] * 4, "rrf")
+    with pytest.raises(ValueError, match="MDGRRanker.lam must be ≥ 0"):
+        rankers.MDGRRanker(lam=-1.0)
+
+
+def test_rankers_on_device_arrays_match_per_query_lists():
+    """The model's rankers take the beams' documents as arrays for a whole batch (invalid slots and beams
+    included) and give what the per-query definitions give."""
+    rng = np.random.default_rng(4)
+    B, N, P = 5, 7, 3
+    docs = rng.integers(0, 9, (B, N, P))
+    valid = rng.random((B, N, P)) < 0.6
+    valid[:, 5:] = False  # fewer valid beams than N
+    beam_scores = -np.sort(rng.random((B, N)), axis=1).cumsum(axis=1)
+    def first(beams, scores):  # written here from the definitions, sharing no code with rankers.py
+        out = {}
+        for docs_n, score in zip(beams, scores):
+            for x in docs_n:
+                out.setdefault(x, score)
+        return out
+
+    def formula8(beams, lam):
+        out = {}
+        for rank, docs_n in enumerate(beams, start=1):
+            for x in set(docs_n):
+                out[x] = out.get(x, 0.0) + 1.0 + lam / rank
+        return out
+
+    for ranker in (rankers.FirstOccurrence(), rankers.MDGRRanker(lam=0.5)):
+        q, d, s = ranker(docs, valid, beam_scores)
+        assert len(set(zip(q.tolist(), d.tolist()))) == len(q)  # each (query, document) once
+        for b in range(B):
+            beams = [docs[b, n][valid[b, n]].tolist() for n in range(5)]
+            want = (formula8(beams, 0.5) if isinstance(ranker, rankers.MDGRRanker)
+                    else first(beams, beam_scores[b, :5].tolist()))
+            got = {int(x): float(y) for x, y in zip(d[q == b], s[q == b])}
+            assert got == pytest.approx(want), b
 
 
 class _Words:
@@ -216,20 +248,21 @@ def test_mdgr_docids_chunks_constrained_expansion_and_state(tmp_path):
     s.bind(vocab)
     assert s.chunks("a b c d e f g") == ["a b c d", "c d e f", "d e f g"]  # the last window reaches the end
     assert s.chunks("a b") == ["a b"]
-    s.fit(d0, vocab=vocab)
+    s.fit(d0, FitContext(vocab=vocab))
     table0 = s.assign(d0)
     allowed = {tuple(c) for c in s.allowed.tolist()}
     assert {tuple(table0.sequence(i)) for i in range(len(table0))} == allowed  # D0 docids are the D0 set
     assert table0.space.kind == "codebook" and table0.space.length == 2 and table0.sequences.max() < 8
-    texts, owners, idx = s.chunk_pairs()
-    assert len(texts) == len(owners) == len(idx) and (table0.doc_rows[idx] == owners).all()
+    (pairs,) = s.training_pairs()  # MDGR's chunk objective
+    texts, owners, idx = pairs.texts, pairs.rows, pairs.docid_index
+    assert pairs.name == "chunk" and len(texts) == len(owners) == len(idx) and (table0.doc_rows[idx] == owners).all()
     new = s.assign(ds.corpus, rows=range(30, 40))
     assert {tuple(new.sequence(i)) for i in range(len(new))} <= allowed  # constrained expansion
     free = ChunkedPQDocids(window=4, stride=2, m=2, k=8, constrain=False, embedder=TfidfSvdEmbedder(dim=8))
-    free.fit(d0, vocab=vocab)
+    free.fit(d0, FitContext(vocab=vocab))
     np.testing.assert_array_equal(free.assign(d0).sequences, table0.sequences)  # same codes for D0
     single = ChunkedPQDocids(window=4, stride=2, m=2, k=8, multi_docid=False, embedder=TfidfSvdEmbedder(dim=8))
-    one = single.fit(d0, vocab=vocab).assign(d0)
+    one = single.fit(d0, FitContext(vocab=vocab)).assign(d0)
     assert len(one) == 30 and sorted(one.doc_rows.tolist()) == list(range(30))
     save_scheme(s, tmp_path / "s")
     back = load_scheme_state(ChunkedPQDocids(embedder=TfidfSvdEmbedder()), tmp_path / "s")
@@ -237,7 +270,7 @@ def test_mdgr_docids_chunks_constrained_expansion_and_state(tmp_path):
     assert back.window == 4 and back.m == 2
     np.testing.assert_array_equal(back.assign(ds.corpus, rows=range(30, 40)).sequences, new.sequences)
     with pytest.raises(ValueError, match="k = 100000 clusters but only"):
-        ChunkedPQDocids(window=4, stride=2, k=100000, embedder=TfidfSvdEmbedder(dim=8)).fit(d0, vocab=vocab)
+        ChunkedPQDocids(window=4, stride=2, k=100000, embedder=TfidfSvdEmbedder(dim=8)).fit(d0, FitContext(vocab=vocab))
 
 
 def test_summaries_from_published_rows():
@@ -335,7 +368,7 @@ def test_retrieve_breaks_ties_by_document_id_not_by_row(tmp_path):
     from gr_jax.models import t5
     from gr_jax.models.retriever import GenerativeRetriever
     from gr_jax.vocab import DocidTokenSpace
-    from gr_jax.training import trainer
+    from gr_jax import compose
 
     model = GenerativeRetriever(t5.get_config("tiny", vocab_size=64, dropout_rate=0.0))
     params = model.init_params(seed=0)
@@ -345,7 +378,7 @@ def test_retrieve_breaks_ties_by_document_id_not_by_row(tmp_path):
     runs = []
     for order in ([0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 0, 4, 1, 3]):
         table = DocidTable.from_lists([seqs[i] for i in order], list(range(5)), DocidTokenSpace("text", 64))
-        runs.append(trainer.retrieve(model, params, tokens, ["q0", "q1", "q2"], table.index(vocab_size=64),
+        runs.append(compose.retrieve(model, params, tokens, ["q0", "q1", "q2"], table.index(vocab_size=64),
                                      [ids[i] for i in order], num_beams=2, batch_size=2))
     assert runs[0] == runs[1] == runs[2]
     for run in runs[0].values():

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from gr_jax import gin_utils
-from gr_jax.training import trainer
+from gr_jax import compose
+
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,7 +71,7 @@ def test_end_to_end_dsi_on_demo_beats_random_by_far(tmp_path):
         train.checkpoint_period = 600
         EvalConfig.split = 'dev'
         """, docs=100, bindings=[f"MODEL_DIR = '{tmp_path / 'run'}'"])
-    summary = gin_utils.call_configured(trainer.train)
+    summary = gin_utils.call_configured(compose.train)
     random_hit1, random_hit10 = 1 / 100, 10 / 100  # dev queries: none was trained on
     assert summary["metrics"]["Hit@10"] > 4 * random_hit10, summary["metrics"]
     assert summary["metrics"]["Hit@1"] > 10 * random_hit1, summary["metrics"]
@@ -108,13 +109,13 @@ def test_resume_is_exact_including_data_order(tmp_path):
         train.final_eval = False
         """
     configure(tmp_path, common, bindings=[f"MODEL_DIR = '{tmp_path / 'full'}'"])
-    full = trainer.train()
+    full = compose.train()
     gin.clear_config()
     configure(tmp_path, common, bindings=[f"MODEL_DIR = '{tmp_path / 'split'}'", "TRAIN_STEPS = 6"])
-    trainer.train()  # stops after 6 steps (a finished shorter run, or a killed one: same checkpoint)
+    compose.train()  # stops after 6 steps (a finished shorter run, or a killed one: same checkpoint)
     gin.clear_config()
     configure(tmp_path, common, bindings=[f"MODEL_DIR = '{tmp_path / 'split'}'"])
-    resumed = trainer.train()
+    resumed = compose.train()
     assert int(resumed["state"]["step"]) == 12
     assert max_abs_diff(full["state"]["params"], resumed["state"]["params"]) <= 1e-6
     # and the data really moved: parameters after 6 and 12 steps differ
@@ -133,7 +134,8 @@ def test_sigkill_during_a_save_resumes_from_the_last_good_checkpoint(tmp_path):
         import os, signal, sys
         import orbax.checkpoint as ocp
         from gr_jax import gin_utils
-        from gr_jax.training import trainer
+        from gr_jax import compose
+
         original = ocp.args.JsonSave.__init__
         def dying(self, *a, **k):
             state = a[0] if a else k.get("item")
@@ -142,7 +144,7 @@ def test_sigkill_during_a_save_resumes_from_the_last_good_checkpoint(tmp_path):
             original(self, *a, **k)
         ocp.args.JsonSave.__init__ = dying
         gin_utils.parse([{str(exp)!r}], ["MODEL_DIR = {str(tmp_path / 'killed')!r}"])
-        trainer.train()
+        compose.train()
         """))
     proc = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
@@ -150,11 +152,11 @@ def test_sigkill_during_a_save_resumes_from_the_last_good_checkpoint(tmp_path):
     assert (ckpts / "3").is_dir() and not (ckpts / "6").is_dir()
     configure(tmp_path, "TRAIN_STEPS = 9\nmake_optimizer.total_steps = 9\ntrain.checkpoint_period = 3\n"
                         "train.final_eval = False\n", bindings=[f"MODEL_DIR = '{tmp_path / 'killed'}'"])
-    resumed = trainer.train()
+    resumed = compose.train()
     gin.clear_config()
     configure(tmp_path, "TRAIN_STEPS = 9\nmake_optimizer.total_steps = 9\ntrain.checkpoint_period = 3\n"
                         "train.final_eval = False\n", bindings=[f"MODEL_DIR = '{tmp_path / 'clean'}'"])
-    clean = trainer.train()
+    clean = compose.train()
     assert max_abs_diff(resumed["state"]["params"], clean["state"]["params"]) <= 1e-6
 
 
@@ -176,13 +178,12 @@ def test_data_parallel_step_matches_single_device(tmp_path):
         import optax
         tx = optax.sgd(0.5)  # plain SGD: Adam would amplify float-rounding differences of near-zero gradients
         def run(mesh):
-            p = jax.device_put(params, partitioning.param_shardings(
-                partitioning.retriever_param_specs(model.config, params["head"]), mesh))
+            p = jax.device_put(params, partitioning.param_shardings(model.param_axes(params), mesh))
             state = {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": jax.jit(tx.init)(p),
                      "nonfinite": jnp.zeros((), jnp.int32)}
             b = jax.device_put(batch, partitioning.batch_sharding(mesh))
-            new, sums = jax.jit(trainer._make_train_step(model, tx))(state, b, jax.random.PRNGKey(1))
-            return float(sums["loss_sum"] / sums["tokens"]), new["params"], b["inputs"].sharding
+            new, sums = jax.jit(trainer.make_train_step(model.loss_fn, tx))(state, b, jax.random.PRNGKey(1))
+            return float(sums["loss"][0] / sums["loss"][1]), new["params"], b["inputs"].sharding
         loss8, p8, sh8 = run(partitioning.make_mesh(1))
         loss1, p1, _ = run(partitioning.make_mesh(1, devices=jax.devices()[:1]))
         diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(jax.tree_util.tree_leaves(p8), jax.tree_util.tree_leaves(p1)))
@@ -210,9 +211,9 @@ def test_initial_checkpoint_from_converted_hf(tmp_path, hf_t5_dirs):
         TRAIN_STEPS = 1
         train.final_eval = False
         """, docs=300, bindings=[f"MODEL_DIR = '{tmp_path / 'init'}'", f"INITIAL_CHECKPOINT_PATH = '{ckpt}'"])
-    setup = trainer.prepare(str(tmp_path / "init"), 16, {"inputs": 32, "targets": 2}, "demo",
+    setup = compose.prepare(str(tmp_path / "init"), 16, {"inputs": 32, "targets": 2}, "demo",
                             initial_checkpoint_path=str(ckpt))
-    net = trainer._initial_params(setup, 0, str(ckpt))["network"]  # what training starts from
+    net = compose.initial_params(setup, 0, str(ckpt))["network"]  # what training starts from
     # atomic docids start above the text vocabulary: 300 documents need rows past the converted 512, so the
     # embedding grows; the old rows are unchanged
     text_vocab = setup.vocab.size
@@ -220,7 +221,7 @@ def test_initial_checkpoint_from_converted_hf(tmp_path, hf_t5_dirs):
     assert net["embedding"].shape == (text_vocab + 300, config.d_model)
     np.testing.assert_array_equal(np.asarray(net["embedding"])[: config.vocab_size], converted["embedding"])
     assert max_abs_diff(net["encoder"], converted["encoder"]) == 0.0
-    assert int(trainer.train()["state"]["step"]) == 1  # and training starts from it
+    assert int(compose.train()["state"]["step"]) == 1  # and training starts from it
 
 
 def test_configuration_errors_name_what_to_set(tmp_path, capsys):
@@ -262,9 +263,6 @@ def test_numeric_docids_with_codebook_head_train_evaluate_and_resume(tmp_path):
         SemanticDocids.k = 4
         SemanticDocids.c = 12
         SemanticDocids.depth = 2
-        prepare.head = @CodebookHead()
-        CodebookHead.length = 3
-        CodebookHead.codes = 12
         prepare.embedder = @TfidfSvdEmbedder()
         TfidfSvdEmbedder.dim = 16
         make_optimizer.total_steps = 8
@@ -272,12 +270,12 @@ def test_numeric_docids_with_codebook_head_train_evaluate_and_resume(tmp_path):
         EvalConfig.num_beams = 5
         """
     configure(tmp_path, extra + "TRAIN_STEPS = 4\n", bindings=[f"MODEL_DIR = '{tmp_path / 'sem'}'"])
-    first = trainer.train()
+    first = compose.train()
     assert first["queries"] > 0 and 0.0 <= first["metrics"]["Hit@10"] <= 1.0
     assert len(Path(first["run"]).read_text().splitlines()) == 5 * first["queries"]  # 5 beams → 5 documents
     gin.clear_config()
     configure(tmp_path, extra + "TRAIN_STEPS = 8\n", bindings=[f"MODEL_DIR = '{tmp_path / 'sem'}'"])
-    resumed = trainer.train()  # same docids after reloading the scheme state (else: TrainingError)
+    resumed = compose.train()  # same docids after reloading the scheme state (else: TrainingError)
     assert int(resumed["state"]["step"]) == 8
 
 
@@ -294,7 +292,7 @@ def test_multi_docid_scheme_trains_on_every_docid_and_retrieves(tmp_path):
         EvalConfig.num_beams = 4
         """
     configure(tmp_path, extra, bindings=[f"MODEL_DIR = '{tmp_path / 'pq'}'"])
-    setup = trainer.prepare(str(tmp_path / "pq"), 16, {"inputs": 32, "targets": 12}, "demo")
+    setup = compose.prepare(str(tmp_path / "pq"), 16, {"inputs": 32, "targets": 12}, "demo")
     table = setup.table
     assert len(table) > len(setup.dataset.corpus)  # several docids for some documents
     n_index = len(table)  # indexing: every document once per docid
@@ -306,7 +304,7 @@ def test_multi_docid_scheme_trains_on_every_docid_and_retrieves(tmp_path):
     qid = next(q for q, judged in setup.dataset.qrels["train"].items() if first_doc in judged)
     text = dict(zip(queries.qids, queries.texts))[qid]
     assert table.sequence(int(table.primary([0])[0])) == setup.vocab.encode(text)[:10]
-    summary = trainer.train()
+    summary = compose.train()
     assert summary["queries"] > 0
     lines = Path(summary["run"]).read_text().splitlines()
     per_query = {}
