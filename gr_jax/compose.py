@@ -163,7 +163,7 @@ def _vocabulary(vocabulary: Optional[str], model_dir: Path, dataset: Dataset, tr
 
 def _table_digest(table: DocidTable) -> str:
     h = hashlib.sha256()
-    for a in (table.sequences, table.lengths, table.doc_rows):
+    for a in (table.sequences, table.lengths, table.doc_rows) + (() if table.weights is None else (table.weights,)):
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()[:16]
 
@@ -295,6 +295,7 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
     if table.space.kind == "text" and table.space.end > config.vocab_size:
         config = config.replace(vocab_size=table.space.end)
     model = (model_fn or GenerativeRetriever)(config, head, score_mode=score_mode)
+    model.use_docids(table)
     gin_checks.check_bindings_used(("train", "infer", "run_dynamic"))
 
     if lengths["targets"] < table.target_length:

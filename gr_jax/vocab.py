@@ -214,7 +214,9 @@ def load_vocabulary(path: str | os.PathLike, extra_ids: int | None = None) -> Vo
 class DocidTokenSpace:
     """Where docid tokens live.
 
-    kind "text": `size` ids `offset .. offset + size - 1` in the model's vocabulary, valid at every position.
+    kind "text": `size` ids `offset .. offset + size - 1` in the model's vocabulary, valid at every position;
+      `length` 0: docids of any length, ended by EOS; `length` > 0: every docid exactly `length` tokens, no
+      EOS (GLEN's lexical docids).
     kind "codebook": `length` positions × `size` codes in a separate table (row = position * size + code).
     """
 
@@ -230,6 +232,11 @@ class DocidTokenSpace:
             raise ValueError(f"DocidTokenSpace.size must be positive, got {self.size}")
         if self.kind == "codebook" and self.length <= 0:
             raise ValueError("a codebook DocidTokenSpace needs length > 0 (the number of docid positions)")
+
+    @property
+    def fixed_length(self) -> bool:
+        """Every docid has exactly `length` tokens and no EOS (codebook docids, fixed-length text docids)."""
+        return self.length > 0
 
     @classmethod
     def above_text(cls, vocab_size: int, count: int) -> "DocidTokenSpace":

@@ -6,7 +6,8 @@ training targets (`primary`) and the prefix tree (`index`).
 
 Two kinds of token spaces (vocab.py):
 * "text" — ids of the model vocabulary (naive string docids, titles, keywords) or ids grown above it
-  (atomic); sequences have variable length and end with EOS in the index and in the targets;
+  (atomic); sequences have variable length and end with EOS in the index and in the targets — or, when the
+  space has a `length`, exactly that many tokens and no EOS (GLEN);
 * "codebook" — L positions × V codes of a per-position docid head (semantic, PQ, RQ); fixed length L,
   no EOS.
 
@@ -42,9 +43,17 @@ class DocidTable:
     lengths: np.ndarray  # [M] int32
     doc_rows: np.ndarray  # [M] int64
     space: DocidTokenSpace
+    # [M, Lmax] float32 or None: a weight per docid token (GLEN: the raw logit of each token when the docid was
+    # decoded from its document); rankers that order documents sharing a docid read them (decoding/rankers.py)
+    weights: Optional[np.ndarray] = None
 
     def __post_init__(self):
         self.sequences = np.asarray(self.sequences, dtype=np.int32)
+        if self.weights is not None:
+            self.weights = np.asarray(self.weights, dtype=np.float32)
+            if self.weights.shape != self.sequences.shape:
+                raise ValueError(f"DocidTable: weights {self.weights.shape} must match sequences "
+                                 f"{self.sequences.shape}")
         self.lengths = np.asarray(self.lengths, dtype=np.int32)
         self.doc_rows = np.asarray(self.doc_rows, dtype=np.int64)
         M = len(self.doc_rows)
@@ -53,16 +62,23 @@ class DocidTable:
         if M and (self.lengths < 1).any():
             raise ValueError("DocidTable: every docid needs at least one token")
         if self.fixed_length and M and (self.lengths != self.space.length).any():
-            raise ValueError(f"DocidTable: codebook docids must all have length {self.space.length}")
+            raise ValueError(f"DocidTable: this {self.space.kind} space's docids must all have length "
+                             f"{self.space.length}")
 
     @classmethod
-    def from_lists(cls, sequences: Sequence[Sequence[int]], doc_rows: Sequence[int], space: DocidTokenSpace):
+    def from_lists(cls, sequences: Sequence[Sequence[int]], doc_rows: Sequence[int], space: DocidTokenSpace,
+                   weights: Optional[Sequence[Sequence[float]]] = None):
         lengths = np.array([len(s) for s in sequences], dtype=np.int32)
         width = int(lengths.max()) if len(lengths) else 1
         arr = np.full((len(sequences), width), PAD_ID, dtype=np.int32)
+        w = None if weights is None else np.zeros((len(sequences), width), np.float32)
         for i, s in enumerate(sequences):
             arr[i, : len(s)] = s
-        return cls(arr, lengths, np.asarray(doc_rows, dtype=np.int64), space)
+            if w is not None:
+                if len(weights[i]) != len(s):
+                    raise ValueError(f"DocidTable: docid {i} has {len(s)} tokens but {len(weights[i])} weights")
+                w[i, : len(s)] = weights[i]
+        return cls(arr, lengths, np.asarray(doc_rows, dtype=np.int64), space, w)
 
     def __len__(self) -> int:
         return len(self.doc_rows)
@@ -72,15 +88,21 @@ class DocidTable:
         """One table from several of the same token space (e.g. D0's docids and those of later parts)."""
         if not tables or any(t.space != tables[0].space for t in tables):
             raise ValueError("DocidTable.concatenate needs at least one table, all in the same token space")
+        if len({t.weights is None for t in tables}) > 1:
+            raise ValueError("DocidTable.concatenate: some tables have token weights and some not")
         width = max(t.sequences.shape[1] for t in tables)
-        seqs = np.concatenate([np.pad(t.sequences, ((0, 0), (0, width - t.sequences.shape[1])),
-                                      constant_values=PAD_ID) for t in tables])
+
+        def pad(a, value):
+            return np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=value)
+
+        seqs = np.concatenate([pad(t.sequences, PAD_ID) for t in tables])
+        weights = None if tables[0].weights is None else np.concatenate([pad(t.weights, 0.0) for t in tables])
         return cls(seqs, np.concatenate([t.lengths for t in tables]), np.concatenate([t.doc_rows for t in tables]),
-                   tables[0].space)
+                   tables[0].space, weights)
 
     @property
     def fixed_length(self) -> bool:
-        return self.space.kind == "codebook"
+        return self.space.fixed_length
 
     @property
     def target_length(self) -> int:
@@ -137,8 +159,9 @@ class DocidTable:
 
         seqs = [self.sequence(i) for i in range(len(self))]
         if self.fixed_length:
-            return TrieIndex.build(np.asarray(seqs, dtype=np.int32), self.doc_rows, vocab_size=self.space.size,
-                                   **build_kwargs)
+            size = self.space.size if self.space.kind == "codebook" else (vocab_size or self.space.end)
+            return TrieIndex.build(np.asarray(seqs, dtype=np.int32).reshape(len(self), -1), self.doc_rows,
+                                   vocab_size=size, **build_kwargs)
         return TrieIndex.build(seqs, self.doc_rows, vocab_size=vocab_size or self.space.end, eos_id=EOS_ID,
                                append_eos=True, **build_kwargs)
 
@@ -166,7 +189,9 @@ class DocidTable:
 
     def save(self, path: str | os.PathLike) -> None:
         with atomic_dir(path) as tmp:
-            np.savez(tmp / "docids.npz", sequences=self.sequences, lengths=self.lengths, doc_rows=self.doc_rows)
+            extra = {} if self.weights is None else {"weights": self.weights}
+            np.savez(tmp / "docids.npz", sequences=self.sequences, lengths=self.lengths, doc_rows=self.doc_rows,
+                     **extra)
             (tmp / "docids.json").write_text(json.dumps({"space": self.space.to_json()}))
 
     @classmethod
@@ -175,7 +200,7 @@ class DocidTable:
         try:
             meta = json.loads((path / "docids.json").read_text())
             with np.load(path / "docids.npz", allow_pickle=False) as z:
-                arrays = {k: z[k] for k in ("sequences", "lengths", "doc_rows")}
+                arrays = {k: z[k] for k in ("sequences", "lengths", "doc_rows", "weights") if k in z.files}
         except (OSError, KeyError, ValueError) as e:
             raise ValueError(f"{path}: not a saved DocidTable ({e})") from None
         return cls(**arrays, space=DocidTokenSpace(**meta["space"]))

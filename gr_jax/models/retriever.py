@@ -56,6 +56,10 @@ class GenerativeRetriever:
         head = jax.tree_util.tree_map(lambda x: P("vocab", "embed") if x.ndim == 2 else P(), params["head"])
         return {"network": t5.param_axes(self.config), "head": head}
 
+    def use_docids(self, table) -> None:
+        """The composition hands over the docid table the index holds (again whenever documents are added). A
+        model whose ranker reads the docids' token weights keeps them (`models.glen`); default: nothing."""
+
     # -- parameters ---------------------------------------------------------------------------------------
     def init_params(self, seed: int = 0) -> dict:
         net_key, head_key = jax.random.split(jax.random.PRNGKey(seed))

@@ -43,6 +43,7 @@ from gr_jax.data.splits import DynamicSplit, dynamic_split
 from gr_jax.evaluation import dynamic as measures
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.data.trec import Run, ranked
+from gr_jax.docids.base import DocidTable
 from gr_jax.io_utils import atomic_dir
 
 log = logging.getLogger(__name__)
@@ -265,6 +266,7 @@ class GRSystem:
                                 f"{self.setup.model.config.vocab_size}")
         counts = table.insert_into(self.index)
         self.tables.append(table)
+        self.setup.model.use_docids(DocidTable.concatenate(self.tables))
         self.rows += list(rows)
         if self.replay is not None and self.replay.steps > 0:
             self._replay(rows)
@@ -283,7 +285,6 @@ class GRSystem:
         """Fine-tunes on the new documents' indexing pairs plus replayed old pairs (DSI++ without SAM)."""
         from gr_jax import compose
         from gr_jax.data.pairs import indexing_pairs, query_pairs
-        from gr_jax.docids.base import DocidTable
 
         r, part = self.replay, len(self.tables) - 1
         corpus = self.data.full.corpus

@@ -324,7 +324,8 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
             scalars.update(steps_per_s=steps_since / (time.time() - t_log), epoch=float(np.mean(iterator.epochs())))
             writer.write(step, scalars)
             if bar is not None:
-                bar.set_postfix({k: f"{v:.3f}" for k, v in list(scalars.items())[:2]})
+                shown = sorted(host, key=lambda k: (k != "loss", k))[:3]  # the loss first, when the objective has one
+                bar.set_postfix({k: f"{scalars[k]:.3f}" for k in shown})
             acc, t_log, steps_since = {}, time.time(), 0
         if bar is not None:
             bar.update(1)

@@ -1,0 +1,212 @@
+"""GLEN's model (paper 002, §3.2–3.4): a T5 whose decoder is fed its own previous hidden state.
+
+Step 0's decoder input is the embedding row of the start id (0); step t > 0's input is the decoder's output at
+step t − 1 (the final-layer-norm output, unscaled, no projection); logits are the network's usual output
+projection of that hidden state (for a tied T5 v1.0: `h · d_model^-0.5 @ Eᵀ`). The chosen token is never fed
+back, so a query (or document) has ONE table of step logits [M, V] that every beam reads: decoding is a
+constrained top-K over a fixed table. Special ids (`masked_ids`: UNK and the sentinels in GLEN's code) are
+−inf before the argmax and the log-softmax; PAD and EOS are not masked.
+
+* `step_table(...)` → raw logits [B, M, V] and hidden states [B, M, D] of M steps.
+* `decode_docids(...)` → each document's docid (greedy argmax of the masked logits) and the raw logit of each
+  chosen token (GLEN's makeid; the docid's token weights).
+* `GlenRetriever` — the model object (`prepare.model_fn = @GlenRetriever`): constrained search with
+  K = `beam_factor` · N beams, of which the first N are ranked; the ranker receives the query's raw logits at
+  each beam's tokens and the docid table's token weights (`rankers.CollisionFree`: paper Eq. 9).
+  `feed="tokens"` is the paper's ablation (token embeddings fed back: a plain seq2seq decoder).
+
+Dimension letters as in WORKSPACE.md: B batch, N beams, M docid length, V vocabulary, D d_model, R = B·N rows.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional, Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.decoding import beam_search as bs
+from gr_jax.decoding import rankers
+from gr_jax.index.device import leaf_documents
+from gr_jax.models import convert, t5
+from gr_jax.models.retriever import GenerativeRetriever
+from gr_jax.models.search import Searcher
+
+FEEDS = ("hidden", "tokens")
+PHASE1_KEY = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"
+
+
+def load_glen_hf(hf_dir) -> tuple[t5.T5Config, dict]:
+    """GLEN's released (phase-2) model — a plain HF T5 directory — → (our config, network params). A phase-1
+    checkpoint (GLEN's phase-1 T5 adds a relative position bias to decoder block 0's cross-attention) is an
+    error: its decoder differs from the phase-2 model this library implements."""
+    tensors = convert.read_hf_tensors(hf_dir)
+    if PHASE1_KEY in tensors:
+        raise convert.CheckpointError(
+            f"{hf_dir}: a GLEN phase-1 checkpoint ({PHASE1_KEY} is a cross-attention relative position bias "
+            f"that only GLEN's phase-1 model has); load the phase-2 (final) model, or train phase 1 here")
+    config = convert.config_from_hf(convert.read_hf_config(hf_dir), tensors, source=str(hf_dir))
+    return config, convert.params_from_hf(tensors, config, source=str(hf_dir))
+
+
+def mask_logits(logits_xV, masked_ids: Sequence[int]):
+    """−inf at the masked ids (UNK, sentinels): they can be neither chosen nor part of the normaliser."""
+    if not len(masked_ids):
+        return logits_xV
+    return logits_xV.at[..., jnp.asarray(np.asarray(masked_ids, np.int32))].set(-jnp.inf)
+
+
+def step_table(network: t5.T5, net_params, input_tokens_BxL, length: int, start_token: int = 0):
+    """GLEN's M decoder steps with hidden-state feedback → (raw logits [B, M, V] float32, hidden [B, M, D])."""
+    variables = {"params": net_params}
+    mask = input_tokens_BxL != network.config.pad_token_id
+    encoded = network.apply(variables, input_tokens_BxL, mask, method=t5.T5.encode)
+    cache = network.apply(variables, encoded, mask, length, method=t5.T5.init_cache)
+    B = input_tokens_BxL.shape[0]
+    x = network.apply(variables, jnp.full((B,), start_token, jnp.int32), method=t5.T5.embed)
+    hidden = []
+    for _ in range(length):  # M is small (3 for NQ320k, 7 for MS MARCO): unrolled
+        h, cache = network.apply(variables, cache, x, method=t5.T5.decode_step_embedded)
+        hidden.append(h)
+        x = h
+    hidden_BxMxD = jnp.stack(hidden, axis=1)
+    return network.apply(variables, hidden_BxMxD, method=t5.T5.logits), hidden_BxMxD
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _greedy(network, net_params, tokens, length, masked):
+    logits, _ = step_table(network, net_params, tokens, length)
+    ids = jnp.argmax(mask_logits(logits, masked), axis=-1)
+    return ids, jnp.take_along_axis(logits, ids[..., None], axis=-1)[..., 0]
+
+
+def decode_docids(network: t5.T5, net_params, doc_tokens: np.ndarray, length: int, masked_ids: Sequence[int],
+                  batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Every document's docid by greedy decoding (argmax of the masked step logits) and the raw logit of each
+    chosen token: (tokens [num_docs, M] int32, logits [num_docs, M] float32). Batches are padded to one shape
+    (one compile); padding rows are dropped."""
+    masked = tuple(int(i) for i in masked_ids)
+    doc_tokens = np.asarray(doc_tokens, np.int32)
+    n = len(doc_tokens)
+    ids, logits = np.zeros((n, length), np.int32), np.zeros((n, length), np.float32)
+    for start in range(0, n, batch_size):
+        part = doc_tokens[start:start + batch_size]
+        pad = batch_size - len(part)
+        if pad:
+            part = np.concatenate([part, np.zeros((pad, part.shape[1]), np.int32)])
+        i, lg = jax.device_get(_greedy(network, net_params, jnp.asarray(part), length, masked))
+        ids[start:start + batch_size] = i[: batch_size - pad]
+        logits[start:start + batch_size] = lg[: batch_size - pad]
+    return ids, logits
+
+
+def _table_cache(table_BxMxV):
+    return {"table": table_BxMxV, "t": jnp.zeros((), jnp.int32)}
+
+
+def _table_step(cache, tokens_R):
+    """One level of the search: every beam of a query reads the query's row of the table at level t."""
+    table = cache["table"]
+    rows_per_query = tokens_R.shape[0] // table.shape[0]
+    logits = table[jnp.arange(tokens_R.shape[0]) // rows_per_query, cache["t"]]
+    return logits, {"table": table, "t": cache["t"] + 1}
+
+
+def _keep_per_query(cache, n):
+    return cache  # the table stays one row per query; `_table_step` maps beams to their query
+
+
+@gin.configurable
+class GlenRetriever(GenerativeRetriever):
+    """GLEN as a model object. `docid_length` M must equal the docid table's fixed length; `masked_ids` are
+    the ids never generated (default: UNK = 2; GLEN's code masks UNK and the sentinel ids of its tokenizer)."""
+
+    def __init__(self, config: t5.T5Config, head=None, score_mode: str = "log_softmax",
+                 length_penalty: float = 0.0, *, docid_length: int = 3, masked_ids: Sequence[int] = (2,),
+                 beam_factor: int = 2, feed: str = "hidden", ranker: Optional[Callable] = None, **kwargs):
+        if feed not in FEEDS:
+            raise ValueError(f"GlenRetriever.feed must be one of {FEEDS}, got {feed!r}")
+        if score_mode != "log_softmax":
+            raise ValueError("GlenRetriever scores docids by the log-softmax of the step logits (paper §3.4); "
+                             f"score_mode {score_mode!r} is not GLEN")
+        super().__init__(config, head, score_mode, length_penalty,
+                         ranker=ranker if ranker is not None else rankers.CollisionFree(), **kwargs)
+        self.docid_length = int(docid_length)
+        self.masked_ids = tuple(int(i) for i in masked_ids)
+        self.beam_factor = int(beam_factor)
+        self.feed = feed
+        self._doc_weights = None
+        self._search_jit = None
+
+    # -- docids -----------------------------------------------------------------------------------------
+    def use_docids(self, table) -> None:
+        """Keeps the docid table's token weights by corpus row (what the collision-free ranker compares)."""
+        if table.space.length != self.docid_length:
+            raise ValueError(f"GLEN docids of {table.space.length or 'variable'} tokens, but "
+                             f"GlenRetriever.docid_length = {self.docid_length}; set it to the docids' length")
+        if table.weights is None:
+            self._doc_weights = None
+            return
+        weights = np.zeros((int(table.doc_rows.max()) + 1, self.docid_length), np.float32)
+        weights[table.doc_rows] = table.weights[:, : self.docid_length]
+        self._doc_weights = weights
+
+    def step_table(self, params, tokens_BxL):
+        """(raw logits [B, M, V], hidden [B, M, D]) of the query or document tokens."""
+        return step_table(self.network, params["network"], tokens_BxL, self.docid_length,
+                          self.config.decoder_start_token_id)
+
+    def decode_docids(self, params, doc_tokens, batch_size: int = 64):
+        return decode_docids(self.network, params["network"], doc_tokens, self.docid_length, self.masked_ids,
+                             batch_size)
+
+    # -- search -----------------------------------------------------------------------------------------
+    def _cache(self, params, query_tokens, max_length: int):
+        if self.feed == "tokens":
+            return super()._cache(params, query_tokens, max_length)
+        logits, _ = self.step_table(params, query_tokens)
+        return _table_cache(mask_logits(logits, self.masked_ids))
+
+    def searcher(self, num_beams: int) -> Searcher:
+        if self.feed == "tokens":
+            return super().searcher(num_beams)
+        if num_beams not in self._searchers:
+            self._searchers[num_beams] = Searcher(
+                lambda params, cache, tokens: _table_step(cache, tokens), self._cache,
+                start_token=self.config.decoder_start_token_id, eos_id=self.config.eos_token_id,
+                vocab_size=self.config.vocab_size, num_beams=num_beams, score_mode=self.score_mode,
+                length_penalty=self.length_penalty, bonus_fn=self.bonus_fn, tile_fn=_keep_per_query)
+        return self._searchers[num_beams]
+
+    def _search_impl(self, params, query_tokens, trie, query_state, num_beams: int):
+        logits, _ = self.step_table(params, query_tokens)
+        res = bs.beam_search(_table_step, _table_cache(mask_logits(logits, self.masked_ids)), trie,
+                             batch_size=query_tokens.shape[0], num_beams=self.beam_factor * num_beams,
+                             score_mode=self.score_mode, length_penalty=self.length_penalty,
+                             bonus_fn=self.bonus_fn, query_state=query_state,
+                             start_token=self.config.decoder_start_token_id, tile_fn=_keep_per_query)
+        res = jax.tree_util.tree_map(lambda x: x[:, :num_beams], res)  # GLEN ranks the first N of K beams
+        tokens = jnp.clip(res.tokens[:, :, : self.docid_length], 0, None)
+        w_q = jnp.take_along_axis(logits[:, None], tokens[..., None], axis=-1)[..., 0]  # [B, N, M]
+        return res, w_q
+
+    def beams(self, params, query_tokens_BxL, index, num_beams: int):
+        """GLEN's constrained top-K with K = beam_factor · N; the first N beams (BeamResult [B, N]) and the
+        query's raw logits at each beam's tokens [B, N, M] (w^q of paper Eq. 9)."""
+        if self.feed == "tokens":
+            raise ValueError("GlenRetriever.beams: feed='tokens' decodes like a plain seq2seq model (predict)")
+        if self._search_jit is None:
+            self._search_jit = jax.jit(self._search_impl, static_argnums=(4,))
+        state = None if self.query_state_fn is None else self.query_state_fn(self, params, query_tokens_BxL)
+        return self._search_jit(params, jnp.asarray(query_tokens_BxL), index.device(), state, num_beams)
+
+    def rank(self, params, query_tokens_BxL, index, num_beams: int = 10):
+        if self.feed == "tokens":
+            return super().rank(params, query_tokens_BxL, index, num_beams)
+        res, w_q = self.beams(params, query_tokens_BxL, index, num_beams)
+        docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
+        docs, valid, scores, w_q = jax.device_get((docs, valid, res.scores, w_q))
+        return self.ranker(docs, valid, scores, beam_weights=w_q, doc_weights=self._doc_weights)

@@ -1,0 +1,132 @@
+"""Parity of `models.glen` with GLEN's own PyTorch code, on a fixture folder of reference outputs.
+
+A fixture folder (the layout of `tests/fixtures/glen_parity/`, README there) holds a tiny HF T5 (`model/`),
+inputs (`inputs.npz`), the reference outputs of GLEN's code (`outputs.npz`, `ranking.json`), its docid file
+(`glen_docid.tsv`) and `meta.json` (token strings `tok{id}`, docid length M). `check_glen_fixture` loads the
+model through our loader and compares every quantity: step logits and hidden states (queries and documents),
+encoder output, each document's docid (tokens identical, logits), the docid file as read, and for every
+setting (N returned, K = 2N beams) the final beams and the collision-free ranked lists (identical order;
+beam log-probabilities and cosines). Keys ending in `_diff` are max absolute differences.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.decoding import rankers
+from gr_jax.docids import glen as glen_docids
+from gr_jax.index.device import leaf_documents
+from gr_jax.models import glen, t5
+
+
+def _read(fixture: Path):
+    for name in ("model", "inputs.npz", "outputs.npz", "ranking.json", "glen_docid.tsv", "meta.json"):
+        if not (fixture / name).exists():
+            raise ValueError(f"{fixture}: no {name}; not a GLEN parity fixture folder")
+    meta = json.loads((fixture / "meta.json").read_text())
+    with np.load(fixture / "inputs.npz", allow_pickle=False) as z:
+        inputs = {k: z[k] for k in z.files}
+    with np.load(fixture / "outputs.npz", allow_pickle=False) as z:
+        outputs = {k: z[k] for k in z.files}
+    ranking = json.loads((fixture / "ranking.json").read_text())
+    return meta, inputs, outputs, ranking
+
+
+def _piece_to_id(meta: dict):
+    """The fixture's stub tokenizer: token string `tok{id}` ↔ id (meta.json's token_layout.token_string)."""
+    pattern = meta.get("token_layout", {}).get("token_string", "tok{id}")
+    regex = re.compile("^" + re.escape(pattern).replace(re.escape("{id}"), "([0-9]+)") + "$")
+
+    def piece_to_id(piece: str):
+        m = regex.match(piece)
+        return int(m.group(1)) if m else None
+
+    return piece_to_id
+
+
+def _max_diff(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shape {a.shape} vs the reference's {b.shape}")
+    return float(np.abs(a - b).max()) if a.size else 0.0
+
+
+def check_glen_fixture(fixture_dir, batch_size: int = 16) -> dict:
+    fixture = Path(fixture_dir)
+    meta, inputs, outputs, ranking = _read(fixture)
+    config, net = glen.load_glen_hf(fixture / "model")
+    M = int(meta["M"])
+    masked = inputs["masked_token_ids"].tolist()
+    model = glen.GlenRetriever(config, docid_length=M, masked_ids=masked)
+    params = {"network": jax.tree_util.tree_map(jnp.asarray, net), "head": {}}
+    out: dict = {"method": "glen", "fixture": str(fixture)}
+
+    docs = jnp.asarray(inputs["doc_input_ids"], jnp.int32)
+    queries = jnp.asarray(inputs["query_input_ids"], jnp.int32)
+    d_logits, d_hidden = model.step_table(params, docs)
+    q_logits, q_hidden = model.step_table(params, queries)
+    encoded = model.network.apply({"params": params["network"]}, queries, queries != config.pad_token_id,
+                                  method=t5.T5.encode)
+    out["doc_step_logits_diff"] = _max_diff(d_logits, outputs["doc_step_logits"])
+    out["doc_step_hidden_diff"] = _max_diff(d_hidden, outputs["doc_step_hidden"])
+    out["query_step_logits_diff"] = _max_diff(q_logits, outputs["query_step_logits"])
+    out["query_step_hidden_diff"] = _max_diff(q_hidden, outputs["query_step_hidden"])
+    out["query_encoder_output_diff"] = _max_diff(encoded, outputs["query_encoder_output"])
+
+    ids, logits = model.decode_docids(params, inputs["doc_input_ids"], batch_size=batch_size)
+    out["docids_identical"] = bool(np.array_equal(ids, outputs["doc_docid_tokens"]))
+    out["doc_docid_logits_diff"] = _max_diff(logits, outputs["doc_docid_logit_raw"])
+    tsv = glen_docids.read_docid_tsv(fixture / "glen_docid.tsv", _piece_to_id(meta))
+    out["docid_file_identical"] = bool(np.array_equal(tsv.tokens, outputs["doc_docid_tokens"]))
+    out["docid_file_logits_diff"] = _max_diff(tsv.logits, outputs["doc_docid_logit_rounded"])
+
+    table = glen_docids.table_for_corpus(tsv, tsv.doc_ids, config.vocab_size, source=str(fixture / "glen_docid.tsv"))
+    index = table.index(vocab_size=config.vocab_size)
+    model.use_docids(table)
+    rankings_same, beams_same = True, True
+    logprob_diff, cosine_diff, beam_diff = 0.0, 0.0, 0.0
+    for setting in ranking["settings"]:
+        N = int(setting["num_return_sequences"])
+        res, w_q = model.beams(params, queries, index, N)  # K = 2N beams, the first N
+        # all K beams, through `predict` (the Searcher path), to compare the whole search, not only the first N
+        full = jax.device_get(model.predict(params, queries, index, model.beam_factor * N))
+        found, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
+        q, d, n, cos = rankers.collision_free_arrays(*jax.device_get((found, valid, w_q)), model._doc_weights)
+        scores = np.asarray(res.scores)
+        row_of = {doc_id: r for r, doc_id in enumerate(tsv.doc_ids)}
+        for b, ref in enumerate(setting["per_query"]):
+            mine = d[q == b]
+            theirs = [row_of[e["doc"]] for e in ref["ranked"]]
+            rankings_same &= mine.tolist() == theirs
+            if mine.tolist() != theirs:
+                continue
+            for e, nb, c in zip(ref["ranked"], n[q == b], cos[q == b]):
+                rankings_same &= int(e["beam_rank"]) == int(nb)
+                logprob_diff = max(logprob_diff, abs(float(e["seq_logprob"]) - float(scores[b, nb])))
+                if e["cosine"] is not None:
+                    cosine_diff = max(cosine_diff, abs(float(e["cosine"]) - float(c)))
+            ref_beams = [bm for bm in ref["final_beams"] if bm["logprob"] is not None]
+            my_tokens = [full.tokens[b, k, :M].tolist() for k in range(full.tokens.shape[1]) if full.valid[b, k]]
+            beams_same &= my_tokens == [bm["tokens"] for bm in ref_beams]
+            if my_tokens == [bm["tokens"] for bm in ref_beams]:
+                beam_diff = max([beam_diff] + [abs(float(bm["logprob"]) - float(full.scores[b, k]))
+                                               for k, bm in enumerate(ref_beams)])
+    out["final_beams_identical"] = bool(beams_same)
+    out["final_beam_logprob_diff"] = beam_diff
+    out["ranked_logprob_diff"] = logprob_diff
+    out["ranked_cosine_diff"] = cosine_diff
+    out["rankings_identical"] = bool(rankings_same)
+    return out
+
+
+def within(result: dict, tolerance: float = 1e-4) -> bool:
+    """Every `_diff` within `tolerance` and every identity check true."""
+    diffs_ok = all(v <= tolerance for k, v in result.items() if k.endswith("_diff"))
+    same_ok = all(v for k, v in result.items() if k.endswith("_identical"))
+    return diffs_ok and same_ok
