@@ -1,0 +1,122 @@
+"""GLEN's phase-2 training terms (002_glen.txt §3.3.2), as pure functions of arrays.
+
+* `identifier_repr` — r_t = Softmax(ℓ_t / τ) · E (Eq. 6): a document's soft identifier, ℓ_t its step logits;
+* `relevance` — rel(q, d) = Σ_t q_t · r_t (Eq. 6), q_t the query's decoder output at step t;
+* `pairwise_loss` — Eq. 5: −log softmax of rel over the positive and the negatives (the query's own sampled
+  negatives, and with `in_batch` every other query's documents in the batch);
+* `pointwise_loss` — Eq. 7: cross-entropy of the query's step distributions to the positive's identifier
+  z⁺ (the argmax of the positive's masked logits) + λ_dist · cosine distance between w^q and w^{d⁺}, the two
+  logit vectors at z⁺'s tokens;
+* `temperature` — τ = max(1e-5, exp(−epoch)) (the annealing of §3.3.2);
+* `prefix_negatives` — prefix-aware negatives: the documents sharing the positive's whole docid, else its
+  first M−1 tokens, …, the longest prefix whose group has at least N_neg other documents; N_neg drawn from it.
+
+The step logits are the model's (for a tied T5 v1.0: d_t · Eᵀ · d_model^-0.5); the paper writes d_t · Eᵀ,
+which differs by that constant factor inside the softmax — the annealed τ (→ 1e-5) makes both the argmax.
+Dimension letters: B queries, G documents per query (positive first, then negatives), M docid length,
+V vocabulary, D d_model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def temperature(epoch: float, floor: float = 1e-5) -> float:
+    """τ = max(floor, exp(−epoch)); `epoch` counts passes over the training queries (fractional)."""
+    return max(floor, math.exp(-float(epoch)))
+
+
+def identifier_repr(logits_xMxV, embedding_VxD, tau):
+    """r_t = Softmax(ℓ_t / τ) · E for every step: [..., M, D]."""
+    p = jax.nn.softmax(logits_xMxV.astype(jnp.float32) / tau, axis=-1)
+    return jnp.einsum("...mv,vd->...md", p, embedding_VxD.astype(jnp.float32))
+
+
+def relevance(query_hidden_BxMxD, doc_repr_CxMxD):
+    """rel(q, d) = Σ_t q_t · r_t for every query × candidate: [B, C]."""
+    return jnp.einsum("bmd,cmd->bc", query_hidden_BxMxD.astype(jnp.float32), doc_repr_CxMxD)
+
+
+def pairwise_loss(query_hidden_BxMxD, doc_repr_BxGxMxD, in_batch: bool = True):
+    """Eq. 5 averaged over the B queries. Query b's positive is document (b, 0); its negatives are (b, 1..G−1)
+    and, with `in_batch`, every document of the other queries. Returns (loss, accuracy of the positive
+    being ranked first)."""
+    B, G = doc_repr_BxGxMxD.shape[:2]
+    flat = doc_repr_BxGxMxD.reshape((B * G,) + doc_repr_BxGxMxD.shape[2:])
+    scores = relevance(query_hidden_BxMxD, flat)  # [B, B·G]
+    owner = jnp.arange(B * G) // G
+    if not in_batch:
+        scores = jnp.where(owner[None, :] == jnp.arange(B)[:, None], scores, -jnp.inf)
+    target = jnp.arange(B) * G
+    logp = jax.nn.log_softmax(scores, axis=-1)
+    loss = -jnp.take_along_axis(logp, target[:, None], axis=-1)[:, 0]
+    return loss.mean(), (jnp.argmax(scores, axis=-1) == target).astype(jnp.float32).mean()
+
+
+def _cosine(a, b, eps: float = 1e-8):
+    na = jnp.maximum(jnp.linalg.norm(a, axis=-1), eps)
+    nb = jnp.maximum(jnp.linalg.norm(b, axis=-1), eps)
+    return (a * b).sum(-1) / (na * nb)
+
+
+def pointwise_loss(query_logits_BxMxV, pos_logits_BxMxV, masked_ids=(), lambda_dist: float = 0.5):
+    """Eq. 7 averaged over the B queries: −Σ_t log P(z⁺_t | q) + λ_dist · (1 − cos(w^q, w^{d⁺})), with
+    z⁺ = argmax of the positive's masked logits (no gradient through the argmax), P the softmax of the
+    query's masked logits, and w = the raw logits at z⁺'s tokens. Returns (loss, z⁺ [B, M])."""
+    q = query_logits_BxMxV.astype(jnp.float32)
+    d = pos_logits_BxMxV.astype(jnp.float32)
+    if len(masked_ids):
+        ids = jnp.asarray(np.asarray(masked_ids, np.int32))
+        q_masked, d_masked = q.at[..., ids].set(-jnp.inf), d.at[..., ids].set(-jnp.inf)
+    else:
+        q_masked, d_masked = q, d
+    z = jax.lax.stop_gradient(jnp.argmax(d_masked, axis=-1))  # [B, M]
+    logp = jax.nn.log_softmax(q_masked, axis=-1)
+    nll = -jnp.take_along_axis(logp, z[..., None], axis=-1)[..., 0].sum(-1)  # Σ over the M steps
+    w_q = jnp.take_along_axis(q, z[..., None], axis=-1)[..., 0]
+    w_d = jnp.take_along_axis(d, z[..., None], axis=-1)[..., 0]
+    return (nll + lambda_dist * (1.0 - _cosine(w_q, w_d))).mean(), z
+
+
+def glen_loss(pair: jax.Array, point: jax.Array, lambda_point: float = 0.5):
+    """Eq. 8: L = L_pair + λ_point · L_point."""
+    return pair + lambda_point * point
+
+
+def prefix_negatives(docids_NxM: np.ndarray, positives: np.ndarray, num_negatives: int,
+                     rng: np.random.Generator, doc_keys: Optional[np.ndarray] = None) -> np.ndarray:
+    """Prefix-aware negatives for each positive row: [len(positives), num_negatives] rows of `docids_NxM`.
+
+    For prefix lengths k = M, M−1, …, 0 the candidates are the other documents whose first k docid tokens
+    equal the positive's; the first k whose candidates number at least `num_negatives` is used (k = 0: every
+    other document), and `num_negatives` are drawn from them without replacement (with replacement when the
+    corpus has fewer). Candidates are taken in `doc_keys` order (default: row) before drawing, so the draw
+    depends on the documents' keys and the generator, not on their row order when keys are given."""
+    docids = np.asarray(docids_NxM)
+    n, M = docids.shape
+    keys = np.arange(n) if doc_keys is None else np.asarray(doc_keys)
+    by_key = np.argsort(keys, kind="stable")
+    groups = []  # per k: group id of every row for the prefix of length k
+    for k in range(M + 1):
+        if k == 0:
+            groups.append(np.zeros(n, np.int64))
+        else:
+            _, g = np.unique(docids[:, :k], axis=0, return_inverse=True)
+            groups.append(g.reshape(-1))
+    out = np.empty((len(positives), num_negatives), np.int64)
+    for i, p in enumerate(np.asarray(positives)):
+        for k in range(M, -1, -1):
+            members = by_key[groups[k][by_key] == groups[k][p]]
+            members = members[members != p]
+            if len(members) >= num_negatives or k == 0:
+                break
+        if len(members) == 0:
+            raise ValueError("prefix_negatives: the corpus has no document besides the positive")
+        out[i] = rng.choice(members, size=num_negatives, replace=len(members) < num_negatives)
+    return out
