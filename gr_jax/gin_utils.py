@@ -45,7 +45,7 @@ def register_configurables() -> None:
     from gr_jax.decoding import rankers  # noqa: F401
     from gr_jax.docids import atomic, chunked, embed, lexical, ngram, numeric, pseudo_query  # noqa: F401
     from gr_jax.baselines import dense  # noqa: F401
-    from gr_jax.models import embed as model_embed, heads, retriever, t5  # noqa: F401
+    from gr_jax.models import embed as model_embed, glen, heads, retriever, t5  # noqa: F401
     from gr_jax.protocols import dynamic_corpora  # noqa: F401
     from gr_jax.training import partitioning, trainer  # noqa: F401
 

@@ -19,6 +19,8 @@ object holds one (`FirstOccurrence`, `MDGRRanker`, or any callable of that form,
   passed by `models.glen.GlenRetriever`) and the document's stored docid logits (`doc_weights [rows, M]`,
   the docid table's token weights); cut to N documents after the groups are expanded. `RandomTieOrder` is
   its baseline: the same, with colliding documents in a seeded random order.
+A ranker that reads token weights declares `uses_token_weights = True` and takes them as the keywords
+`beam_weights` and `doc_weights`; a model that has them (GLEN's) passes them only to such a ranker.
 
 Order: a run holds these scores and is read in trec_eval's order (score descending, ties by document id
 descending — `data.trec.ranked`), so ties never depend on a document's corpus row (which the dynamic-corpora
@@ -148,6 +150,8 @@ class CollisionFree:
     """GLEN's collision-free ranking (module docstring). The run's score is (N − beam index) + (1 + cos)/4:
     beam order first, then the cosine; documents with equal cosines tie and are read in trec order."""
 
+    uses_token_weights = True
+
     def __call__(self, docs_BxNxP, valid_BxNxP, beam_scores_BxN, *, beam_weights, doc_weights):
         q, d, n, cos = collision_free_arrays(docs_BxNxP, valid_BxNxP, beam_weights, doc_weights)
         return q, d, _beam_rank_score(n, (1.0 + cos) / 2.0, np.shape(beam_scores_BxN)[1])
@@ -161,7 +165,7 @@ class RandomTieOrder:
 
     seed: int = 0
 
-    def __call__(self, docs_BxNxP, valid_BxNxP, beam_scores_BxN, **_unused):
+    def __call__(self, docs_BxNxP, valid_BxNxP, beam_scores_BxN):
         q, n, d = _flat(docs_BxNxP, valid_BxNxP)
         salt = np.uint64((self.seed * 0x94D049BB133111EB) % (1 << 64))  # a splitmix64-style hash
         mix = (q.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)

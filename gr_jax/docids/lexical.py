@@ -80,12 +80,16 @@ class KeywordDocids(DocidScheme):
     (term frequency in the document × inverse document frequency over the initial corpus), in decreasing
     weight, ties by token id. Tokens whose piece has no letter (digits, punctuation, the bare "▁") and special
     ids are dropped. `split_collisions` appends the tokenized collision number ("1", "2", ...) to the second,
-    third, ... document that would share a docid. n = 3 for NQ320k, 7 for MS MARCO in the paper."""
+    third, ... document that would share a docid. n = 3 for NQ320k, 7 for MS MARCO in the paper.
+    `fixed_length` (GLEN's model): every docid exactly n tokens and no EOS (`DocidTokenSpace(length=n)`); a
+    document with fewer than n distinct keyword tokens is an error naming it (collisions stay: GLEN ranks them
+    apart at inference)."""
 
     n: int = 3
     k1: float = 0.9
     b: float = 0.4
     split_collisions: bool = False
+    fixed_length: bool = False
     name = "keywords"
     text_vocab_size: int = 0
     df: Optional[np.ndarray] = None  # document frequency of every vocabulary id over the initial corpus
@@ -93,6 +97,10 @@ class KeywordDocids(DocidScheme):
     avg_len: float = 0.0
     _vocab: object = dataclasses.field(default=None, repr=False)
     _seen: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        if self.fixed_length and self.split_collisions:
+            raise ValueError("KeywordDocids: split_collisions appends tokens, fixed_length forbids them; choose one")
 
     def fit(self, corpus, context: FitContext = FitContext()) -> "KeywordDocids":
         vocab = context.vocab
@@ -142,6 +150,9 @@ class KeywordDocids(DocidScheme):
             kw = self.keywords(corpus.texts[int(r)])
             if not kw:
                 raise ValueError(f"document {corpus.doc_ids[int(r)]!r} has no alphabetic token for a keyword docid")
+            if self.fixed_length and len(kw) < self.n:
+                raise ValueError(f"document {corpus.doc_ids[int(r)]!r} has {len(kw)} distinct keyword tokens, fewer "
+                                 f"than KeywordDocids.n = {self.n} (fixed_length); lower n or drop the document")
             if self.split_collisions:
                 key = tuple(kw)
                 count = self._seen.setdefault(key, {})
@@ -151,16 +162,19 @@ class KeywordDocids(DocidScheme):
                 if count[doc]:
                     kw = kw + self._vocab.encode(str(count[doc]))
             seqs.append(kw)
-        return DocidTable.from_lists(seqs, rows, DocidTokenSpace("text", self.text_vocab_size))
+        length = self.n if self.fixed_length else 0
+        return DocidTable.from_lists(seqs, rows, DocidTokenSpace("text", self.text_vocab_size, length=length))
 
     def state(self):
         return ({"n": self.n, "k1": self.k1, "b": self.b, "split_collisions": self.split_collisions,
+                 "fixed_length": self.fixed_length,
                  "text_vocab_size": self.text_vocab_size, "num_docs": self.num_docs, "avg_len": self.avg_len,
                  "seen": [[list(k), v] for k, v in self._seen.items()]}, {"df": self.df})
 
     def load_state(self, meta, arrays) -> None:
         self.n, self.k1, self.b = int(meta["n"]), float(meta["k1"]), float(meta["b"])
         self.split_collisions = bool(meta["split_collisions"])
+        self.fixed_length = bool(meta.get("fixed_length", False))
         self.text_vocab_size, self.num_docs = int(meta["text_vocab_size"]), int(meta["num_docs"])
         self.avg_len = float(meta["avg_len"])
         self._seen = {tuple(k): dict(v) for k, v in meta["seen"]}

@@ -163,6 +163,40 @@ class GlenRetriever(GenerativeRetriever):
         return decode_docids(self.network, params["network"], doc_tokens, self.docid_length, self.masked_ids,
                              batch_size)
 
+    # -- training ---------------------------------------------------------------------------------------
+    def hidden_fed(self, params, inputs_BxL, dropout_rng=None):
+        """`step_table` for training: the M steps recomputed over the growing input [E(start), h_0, …] (no
+        cache, so dropout applies); without `dropout_rng` it equals `step_table`. → (logits, hidden)."""
+        deterministic = dropout_rng is None
+        rngs = {} if deterministic else {"dropout": dropout_rng}
+        variables = {"params": params["network"]}
+        mask = inputs_BxL != self.config.pad_token_id
+        encoded = self.network.apply(variables, inputs_BxL, mask, deterministic, method=t5.T5.encode, rngs=rngs)
+        start = jnp.full((inputs_BxL.shape[0], 1), self.config.decoder_start_token_id, jnp.int32)
+        x = self.network.apply(variables, start, method=t5.T5.embed)
+        for _ in range(self.docid_length):
+            h = self.network.apply(variables, encoded, mask, x, deterministic, method=t5.T5.decode_hidden_embedded,
+                                   rngs=rngs)
+            x = jnp.concatenate([x, h[:, -1:].astype(x.dtype)], axis=1)
+        hidden = x[:, 1:]
+        return self.network.apply(variables, hidden, method=t5.T5.logits), hidden
+
+    def token_log_probs(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
+        """log P(target token) [B, T] under the masked step distributions (targets past M get 0), and the
+        argmax hits — what `docid_cross_entropy` (GLEN's L_key, Eq. 4) reads."""
+        if self.feed == "tokens":
+            return super().token_log_probs(params, inputs_BxL, targets_BxT, dropout_rng)
+        M, T = self.docid_length, targets_BxT.shape[1]
+        if T < M:
+            raise ValueError(f"targets of {T} tokens, shorter than GLEN's docid length {M}")
+        logits, _ = self.hidden_fed(params, inputs_BxL, dropout_rng)
+        masked = mask_logits(logits, self.masked_ids)
+        first = targets_BxT[:, :M].astype(jnp.int32)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(masked, axis=-1), first[..., None], axis=-1)[..., 0]
+        hit = jnp.argmax(masked, axis=-1) == first
+        pad = ((0, 0), (0, T - M))
+        return jnp.pad(logp, pad), jnp.pad(hit, pad)
+
     # -- search -----------------------------------------------------------------------------------------
     def _cache(self, params, query_tokens, max_length: int):
         if self.feed == "tokens":
@@ -209,4 +243,6 @@ class GlenRetriever(GenerativeRetriever):
         res, w_q = self.beams(params, query_tokens_BxL, index, num_beams)
         docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
         docs, valid, scores, w_q = jax.device_get((docs, valid, res.scores, w_q))
-        return self.ranker(docs, valid, scores, beam_weights=w_q, doc_weights=self._doc_weights)
+        if getattr(self.ranker, "uses_token_weights", False):  # declared by the ranker (decoding/rankers.py)
+            return self.ranker(docs, valid, scores, beam_weights=w_q, doc_weights=self._doc_weights)
+        return self.ranker(docs, valid, scores)

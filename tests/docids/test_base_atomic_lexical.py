@@ -109,3 +109,17 @@ def test_keyword_docids_by_bm25_weight(tmp_path, corpus_and_vocab):
     back = load_scheme_state(KeywordDocids(n=1, split_collisions=True), tmp_path / "kw")
     back.bind(vocab)
     np.testing.assert_array_equal(back.assign(corpus).sequences, t1.sequences)
+
+
+def test_fixed_length_keyword_docids_for_glen(corpus_and_vocab):
+    from gr_jax.docids.lexical import KeywordDocids
+
+    corpus, vocab = corpus_and_vocab
+    scheme = KeywordDocids(n=2, fixed_length=True).fit(corpus, FitContext(vocab=vocab))
+    table = scheme.assign(corpus)
+    assert table.space.length == 2 and (table.lengths == 2).all()
+    assert table.target_length == 2  # no EOS
+    with pytest.raises(ValueError, match="fewer than KeywordDocids.n = 10000"):
+        KeywordDocids(n=10000, fixed_length=True).fit(corpus, FitContext(vocab=vocab)).assign(corpus)
+    with pytest.raises(ValueError, match="choose one"):
+        KeywordDocids(fixed_length=True, split_collisions=True)

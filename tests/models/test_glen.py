@@ -207,3 +207,48 @@ def test_glen_retriever_checks_its_docid_length():
         model.use_docids(DocidTable.from_lists([[1, 2]], [0], DocidTokenSpace("text", 512, length=2)))
     with pytest.raises(ValueError, match="score_mode"):
         glen.GlenRetriever(model.config, score_mode="raw")
+
+
+def test_training_path_equals_the_cached_step_table_without_dropout():
+    model, params, inputs = _fixture_model()
+    docs = jnp.asarray(inputs["doc_input_ids"][:8], jnp.int32)
+    cached, _ = model.step_table(params, docs)
+    recomputed, _ = model.hidden_fed(params, docs)
+    # two float32 computations of the same logits (|logits| ≈ 3): 1e-4 is far above their ~2e-6 noise
+    np.testing.assert_allclose(np.asarray(recomputed), np.asarray(cached), atol=1e-4)
+    targets = np.zeros((8, 5), np.int32)
+    targets[:, :3] = np.asarray(jax.device_get(model.decode_docids(params, docs)[0]))
+    logp, hit = model.token_log_probs(params, docs, jnp.asarray(targets))
+    masked = np.asarray(cached, np.float64)
+    masked[..., inputs["masked_token_ids"]] = -np.inf
+    ref = masked - np.log(np.exp(masked - masked.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - masked.max(-1, keepdims=True)
+    want = np.take_along_axis(ref, targets[:, :3, None], axis=-1)[..., 0]
+    np.testing.assert_allclose(np.asarray(logp)[:, :3], want, atol=1e-4)
+    assert np.asarray(hit)[:, :3].all() and not np.asarray(logp)[:, 3:].any()  # greedy docids: every hit
+    drop = model.hidden_fed(params, docs, jax.random.PRNGKey(0))[0]
+    assert np.allclose(np.asarray(drop), np.asarray(recomputed))  # the fixture's dropout is 0
+
+
+@pytest.mark.slow
+def test_glen_phase1_trains_and_is_restored_through_gin(tmp_path, capsys):
+    import gin
+
+    from gr_jax import infer as infer_cmd
+    from gr_jax import train as train_cmd
+
+    model_dir = tmp_path / "glen"
+    flags = ["--gin_file=experiments/demo/glen_phase1.gin", f"--gin.MODEL_DIR='{model_dir}'",
+             "--gin.load_dataset.demo_docs=80", "--gin.TRAIN_STEPS=30", "--gin.BATCH_SIZE=16",
+             "--gin.EvalConfig.compare_bm25=False", "--gin.train.progress=False", "--gin.train.log_period=10"]
+    assert train_cmd.main(flags) == 0, capsys.readouterr().err
+    logged = [json.loads(x) for x in (model_dir / "train_metrics.jsonl").read_text().splitlines()]
+    assert logged[-1]["loss"] < logged[0]["loss"]  # L_key goes down on 80 documents
+    final = json.loads((model_dir / "final_metrics.json").read_text())
+    assert final["ranker"].startswith("FirstOccurrence") and final["queries"] > 0
+    gin.clear_config()
+    assert infer_cmd.main(["--gin_file=experiments/demo/glen_phase1.gin", "--gin_file=runs/eval.gin",
+                           f"--gin.MODEL_DIR='{model_dir}'", "--gin.load_dataset.demo_docs=80",
+                           "--gin.EVAL_SPLIT='test'"]) == 0, capsys.readouterr().err
+    again = json.loads((model_dir / "runs" / "test.step30.metrics.json").read_text())
+    assert again["metrics"] == final["metrics"]
