@@ -10,6 +10,10 @@
     trivial model (batch 2, beam 70: STATIC's configuration).
 (d) insert 10% new docids into a built index vs rebuilding from scratch.
 (e) GPU only: T5-base random weights, 8.8M docids, beam 10 and 100, batch 16 (skipped without a GPU).
+(g) GLEN: our constrained decoding + collision-free ranking (`models/glen.py`) vs the same algorithm written
+    as GLEN's PyTorch code runs it (`parity.glen_rank_torch`: hidden-state feedback with a KV cache, trie masks
+    from a nested dict per beam per step, top-K over K × V), same weights and docids (M 3, collisions), tiny
+    and small T5, N 10 and 100 (K = 2N); ms/query and whether the ranked lists are identical.
 (f) the beam → documents → run tail (device gather, array ranker, run dicts) vs the decoding it follows,
     tiny T5, batch 64, beam 100 (target: ≤ 10% of decoding), and the per-beam Python loop it replaced.
 Speed claims are ratios measured side by side in this run; absolute times are only meaningful on a GPU.
@@ -226,7 +230,11 @@ def write_markdown(command: str, path: Path):
 
 
 def bench_tail(n_docids: int = 20_000, batch: int = 64, beams: int = 100, length: int = 4):
-    """(f) the beam → documents → run tail vs the decoding it follows, tiny T5, batch 64, beam 100, docids
+    """(g) GLEN: our constrained decoding + collision-free ranking (`models/glen.py`) vs the same algorithm written
+    as GLEN's PyTorch code runs it (`parity.glen_rank_torch`: hidden-state feedback with a KV cache, trie masks
+    from a nested dict per beam per step, top-K over K × V), same weights and docids (M 3, collisions), tiny
+    and small T5, N 10 and 100 (K = 2N); ms/query and whether the ranked lists are identical.
+(f) the beam → documents → run tail vs the decoding it follows, tiny T5, batch 64, beam 100, docids
     shared by up to 4 documents: the device gather + array ranker + run construction of today, and the
     per-beam Python loop it replaced (host `TrieIndex.documents` per beam, list ranker)."""
     from gr_jax.compose import retrieve
@@ -275,6 +283,57 @@ def bench_tail(n_docids: int = 20_000, batch: int = 64, beams: int = 100, length
          python_loop_ms=1e3 * t_loop, retrieve_ms=1e3 * full)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# (g): GLEN against its PyTorch decoding
+# ----------------------------------------------------------------------------------------------------------
+
+
+def bench_glen(model_name: str, n_docs: int, beams: list[int], n_queries: int):
+    import torch
+
+    from gr_jax.docids.base import DocidTable
+    from gr_jax.models import glen
+    from gr_jax.models.parity import glen_rank_torch, load_torch_t5
+    from gr_jax.vocab import DocidTokenSpace
+
+    torch.set_num_threads(2)
+    config = t5.get_config(model_name, dropout_rate=0.0)
+    if model_name == "t5_small":
+        config = config.replace(vocab_size=2048)
+    params = t5.init_params(config, seed=0)
+    rng = np.random.default_rng(4)
+    distinct = random_docids(int(n_docs * 0.8), 3, config.vocab_size, seed=5)
+    tokens = np.concatenate([distinct, distinct[rng.integers(0, len(distinct), n_docs - len(distinct))]])
+    weights = rng.normal(3.0, 1.0, tokens.shape).astype(np.float32)
+    table = DocidTable(tokens, np.full(n_docs, 3), np.arange(n_docs), DocidTokenSpace("text", config.vocab_size,
+                                                                                       length=3), weights)
+    index = table.index(vocab_size=config.vocab_size)
+    model = glen.GlenRetriever(config, docid_length=3, masked_ids=(2,))
+    model.use_docids(table)
+    full = {"network": params, "head": {}}
+    lengths = rng.integers(4, 17, n_queries)
+    mask = (np.arange(16)[None, :] < lengths[:, None]).astype(np.int64)
+    queries = rng.integers(3, config.vocab_size, (n_queries, 16)) * mask
+    with tempfile.TemporaryDirectory() as tmp:
+        convert.save_hf(params, config, Path(tmp) / "hf")
+        hf = load_torch_t5(Path(tmp) / "hf")
+    for n in beams:
+        def ours():
+            return model.rank(full, queries, index, n)
+
+        def theirs():
+            return glen_rank_torch(hf, queries, mask, tokens, weights, n, (2,))
+
+        t_ours = timed(ours, sync=lambda out: out)  # rank returns host arrays: the time includes the tail
+        t_theirs = timed(theirs, sync=lambda out: out)
+        q, d, _ = ours()
+        mine = [d[q == b].tolist() for b in range(n_queries)]
+        same = float(np.mean([a == b for a, b in zip(mine, theirs())]))
+        emit(figure="g_glen_vs_pytorch", model=model_name, docs=n_docs, distinct_docids=int(len(distinct)), n=n,
+             k=2 * n, queries=n_queries, gr_jax_ms_per_query=1e3 * t_ours / n_queries,
+             pytorch_ms_per_query=1e3 * t_theirs / n_queries, speedup=t_theirs / t_ours, same_ranking=same)
+
+
 def _fmt(v):
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -285,10 +344,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
     parser.add_argument("--no_write", action="store_true", help="print JSON lines only, do not touch BENCHMARKS.md")
-    parser.add_argument("--only", choices=["a", "c", "d", "e", "f"], action="append", help="run only these parts")
+    parser.add_argument("--only", choices=["a", "c", "d", "e", "f", "g"], action="append",
+                        help="run only these parts")
     args = parser.parse_args(argv)
     setup_logging()
-    parts = set(args.only or ["a", "c", "d", "e", "f"])
+    parts = set(args.only or ["a", "c", "d", "e", "f", "g"])
     if "a" in parts:
         try:
             import torch  # noqa: F401
@@ -307,6 +367,16 @@ def main(argv=None) -> int:
             bench_insert(8_800_000)
     if "f" in parts:
         bench_tail(batch=64, beams=100)
+    if "g" in parts:
+        try:
+            import torch  # noqa: F401
+            if args.quick:
+                bench_glen("tiny", 2000, [10], n_queries=8)
+            else:
+                for name in ("tiny", "t5_small"):
+                    bench_glen(name, 10_000, [10, 100], n_queries=8)
+        except ImportError:
+            emit(figure="g_glen_vs_pytorch", skipped="torch/transformers not installed")
     if "e" in parts:
         if jax.devices()[0].platform == "gpu":
             bench_gpu()

@@ -154,6 +154,11 @@ class GlenRetriever(GenerativeRetriever):
         weights[table.doc_rows] = table.weights[:, : self.docid_length]
         self._doc_weights = weights
 
+    @property
+    def doc_weights(self) -> Optional[np.ndarray]:
+        """The docids' token weights by corpus row [rows, M] (None: the docid table has none)."""
+        return self._doc_weights
+
     def step_table(self, params, tokens_BxL):
         """(raw logits [B, M, V], hidden [B, M, D]) of the query or document tokens."""
         return step_table(self.network, params["network"], tokens_BxL, self.docid_length,

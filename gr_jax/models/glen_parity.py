@@ -97,7 +97,7 @@ def check_glen_fixture(fixture_dir, batch_size: int = 16) -> dict:
         # all K beams, through `predict` (the Searcher path), to compare the whole search, not only the first N
         full = jax.device_get(model.predict(params, queries, index, model.beam_factor * N))
         found, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
-        q, d, n, cos = rankers.collision_free_arrays(*jax.device_get((found, valid, w_q)), model._doc_weights)
+        q, d, n, cos = rankers.collision_free_arrays(*jax.device_get((found, valid, w_q)), model.doc_weights)
         scores = np.asarray(res.scores)
         row_of = {doc_id: r for r, doc_id in enumerate(tsv.doc_ids)}
         for b, ref in enumerate(setting["per_query"]):
