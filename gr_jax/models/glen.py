@@ -103,8 +103,11 @@ def decode_docids(network: t5.T5, net_params, doc_tokens: np.ndarray, length: in
     return ids, logits
 
 
-def _table_cache(table_BxMxV):
-    return {"table": table_BxMxV, "t": jnp.zeros((), jnp.int32)}
+def _table_cache(logits_BxMxV, masked_ids):
+    """The search's cache: the masked step log-probabilities of each query, computed once per query (every
+    beam reads the same rows, so the search sums them as they are: score mode "raw")."""
+    logp = jax.nn.log_softmax(mask_logits(logits_BxMxV, masked_ids), axis=-1)
+    return {"table": logp, "t": jnp.zeros((), jnp.int32)}
 
 
 def _table_step(cache, tokens_R):
@@ -207,7 +210,7 @@ class GlenRetriever(GenerativeRetriever):
         if self.feed == "tokens":
             return super()._cache(params, query_tokens, max_length)
         logits, _ = self.step_table(params, query_tokens)
-        return _table_cache(mask_logits(logits, self.masked_ids))
+        return _table_cache(logits, self.masked_ids)
 
     def searcher(self, num_beams: int) -> Searcher:
         if self.feed == "tokens":
@@ -216,15 +219,15 @@ class GlenRetriever(GenerativeRetriever):
             self._searchers[num_beams] = Searcher(
                 lambda params, cache, tokens: _table_step(cache, tokens), self._cache,
                 start_token=self.config.decoder_start_token_id, eos_id=self.config.eos_token_id,
-                vocab_size=self.config.vocab_size, num_beams=num_beams, score_mode=self.score_mode,
+                vocab_size=self.config.vocab_size, num_beams=num_beams, score_mode="raw",
                 length_penalty=self.length_penalty, bonus_fn=self.bonus_fn, tile_fn=_keep_per_query)
         return self._searchers[num_beams]
 
     def _search_impl(self, params, query_tokens, trie, query_state, num_beams: int):
         logits, _ = self.step_table(params, query_tokens)
-        res = bs.beam_search(_table_step, _table_cache(mask_logits(logits, self.masked_ids)), trie,
+        res = bs.beam_search(_table_step, _table_cache(logits, self.masked_ids), trie,
                              batch_size=query_tokens.shape[0], num_beams=self.beam_factor * num_beams,
-                             score_mode=self.score_mode, length_penalty=self.length_penalty,
+                             score_mode="raw", length_penalty=self.length_penalty,
                              bonus_fn=self.bonus_fn, query_state=query_state,
                              start_token=self.config.decoder_start_token_id, tile_fn=_keep_per_query)
         res = jax.tree_util.tree_map(lambda x: x[:, :num_beams], res)  # GLEN ranks the first N of K beams
