@@ -47,7 +47,7 @@ def register_configurables() -> None:
     from gr_jax.baselines import dense  # noqa: F401
     from gr_jax.models import embed as model_embed, glen, heads, retriever, t5  # noqa: F401
     from gr_jax.protocols import dynamic_corpora  # noqa: F401
-    from gr_jax.training import partitioning, trainer  # noqa: F401
+    from gr_jax.training import glen as glen_training, partitioning, trainer  # noqa: F401
 
     if not gin.config._REGISTRY.get("t5.get_config"):
         gin.external_configurable(t5.get_config, module="t5")

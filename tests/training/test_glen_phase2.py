@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gr_jax.training import glen_losses as gl
+from gr_jax.training import glen as gl
 
 E = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
 
@@ -91,3 +91,92 @@ def test_prefix_negatives_follow_document_keys_not_rows():
     a = gl.prefix_negatives(docids, [0], 1, np.random.default_rng(7), doc_keys=keys)
     b = gl.prefix_negatives(docids[perm], [1], 1, np.random.default_rng(7), doc_keys=keys[perm])
     assert keys[a[0]].tolist() == keys[perm][b[0]].tolist()
+
+
+def _phase2_batches(num_negatives=1, seed=0):
+    from gr_jax.data.pipeline import ExampleStore, MixtureIterator
+
+    docids = np.array([[1, 1], [1, 1], [1, 2], [1, 3], [2, 1], [2, 2]])
+    doc_tokens = np.stack([np.arange(6) + 10, np.arange(6) + 20], axis=1)  # document r's tokens: [r+10, r+20]
+    queries = np.arange(24).reshape(12, 2) + 100
+    positive = (np.arange(12) % 6)[:, None]
+    pairs = MixtureIterator([ExampleStore({"inputs": queries, "positive": positive})], batch_size=4, seed=seed)
+    return gl.Phase2Batches(pairs, doc_tokens, docids, num_negatives=num_negatives, seed=seed), docids
+
+
+def test_phase2_batches_pair_each_query_with_its_document_and_prefix_negatives():
+    batches, docids = _phase2_batches(num_negatives=1)
+    seen = 0
+    for _ in range(6):
+        b = next(batches)
+        assert b["documents"].shape == (4, 2, 2)
+        pos = b["documents"][:, 0, 0] - 10
+        assert ((b["inputs"][:, 0] - 100) // 2 % 6 == pos).all()  # query i was paired with document i % 6
+        neg = b["documents"][:, 1, 0] - 10
+        for p, n in zip(pos, neg):
+            assert n != p
+            if p in (0, 1):  # documents 0 and 1 share their docid: each is the other's only negative
+                assert n == 1 - p
+                seen += 1
+        assert b["tau"].dtype == np.float32 and b["tau"][0] == pytest.approx(gl.temperature(batches.epochs()[0]))
+    assert seen > 0
+    assert b["tau"][0] < 1.0  # two epochs in: τ = e^-2
+
+
+def test_phase2_batches_resume_to_the_same_batch():
+    a, _ = _phase2_batches(num_negatives=2, seed=3)
+    next(a), next(a)
+    state = a.get_state()
+    want = next(a)
+    b, _ = _phase2_batches(num_negatives=2, seed=3)
+    b.set_state(state)
+    got = next(b)
+    assert all(np.array_equal(want[k], got[k]) for k in want)
+    with pytest.raises(ValueError, match="one per document row"):
+        b.set_docids(np.zeros((5, 2)))
+
+
+def _fixture_glen():
+    from pathlib import Path
+
+    import jax
+
+    from gr_jax.models import glen
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "glen_parity"
+    config, net = glen.load_glen_hf(fixture / "model")
+    with np.load(fixture / "inputs.npz") as z:
+        inputs = {k: z[k] for k in z.files}
+    model = glen.GlenRetriever(config, docid_length=3, masked_ids=inputs["masked_token_ids"].tolist())
+    return model, {"network": jax.tree_util.tree_map(jnp.asarray, net), "head": {}}, inputs
+
+
+def test_glen_objective_trains_and_reduces_to_its_terms():
+    import jax
+    import optax
+
+    model, params, inputs = _fixture_glen()
+    docs = inputs["doc_input_ids"]
+    batch = {"inputs": jnp.asarray(inputs["query_input_ids"][:4], jnp.int32),
+             "documents": jnp.asarray(np.stack([docs[[0, 5, 6]], docs[[1, 7, 8]], docs[[2, 9, 10]],
+                                                docs[[3, 11, 12]]]), jnp.int32),
+             "tau": jnp.full((4,), 0.5, jnp.float32)}
+    loss, metrics = gl.glen_objective(model, params, batch)
+    assert set(metrics) == {"loss", "pair_loss", "point_loss", "pair_accuracy"}
+    pair, point = (float(metrics[k][0] / metrics[k][1]) for k in ("pair_loss", "point_loss"))
+    assert float(loss) == pytest.approx(pair + 0.5 * point, rel=1e-5)
+    # one candidate per query and no in-batch negatives: the pairwise term is exactly 0
+    single = dict(batch, documents=batch["documents"][:, :1])
+    _, m = gl.glen_objective(model, params, single, in_batch=False)
+    assert float(m["pair_loss"][0]) == pytest.approx(0.0, abs=1e-6)
+    # a few Adam steps on this batch lower the loss (the gradient flows through both towers)
+    tx = optax.adam(1e-3)
+    opt = tx.init(params)
+    grad_fn = jax.jit(jax.value_and_grad(lambda p: gl.glen_objective(model, p, batch)[0]))
+    first = None
+    for _ in range(8):
+        value, grads = grad_fn(params)
+        first = float(value) if first is None else first
+        updates, opt = tx.update(grads, opt, params)
+        params = optax.apply_updates(params, updates)
+    assert float(grad_fn(params)[0]) < first

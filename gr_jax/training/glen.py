@@ -1,4 +1,6 @@
-"""GLEN's phase-2 training terms (002_glen.txt §3.3.2), as pure functions of arrays.
+"""GLEN's phase-2 training (002_glen.txt §3.3.2): the loss terms as pure functions of arrays, the objective
+that feeds them (`glen_objective`, bound as `GlenRetriever.objective`), and the batch source
+(`Phase2Batches`: each training query with its positive document and prefix-aware negatives).
 
 * `identifier_repr` — r_t = Softmax(ℓ_t / τ) · E (Eq. 6): a document's soft identifier, ℓ_t its step logits;
 * `relevance` — rel(q, d) = Σ_t q_t · r_t (Eq. 6), q_t the query's decoder output at step t;
@@ -20,8 +22,9 @@ V vocabulary, D d_model.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Mapping, Optional
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,3 +123,86 @@ def prefix_negatives(docids_NxM: np.ndarray, positives: np.ndarray, num_negative
             raise ValueError("prefix_negatives: the corpus has no document besides the positive")
         out[i] = rng.choice(members, size=num_negatives, replace=len(members) < num_negatives)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the objective and its batches
+# ----------------------------------------------------------------------------------------------------------
+
+
+@gin.configurable
+def glen_objective(model, params, batch, rng=None, lambda_point: float = 0.5, lambda_dist: float = 0.5,
+                   in_batch: bool = True):
+    """L = L_pair + λ_point · L_point (Eq. 8) for a batch of `Phase2Batches`: `inputs` [B, Lq] queries,
+    `documents` [B, G, Ld] (the positive first), `tau` [B]. `model` is a GLEN model object (`hidden_fed`,
+    `masked_ids`, parameters with the network's `embedding`). Metrics as (sum, count) pairs."""
+    docs = batch["documents"]
+    B, G, Ld = docs.shape
+    q_rng = d_rng = None
+    if rng is not None:
+        q_rng, d_rng = jax.random.split(rng)
+    q_logits, q_hidden = model.hidden_fed(params, batch["inputs"], q_rng)
+    d_logits, _ = model.hidden_fed(params, docs.reshape(B * G, Ld), d_rng)
+    M = d_logits.shape[1]
+    reprs = identifier_repr(d_logits, params["network"]["embedding"], batch["tau"][0])
+    pair, pair_acc = pairwise_loss(q_hidden, reprs.reshape((B, G) + reprs.shape[1:]), in_batch)
+    positive = d_logits.reshape((B, G, M, -1))[:, 0]
+    point, _ = pointwise_loss(q_logits, positive, model.masked_ids, lambda_dist)
+    loss = glen_loss(pair, point, lambda_point)
+    n = jnp.float32(B)
+    return loss, {"loss": (loss * n, n), "pair_loss": (pair * n, n), "point_loss": (point * n, n),
+                  "pair_accuracy": (pair_acc * n, n)}
+
+
+class Phase2Batches:
+    """Endless, resumable phase-2 batches: {"inputs": query tokens [B, Lq], "documents": [B, 1 + N_neg, Ld]
+    (the positive, then its prefix-aware negatives drawn from the current docids), "tau": [B] the annealed
+    temperature of the current epoch}. Queries come from `pairs` (a `MixtureIterator` over an `ExampleStore`
+    with "inputs" and "positive" = the positive's corpus row, [n, 1]); `doc_tokens` [rows, Ld] are the
+    documents' tokens; `set_docids` replaces the docids the negatives follow (after a re-assignment).
+    The negatives of batch s are drawn from a generator seeded by (seed, s): a resumed run draws what the
+    uninterrupted one drew, given the same docids. Same state protocol as `MixtureIterator`."""
+
+    def __init__(self, pairs, doc_tokens: np.ndarray, docids_by_row: np.ndarray, num_negatives: int = 8,
+                 seed: int = 0, doc_keys: Optional[np.ndarray] = None, min_temperature: float = 1e-5):
+        if num_negatives < 0:
+            raise ValueError(f"num_negatives must be ≥ 0, got {num_negatives}")
+        self.pairs = pairs
+        self.doc_tokens = np.asarray(doc_tokens, np.int32)
+        self.num_negatives = int(num_negatives)
+        self.seed = int(seed)
+        self.doc_keys = doc_keys
+        self.min_temperature = float(min_temperature)
+        self.set_docids(docids_by_row)
+
+    def set_docids(self, docids_by_row: np.ndarray) -> None:
+        docids = np.asarray(docids_by_row)
+        if docids.ndim != 2 or len(docids) != len(self.doc_tokens):
+            raise ValueError(f"docids [{len(self.doc_tokens)}, M] expected (one per document row), got "
+                             f"{docids.shape}")
+        self.docids = docids
+
+    def get_state(self) -> dict:
+        return self.pairs.get_state()
+
+    def set_state(self, state: Mapping) -> None:
+        self.pairs.set_state(state)
+
+    def epochs(self) -> list[float]:
+        return self.pairs.epochs()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        step = self.pairs.step
+        batch = next(self.pairs)
+        positives = batch["positive"][:, 0].astype(np.int64)
+        rows = positives[:, None]
+        if self.num_negatives:
+            rng = np.random.default_rng([self.seed, step, 2])
+            negatives = prefix_negatives(self.docids, positives, self.num_negatives, rng, self.doc_keys)
+            rows = np.concatenate([rows, negatives], axis=1)
+        tau = temperature(float(np.mean(self.pairs.epochs())), self.min_temperature)
+        return {"inputs": batch["inputs"], "documents": self.doc_tokens[rows],
+                "tau": np.full(len(positives), tau, np.float32)}
