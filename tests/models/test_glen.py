@@ -18,6 +18,7 @@ from gr_jax.docids import glen as glen_docids
 from gr_jax.docids.base import DocidTable
 from gr_jax.models import convert, glen, glen_parity
 from gr_jax.vocab import DocidTokenSpace
+from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "glen_parity"
@@ -49,6 +50,7 @@ def _copy_fixture(tmp_path):
     return dst
 
 
+@pytest.mark.slow
 def test_the_check_fails_on_a_changed_ranking_and_the_tool_says_so(tmp_path):
     fx = _copy_fixture(tmp_path)
     ranking = json.loads((fx / "ranking.json").read_text())
@@ -254,12 +256,15 @@ def test_glen_phase1_trains_and_is_restored_through_gin(tmp_path, capsys):
     assert again["metrics"] == final["metrics"]
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_the_pytorch_reference_decoding_reproduces_glens_rankings_and_ours(tmp_path):
     """`parity.glen_rank_torch` (the benchmark's PyTorch contender) on the fixture gives GLEN's own ranked
     lists; on another random model (other sizes, many collisions) it agrees with `GlenRetriever` exactly."""
     from gr_jax.models import t5
     from gr_jax.models.parity import glen_rank_torch, load_torch_t5
 
+    require("torch")
     hf = load_torch_t5(FIXTURE / "model")
     _, params, inputs = _fixture_model()
     docids = glen_docids.read_docid_tsv(FIXTURE / "glen_docid.tsv", tok)
