@@ -57,14 +57,21 @@ def _max_diff(a, b) -> float:
     return float(np.abs(a - b).max()) if a.size else 0.0
 
 
+def fixture_model(fixture_dir):
+    """The fixture's model through our loader: (GlenRetriever with the fixture's M and masked ids, params,
+    inputs, meta)."""
+    fixture = Path(fixture_dir)
+    meta, inputs, _, _ = _read(fixture)
+    config, net = glen.load_glen_hf(fixture / "model")
+    model = glen.GlenRetriever(config, docid_length=int(meta["M"]), masked_ids=inputs["masked_token_ids"].tolist())
+    return model, {"network": jax.tree_util.tree_map(jnp.asarray, net), "head": {}}, inputs, meta
+
+
 def check_glen_fixture(fixture_dir, batch_size: int = 16) -> dict:
     fixture = Path(fixture_dir)
-    meta, inputs, outputs, ranking = _read(fixture)
-    config, net = glen.load_glen_hf(fixture / "model")
-    M = int(meta["M"])
-    masked = inputs["masked_token_ids"].tolist()
-    model = glen.GlenRetriever(config, docid_length=M, masked_ids=masked)
-    params = {"network": jax.tree_util.tree_map(jnp.asarray, net), "head": {}}
+    _, _, outputs, ranking = _read(fixture)
+    model, params, inputs, meta = fixture_model(fixture)
+    config, M = model.config, model.docid_length
     out: dict = {"method": "glen", "fixture": str(fixture)}
 
     docs = jnp.asarray(inputs["doc_input_ids"], jnp.int32)

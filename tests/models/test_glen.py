@@ -72,11 +72,8 @@ def test_the_check_fails_on_a_changed_ranking_or_shifted_logits_and_the_tool_say
 
 
 def _fixture_model():
-    config, net = glen.load_glen_hf(FIXTURE / "model")
-    with np.load(FIXTURE / "inputs.npz") as z:
-        inputs = {k: z[k] for k in z.files}
-    model = glen.GlenRetriever(config, docid_length=3, masked_ids=inputs["masked_token_ids"].tolist())
-    return model, {"network": jax.tree_util.tree_map(jnp.asarray, net), "head": {}}, inputs
+    model, params, inputs, _ = glen_parity.fixture_model(FIXTURE)
+    return model, params, inputs
 
 
 def test_full_beam_search_equals_a_brute_force_over_every_docid():

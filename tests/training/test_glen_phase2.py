@@ -139,16 +139,11 @@ def test_phase2_batches_resume_to_the_same_batch():
 def _fixture_glen():
     from pathlib import Path
 
-    import jax
+    from gr_jax.models import glen_parity
 
-    from gr_jax.models import glen
-
-    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "glen_parity"
-    config, net = glen.load_glen_hf(fixture / "model")
-    with np.load(fixture / "inputs.npz") as z:
-        inputs = {k: z[k] for k in z.files}
-    model = glen.GlenRetriever(config, docid_length=3, masked_ids=inputs["masked_token_ids"].tolist())
-    return model, {"network": jax.tree_util.tree_map(jnp.asarray, net), "head": {}}, inputs
+    model, params, inputs, _ = glen_parity.fixture_model(Path(__file__).resolve().parents[1] / "fixtures"
+                                                         / "glen_parity")
+    return model, params, inputs
 
 
 def test_glen_objective_trains_and_reduces_to_its_terms():
