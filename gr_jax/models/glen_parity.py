@@ -57,11 +57,11 @@ def _max_diff(a, b) -> float:
     return float(np.abs(a - b).max()) if a.size else 0.0
 
 
-def fixture_model(fixture_dir):
+def fixture_model(fixture_dir, read=None):
     """The fixture's model through our loader: (GlenRetriever with the fixture's M and masked ids, params,
-    inputs, meta)."""
+    inputs, meta). `read`: the fixture's files as `_read` returned them, when already read."""
     fixture = Path(fixture_dir)
-    meta, inputs, _, _ = _read(fixture)
+    meta, inputs, _, _ = read if read is not None else _read(fixture)
     config, net = glen.load_glen_hf(fixture / "model")
     model = glen.GlenRetriever(config, docid_length=int(meta["M"]), masked_ids=inputs["masked_token_ids"].tolist())
     return model, {"network": jax.tree_util.tree_map(jnp.asarray, net), "head": {}}, inputs, meta
@@ -69,8 +69,9 @@ def fixture_model(fixture_dir):
 
 def check_glen_fixture(fixture_dir, batch_size: int = 16) -> dict:
     fixture = Path(fixture_dir)
-    _, _, outputs, ranking = _read(fixture)
-    model, params, inputs, meta = fixture_model(fixture)
+    read = _read(fixture)
+    _, _, outputs, ranking = read
+    model, params, inputs, meta = fixture_model(fixture, read)
     config, M = model.config, model.docid_length
     out: dict = {"method": "glen", "fixture": str(fixture)}
 

@@ -244,7 +244,8 @@ class GRSystem:
         self.setup = dataclasses.replace(summary["setup"], iterator=None)  # the training data is not needed now
         self.eval_config = gin_checks.call_configured(compose.EvalConfig).validate()
         self.index = self.setup.index
-        self.tables = [self.setup.table]
+        self.table = self.setup.table  # every docid in the index: D0's, then each added part's
+        self.parts_added = 0
         self.rows = list(data.part_rows[0])
         if self.setup.scheme.adds_tokens_per_document:
             raise ProtocolError("atomic docids give every new document a new token that the D0 model has no "
@@ -265,8 +266,9 @@ class GRSystem:
             raise ProtocolError(f"new docids use token ids up to {table.space.end} but the model has "
                                 f"{self.setup.model.config.vocab_size}")
         counts = table.insert_into(self.index)
-        self.tables.append(table)
-        self.setup.model.use_docids(DocidTable.concatenate(self.tables))
+        self.table = DocidTable.concatenate([self.table, table])
+        self.parts_added += 1
+        self.setup.model.use_docids(self.table)
         self.rows += list(rows)
         if self.replay is not None and self.replay.steps > 0:
             self._replay(rows)
@@ -286,7 +288,7 @@ class GRSystem:
         from gr_jax import compose
         from gr_jax.data.pairs import indexing_pairs, query_pairs
 
-        r, part = self.replay, len(self.tables) - 1
+        r, part = self.replay, self.parts_added
         corpus = self.data.full.corpus
         rng = np.random.default_rng([r.seed, part])
         old = np.asarray(self.rows[: len(self.rows) - len(new_rows)], np.int64)
@@ -303,7 +305,7 @@ class GRSystem:
             parts += old_parts
             rates += [r.replay_fraction / len(old_parts)] * len(old_parts)
         self.params = compose.fine_tune(
-            self.setup, self.params, parts, rates, DocidTable.concatenate(self.tables),
+            self.setup, self.params, parts, rates, self.table,
             model_dir=self.model_dir / "replay" / f"D{part}", steps=r.steps, batch_size=r.batch_size,
             learning_rate=r.learning_rate, seed=r.seed + part,
             meta_extra={"replay_part": part, "replay": dataclasses.asdict(r)})
