@@ -99,6 +99,61 @@ class Objectives:
             raise ValueError("every objective rate is 0: nothing to train on")
         return parts, rates
 
+    def iterator(self, inp: "ObjectiveInputs") -> MixtureIterator:
+        """The DSI training batches: the pairs of `build` (and the scheme's own) tokenized and mixed."""
+        pairs, rates = self.build(inp.dataset, inp.train_split)
+        if self.scheme_pairs_rate > 0:
+            extra = inp.scheme.training_pairs()
+            if not extra:
+                raise ValueError(f"Objectives.scheme_pairs_rate > 0 but docid scheme {inp.scheme.name!r} makes no "
+                                 f"training pairs of its own")
+            pairs += extra
+            rates += [self.scheme_pairs_rate / len(extra)] * len(extra)
+        if inp.table is None:
+            raise ValueError(f"the DSI objectives need docids before training, but docid scheme "
+                             f"{inp.scheme.name!r} is decoded by the model; bind its own objectives config "
+                             f"(GLEN: prepare.objectives_config = @GlenPhase2())")
+        stores = [_example_store(p, inp.table, inp.vocab, inp.lengths, self.all_docids) for p in pairs]
+        log.info("training examples: %s", {p.name: len(s) for p, s in zip(pairs, stores)})
+        return MixtureIterator(stores, inp.batch_size, seed=inp.seed, rates=rates, names=[p.name for p in pairs])
+
+
+@dataclasses.dataclass
+class ObjectiveInputs:
+    """What an objectives config (`Objectives`, `GlenPhase2`) may build its training batches from."""
+
+    dataset: Dataset
+    train_split: str
+    scheme: Any
+    table: Optional[DocidTable]  # None when the docids are decoded by the model (GLEN)
+    vocab: Any
+    lengths: dict
+    batch_size: int
+    seed: int
+    doc_tokens: Callable[[], np.ndarray]  # the corpus tokenized to lengths['documents'], by row
+
+    def bm25_candidates(self, pairs: dsi_pairs.Pairs, depth: int) -> np.ndarray:
+        """For each pair, the top-`depth` BM25 documents of its query other than the query's judged positives
+        (corpus rows [n, depth], −1 where BM25 returns fewer); equal scores ordered by document id."""
+        from gr_jax.baselines.bm25 import BM25
+
+        corpus = self.dataset.corpus
+        bm25 = BM25.build(list(corpus.doc_ids), list(corpus.texts))
+        positives: dict[str, set] = {}
+        text_of = {}
+        for q, t, r in zip(pairs.qids, pairs.texts, pairs.rows):
+            positives.setdefault(q, set()).add(int(r))
+            text_of[q] = t
+        qids = sorted(text_of)
+        run = bm25.search(qids, [text_of[q] for q in qids], k=depth + max(len(v) for v in positives.values()))
+        out = np.full((len(pairs), depth), -1, np.int64)
+        for i, (q, r) in enumerate(zip(pairs.qids, pairs.rows)):
+            ranked = sorted(run.get(q, {}).items(), key=lambda kv: (-kv[1], kv[0]))
+            rows = [corpus.index_of(d) for d, _ in ranked]
+            rows = [x for x in rows if x not in positives[q]][:depth]
+            out[i, : len(rows)] = rows
+        return out
+
 
 def _example_store(pairs, table: DocidTable, vocab, lengths: dict, all_docids: bool) -> ExampleStore:
     inputs = tokenize(pairs.texts, vocab, lengths["inputs"], what=pairs.name, progress=len(pairs) > 50000)
@@ -229,11 +284,21 @@ class Setup:
     dataset: Dataset
     vocab: Any
     scheme: Any
-    table: DocidTable
+    table: Optional[DocidTable]  # None until decoded when the scheme is decoded by the model (GLEN)
     index: Any
     iterator: Optional[MixtureIterator]  # None when prepared for inference only
     feature_lengths: dict[str, int]
     embedder: Any = None  # the fitted document embedder of numeric docids (new documents need the same one)
+    refresh_period: int = 0  # decoded docids: re-decoded every this many training steps (0: at the start only)
+    _doc_tokens: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
+
+    def document_tokens(self) -> np.ndarray:
+        """The corpus tokenized to TASK_FEATURE_LENGTHS['documents'] (else 'inputs'), by row; computed once."""
+        if self._doc_tokens is None:
+            length = self.feature_lengths.get("documents", self.feature_lengths["inputs"])
+            self._doc_tokens = tokenize(self.dataset.corpus.texts, self.vocab, length, what="documents",
+                                        progress=len(self.dataset.corpus) > 50000)
+        return self._doc_tokens
 
 
 @gin.configurable
@@ -242,12 +307,13 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
             network: t5.T5Config | str = "tiny", head=None, docid_scheme=None,
             objectives_config: Optional[Objectives] = None, initial_checkpoint_path: Optional[str] = None,
             score_mode: str = "log_softmax", embedder=None, with_training_data: bool = True,
-            dataset: Optional[Dataset] = None, model_fn: Optional[Callable] = None) -> Setup:
+            dataset: Optional[Dataset] = None, model_fn: Optional[Callable] = None, may_fit: bool = False) -> Setup:
     """`dataset` overrides loading `task` by name (the dynamic-corpora protocol passes its D0 part). The
     docid head follows from the docid table's token space (`heads.head_for_space`): bind `prepare.head`
     only to override its other settings; a head that disagrees with the space is an error.
     `with_training_data=False` (inference): nothing is trained, fitted or written — the vocabulary and the
-    docid-scheme state must already be in MODEL_DIR (or VOCABULARY given). `model_fn(config, head,
+    docid-scheme state must already be in MODEL_DIR (or VOCABULARY given); with `may_fit` (importing a
+    network trained elsewhere) the docid scheme is fitted and saved when MODEL_DIR has none. `model_fn(config, head,
     score_mode=...)` builds the model object (default `GenerativeRetriever`, whose objective, ranker and
     decoding hooks gin binds)."""
     model_dir = Path(model_dir)
@@ -256,6 +322,8 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
     dataset = dataset if dataset is not None else sources.load_dataset(task)
     # everything gin configures exists now, except the model object, built below: checked again then
     gin_checks.check_bindings_used(("train", "infer", "run_dynamic"), allow=("GenerativeRetriever",))
+    if initial_checkpoint_path and _is_trained_run(initial_checkpoint_path):
+        vocabulary = _initial_run_vocabulary(initial_checkpoint_path, vocabulary)
     vocab = _vocabulary(vocabulary, model_dir, dataset, train_split, vocab_size, may_train=with_training_data)
 
     scheme = docid_scheme if docid_scheme is not None else AtomicDocids()
@@ -274,57 +342,150 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
     if scheme_dir.exists():
         load_scheme_state(scheme, scheme_dir, built_from)
         scheme.bind(vocab)
-    elif not with_training_data:
+    elif not with_training_data and not may_fit:
         raise ValueError(f"{scheme_dir}: missing; inference needs the docid scheme state that training wrote "
                          f"(is MODEL_DIR a trained model?)")
     else:
         scheme.fit(dataset.corpus, FitContext(vocab=vocab, embeddings=embeddings, queries=queries))
-    table = scheme.assign(dataset.corpus, embeddings=embeddings)
-    if not scheme_dir.exists():
-        save_scheme(scheme, scheme_dir, built_from)
-    head = head_for_space(table.space, head, scheme.name)
 
     if initial_checkpoint_path:
-        config = convert.load_checkpoint_config(initial_checkpoint_path)
+        config = _initial_config(initial_checkpoint_path)
     else:
         config = t5.get_config(network) if isinstance(network, str) else network
         config = config.replace(vocab_size=vocab.size)
     if vocab.size > config.vocab_size:
         raise ValueError(f"vocabulary has {vocab.size} ids but the network's embedding only {config.vocab_size}; "
                          f"VOCABULARY does not belong to this network")
-    if table.space.kind == "text" and table.space.end > config.vocab_size:
-        config = config.replace(vocab_size=table.space.end)
+    # docids decoded by the model (GLEN) exist once there are parameters (`decode_model_docids`)
+    table = None if scheme.decoded_by_model else scheme.assign(dataset.corpus, embeddings=embeddings)
+    if not scheme_dir.exists():
+        save_scheme(scheme, scheme_dir, built_from)
+    space = scheme.space(config.vocab_size) if table is None else table.space
+    head = head_for_space(space, head, scheme.name)
+    if space.kind == "text" and space.end > config.vocab_size:
+        config = config.replace(vocab_size=space.end)
     model = (model_fn or GenerativeRetriever)(config, head, score_mode=score_mode)
-    model.use_docids(table)
+    if table is not None:
+        model.use_docids(table)
     gin_checks.check_bindings_used(("train", "infer", "run_dynamic"))
 
-    if lengths["targets"] < table.target_length:
+    target_length = space.length if table is None else table.target_length
+    if lengths["targets"] < target_length:
         raise ValueError(f"TASK_FEATURE_LENGTHS['targets'] = {lengths['targets']} is shorter than the longest "
-                         f"docid ({table.target_length} tokens); raise it")
-    iterator = None
+                         f"docid ({target_length} tokens); raise it")
+    setup = Setup(model, dataset, vocab, scheme, table, None, None, lengths, emb)
     if with_training_data:  # inference needs the docids and the index, not the tokenized training pairs
         validation.integer("BATCH_SIZE (train.batch_size)", batch_size)
         objs = objectives_config if objectives_config is not None else Objectives()
-        pairs, rates = objs.build(dataset, train_split)
-        if objs.scheme_pairs_rate > 0:
-            extra = scheme.training_pairs()
-            if not extra:
-                raise ValueError(f"Objectives.scheme_pairs_rate > 0 but docid scheme {scheme.name!r} makes no "
-                                 f"training pairs of its own")
-            pairs += extra
-            rates += [objs.scheme_pairs_rate / len(extra)] * len(extra)
-        stores = [_example_store(p, table, vocab, lengths, objs.all_docids) for p in pairs]
-        iterator = MixtureIterator(stores, batch_size, seed=seed, rates=rates, names=[p.name for p in pairs])
-        log.info("training examples: %s", {p.name: len(s) for p, s in zip(pairs, stores)})
-    log.info("docids: %s, %d documents, %s", scheme.name, len(dataset.corpus), table.stats())
-    index = table.index(vocab_size=config.vocab_size) if table.space.kind == "text" else table.index()
-    return Setup(model, dataset, vocab, scheme, table, index, iterator, lengths, emb)
+        setup.iterator = objs.iterator(ObjectiveInputs(dataset, train_split, scheme, table, vocab, lengths,
+                                                       batch_size, seed, setup.document_tokens))
+        setup.refresh_period = int(getattr(objs, "reassign_every", 0))
+    if table is not None:
+        log.info("docids: %s, %d documents, %s", scheme.name, len(dataset.corpus), table.stats())
+        setup.index = table.index(vocab_size=config.vocab_size) if table.space.kind == "text" else table.index()
+    return setup
+
+
+def decode_model_docids(setup: Setup, params) -> DocidTable:
+    """The docids of a scheme decoded by the model (GLEN): every document decoded greedily with `params`
+    (tokenized to TASK_FEATURE_LENGTHS['documents'], else 'inputs') → the scheme's DocidTable."""
+    tokens, logits = setup.model.decode_docids(params, setup.document_tokens())
+    return setup.scheme.table(tokens, logits, np.arange(len(tokens)), setup.model.config.vocab_size)
+
+
+def use_model_docids(setup: Setup, table: DocidTable) -> None:
+    """Installs decoded docids: the setup's table and prefix tree, the model's docid weights, and the training
+    batches' docids (prefix-aware negatives)."""
+    setup.table = table
+    setup.index = table.index(vocab_size=setup.model.config.vocab_size)
+    setup.model.use_docids(table)
+    if setup.iterator is not None and hasattr(setup.iterator, "set_docids"):
+        setup.iterator.set_docids(table.sequences)
+    log.info("docids decoded by the model: %s", table.stats())
+
+
+
+# ----------------------------------------------------------------------------------------------------------
+# starting from another trained run (INITIAL_CHECKPOINT_PATH = a MODEL_DIR: GLEN's phase 2 from phase 1)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _is_trained_run(path) -> bool:
+    return (Path(path) / "checkpoints").is_dir()
+
+
+def _trained_run(path) -> tuple[ocp.CheckpointManager, int, dict]:
+    """(checkpoint manager, latest step, its recorded provenance) of a MODEL_DIR trained here."""
+    ckpt_dir = (Path(path) / "checkpoints").absolute()
+    manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(create=False))
+    step = manager.latest_step()
+    if step is None:
+        raise ValueError(f"INITIAL_CHECKPOINT_PATH {path}: a MODEL_DIR without any checkpoint; train it first")
+    try:
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:  # orbax/tensorstore raise many types for unreadable files
+        raise TrainingError(f"INITIAL_CHECKPOINT_PATH {ckpt_dir / str(step)}: cannot read its metadata "
+                            f"({type(e).__name__})") from None
+    return manager, step, meta
+
+
+def _initial_run_vocabulary(path, vocabulary: Optional[str]) -> str:
+    """A run continued from a trained MODEL_DIR uses that run's vocabulary: VOCABULARY if it is the same one,
+    else the MODEL_DIR's own SentencePiece model."""
+    _, step, meta = _trained_run(path)
+    chosen = vocabulary or str(Path(path) / VOCAB_DIR / "spiece.model")
+    if not Path(chosen).exists():
+        raise ValueError(f"INITIAL_CHECKPOINT_PATH {path}: no {VOCAB_DIR}/spiece.model there and no VOCABULARY "
+                         f"given; set --gin.VOCABULARY to the vocabulary that run was trained with")
+    if load_vocabulary(chosen).fingerprint != meta.get("vocabulary"):
+        raise ValueError(f"VOCABULARY {chosen} is not the vocabulary INITIAL_CHECKPOINT_PATH {path} was trained "
+                         f"with (its checkpoint {step} records another); leave VOCABULARY unset to use that run's")
+    return chosen
+
+
+def _is_hf_dir(path) -> bool:
+    """An HF T5 directory (config.json without our format tag, next to its weights)."""
+    try:
+        meta = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") != convert.FORMAT_TAG
+
+
+def _initial_config(path) -> t5.T5Config:
+    if _is_trained_run(path):
+        return t5.T5Config.from_dict(_trained_run(path)[2]["config"])
+    if _is_hf_dir(path):  # with the tensors: whether the head is tied is read from them
+        return _initial_network(path)[0]
+    return convert.load_checkpoint_config(path)
+
+
+def _initial_network(path) -> tuple[t5.T5Config, dict]:
+    """The network parameters of INITIAL_CHECKPOINT_PATH: a converted checkpoint, an HF T5 directory (GLEN's
+    released model is one; GLEN's phase-1 layout is refused by name), or a MODEL_DIR trained here (its latest
+    checkpoint)."""
+    if _is_hf_dir(path):
+        from gr_jax.models.glen import load_glen_hf
+
+        return load_glen_hf(path)
+    if not _is_trained_run(path):
+        return convert.load_checkpoint(path)
+    manager, step, meta = _trained_run(path)
+    try:
+        state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+    except Exception as e:  # as above
+        raise TrainingError(f"INITIAL_CHECKPOINT_PATH {path}: checkpoint {step} is damaged ({type(e).__name__})") \
+            from None
+    return t5.T5Config.from_dict(meta["config"]), state["params"]["network"]
 
 
 def provenance(setup: Setup) -> dict:
     """What a checkpoint was trained with, recorded in it and checked on resume and inference."""
-    return {"docid_scheme": setup.scheme.name, "docid_table_sha": _table_digest(setup.table),
-            "docid_space": setup.table.space.to_json(), "config": json.loads(setup.model.config.to_json()),
+    decoded = setup.scheme.decoded_by_model  # the docids follow the checkpoint's own parameters
+    space = setup.scheme.space(setup.model.config.vocab_size) if decoded else setup.table.space
+    return {"docid_scheme": setup.scheme.name,
+            "docid_table_sha": "decoded by the model" if decoded else _table_digest(setup.table),
+            "docid_space": space.to_json(), "config": json.loads(setup.model.config.to_json()),
             "vocabulary": setup.vocab.fingerprint, "corpus": setup.dataset.corpus.fingerprint()}
 
 
@@ -332,7 +493,7 @@ def initial_params(setup: Setup, seed: int, initial_checkpoint_path: Optional[st
     model = setup.model
     params = model.init_params(seed)
     if initial_checkpoint_path:
-        ckpt_config, network = convert.load_checkpoint(initial_checkpoint_path)
+        ckpt_config, network = _initial_network(initial_checkpoint_path)
         for path, leaf in jax.tree_util.tree_leaves_with_path(network):
             if not np.isfinite(np.asarray(leaf)).all():
                 raise TrainingError(f"INITIAL_CHECKPOINT_PATH {initial_checkpoint_path}: parameter "
@@ -401,17 +562,37 @@ def train(model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, batch_
                     seed=seed, initial_checkpoint_path=initial_checkpoint_path, dataset=dataset)
     write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True)  # the configuration of this run
 
+    decoded = setup.scheme.decoded_by_model
+
     def periodic(params):
-        return evaluate_split(setup, params, eval_config.split, eval_config, eval_config.max_queries)[2]
+        if not decoded:
+            return evaluate_split(setup, params, eval_config.split, eval_config, eval_config.max_queries)[2]
+        kept = setup.table  # evaluate with the docids of these parameters; training keeps its own
+        table = decode_model_docids(setup, params)
+        evaluator = dataclasses.replace(setup, table=table, index=table.index(vocab_size=setup.model.config.vocab_size),
+                                        iterator=None)
+        setup.model.use_docids(table)
+        try:
+            return evaluate_split(evaluator, params, eval_config.split, eval_config, eval_config.max_queries)[2]
+        finally:
+            setup.model.use_docids(kept)
+
+    def redecode(step, params):
+        log.info("step %d: decoding every document's docid with the current parameters", step)
+        use_model_docids(setup, decode_model_docids(setup, params))
 
     out = trainer.fit(setup.model, initial_params(setup, seed, initial_checkpoint_path), setup.iterator, tx,
                       model_dir=model_dir, train_steps=train_steps, batch_size=batch_size, meta=provenance(setup),
                       seed=seed, log_period=log_period, eval_period=eval_period,
                       checkpoint_period=checkpoint_period, keep_checkpoints=keep_checkpoints,
                       num_partitions=num_partitions, progress=progress, evaluate=periodic,
-                      step_callback=step_callback, initial_checkpoint_path=initial_checkpoint_path)
+                      step_callback=step_callback, initial_checkpoint_path=initial_checkpoint_path,
+                      refresh=redecode if decoded else None, refresh_period=setup.refresh_period)
     state, step = out["state"], out["step"]
     summary = {"model_dir": str(model_dir), "steps": step, "checkpoint": out["checkpoint"]}
+    if decoded:  # the final docids: decoded with the final parameters, written in GLEN's format
+        use_model_docids(setup, decode_model_docids(setup, state["params"]))
+        summary["docids"] = str(write_model_docids(setup, model_dir, step))
     if final_eval:  # the same file names as `infer`, and nothing time-dependent: a re-run writes the same files
         split = eval_config.final_split or eval_config.split
         run, qrels, metrics = evaluate_split(setup, state["params"], split, eval_config)
@@ -463,7 +644,8 @@ def restore(model_dir: str | Path, step: Optional[int] = None) -> tuple[Setup, d
         raise ValueError(f"{ckpt_dir}: no checkpoint for step {step} (have {list(manager.all_steps())})")
     setup = gin_checks.call_configured(lambda: prepare(
         model_dir=str(model_dir), batch_size=1, feature_lengths=_macro("TASK_FEATURE_LENGTHS"),
-        task=_macro("MIXTURE_OR_TASK_NAME"), with_training_data=False))
+        task=_macro("MIXTURE_OR_TASK_NAME"), with_training_data=False,
+        initial_checkpoint_path=_macro("INITIAL_CHECKPOINT_PATH", None)))  # the network as training built it
     where = ckpt_dir / str(step)
     try:
         saved = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -476,7 +658,56 @@ def restore(model_dir: str | Path, step: Optional[int] = None) -> tuple[Setup, d
     except Exception as e:  # as above
         raise TrainingError(f"{where}: damaged, its parameters cannot be read ({type(e).__name__}); choose "
                             f"another CHECKPOINT_STEP (have {list(manager.all_steps())})") from None
-    return setup, restored["state"]["params"], step
+    params = restored["state"]["params"]
+    if setup.scheme.decoded_by_model:  # GLEN: the checkpoint's docids are its own greedy decodings
+        use_model_docids(setup, decode_model_docids(setup, params))
+    return setup, params, step
+
+
+def import_checkpoint(model_dir: str = gin.REQUIRED, initial_checkpoint_path: str = gin.REQUIRED) -> dict:
+    """A network trained elsewhere (GLEN's released HF model, a converted T5) → MODEL_DIR/checkpoints/0 that
+    `restore` / `python -m gr_jax.infer` read, with the vocabulary, docid scheme state, docid table and
+    prefix tree the experiment file configures (e.g. GLEN's docid file as `GlenDocids.docid_file`). Nothing is
+    trained. The MODEL_DIR is for inference, or as INITIAL_CHECKPOINT_PATH of a training run (it holds no
+    optimizer state to resume)."""
+    model_dir = Path(model_dir)
+    if not initial_checkpoint_path:
+        raise ValueError("INITIAL_CHECKPOINT_PATH is not set: name the network to import (an HF T5 directory, a "
+                         "converted checkpoint or a trained MODEL_DIR)")
+    if (model_dir / "checkpoints").exists():
+        raise ValueError(f"MODEL_DIR {model_dir} already holds checkpoints/; import into a new MODEL_DIR")
+    setup = gin_checks.call_configured(lambda: prepare(
+        model_dir=str(model_dir), batch_size=1, feature_lengths=_macro("TASK_FEATURE_LENGTHS"),
+        task=_macro("MIXTURE_OR_TASK_NAME"), with_training_data=False, may_fit=True,
+        initial_checkpoint_path=initial_checkpoint_path))
+    params = initial_params(setup, 0, initial_checkpoint_path)
+    if setup.scheme.decoded_by_model:
+        use_model_docids(setup, decode_model_docids(setup, params))
+    manager = ocp.CheckpointManager((model_dir / "checkpoints").absolute(),
+                                    options=ocp.CheckpointManagerOptions(create=True))
+    state = {"step": np.zeros((), np.int32), "params": jax.device_get(params), "nonfinite": np.zeros((), np.int32)}
+    manager.save(0, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                            meta=ocp.args.JsonSave(provenance(setup))))
+    manager.wait_until_finished()
+    write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True)
+    out = {"model_dir": str(model_dir), "checkpoint": str(model_dir / "checkpoints" / "0"),
+           "imported_from": str(initial_checkpoint_path), "docids": setup.table.stats()}
+    if setup.scheme.decoded_by_model:
+        out["docid_file"] = str(write_model_docids(setup, model_dir, 0))
+    write_text(model_dir / "imported.json", json.dumps(out, indent=1), keep_previous=True)
+    return out
+
+
+def write_model_docids(setup: Setup, model_dir: Path, step: int) -> Path:
+    """The decoded docids of checkpoint `step` as GLEN's docid file: MODEL_DIR/docids/step<N>.tsv."""
+    from gr_jax.docids.glen import write_docid_tsv
+
+    corpus, table = setup.dataset.corpus, setup.table
+    path = Path(model_dir) / "docids" / f"step{step}.tsv"
+    write_docid_tsv(path, [corpus.doc_ids[r] for r in table.doc_rows], table.sequences, table.weights,
+                    [" ".join(corpus.texts[r].split()) for r in table.doc_rows], setup.vocab.id_to_piece,
+                    keep_previous=True)
+    return path
 
 
 @gin.configurable
@@ -510,5 +741,13 @@ def _describe(obj) -> str:
     return repr(obj) if dataclasses.is_dataclass(obj) else getattr(obj, "__name__", type(obj).__name__)
 
 
-def _macro(name: str):
-    return gin.query_parameter(f"{name}/macro.value")
+_NO_DEFAULT = object()
+
+
+def _macro(name: str, default=_NO_DEFAULT):
+    try:
+        return gin.query_parameter(f"{name}/macro.value")
+    except ValueError:
+        if default is _NO_DEFAULT:
+            raise
+        return default

@@ -43,7 +43,7 @@ def register_configurables() -> None:
     from gr_jax import compose  # noqa: F401
     from gr_jax.data import sources  # noqa: F401
     from gr_jax.decoding import rankers  # noqa: F401
-    from gr_jax.docids import atomic, chunked, embed, lexical, ngram, numeric, pseudo_query  # noqa: F401
+    from gr_jax.docids import atomic, chunked, embed, glen as glen_docids, lexical, ngram, numeric, pseudo_query  # noqa: F401
     from gr_jax.baselines import dense  # noqa: F401
     from gr_jax.models import embed as model_embed, glen, heads, retriever, t5  # noqa: F401
     from gr_jax.protocols import dynamic_corpora  # noqa: F401

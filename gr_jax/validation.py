@@ -28,6 +28,7 @@ def number(name: str, value, positive: bool = True, minimum: float | None = None
 
 
 def feature_lengths(name: str, value) -> dict[str, int]:
-    if not isinstance(value, dict) or set(value) != {"inputs", "targets"}:
-        raise ValueError(f"{name} must be a dict {{'inputs': N, 'targets': M}}, got {value!r}")
+    if not isinstance(value, dict) or not {"inputs", "targets"} <= set(value) <= {"inputs", "targets", "documents"}:
+        raise ValueError(f"{name} must be a dict {{'inputs': N, 'targets': M}} (GLEN's phase 2 adds "
+                         f"'documents': the document length), got {value!r}")
     return {k: integer(f"{name}[{k!r}]", v) for k, v in value.items()}

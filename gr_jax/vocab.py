@@ -19,8 +19,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -112,6 +113,15 @@ class SentencePieceVocabulary:
             return f"<extra_id_{self.size - 1 - i}>"
         return self._sp.IdToPiece(int(i))
 
+    def piece_to_id(self, piece: str) -> Optional[int]:
+        """The id of a piece (`▁python`, `<extra_id_0>`), None when the vocabulary has no such piece."""
+        m = re.fullmatch(r"<extra_id_(\d+)>", piece)
+        if m and self.extra_ids:
+            n = int(m.group(1))
+            return self.extra_id(n) if n < self.extra_ids else None
+        i = int(self._sp.PieceToId(piece))
+        return None if i == UNK_ID and piece != self._sp.IdToPiece(UNK_ID) else i
+
 
 class HFTokenizerVocabulary:
     """An HF `tokenizer.json` (fast tokenizer) when no `spiece.model` is present; needs `tokenizers`."""
@@ -152,6 +162,12 @@ class HFTokenizerVocabulary:
         if EOS_ID in ids:
             ids = ids[: ids.index(EOS_ID)]
         return self._tok.decode([i for i in ids if i != PAD_ID], skip_special_tokens=True)
+
+    def id_to_piece(self, i: int) -> str:
+        return self._tok.id_to_token(int(i))
+
+    def piece_to_id(self, piece: str) -> Optional[int]:
+        return self._tok.token_to_id(piece)
 
 
 def train_sentencepiece(texts: Sequence[str], path: str | os.PathLike, vocab_size: int,

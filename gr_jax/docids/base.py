@@ -226,7 +226,10 @@ class DocidScheme:
                                configured embedder and keeps it for new documents);
       uses_training_queries  — fit takes the training queries of each document (`FitContext.queries`);
       adds_tokens_per_document — every new document gets a token of its own (atomic ids): a model trained
-                               before has no embedding for it, so the dynamic-corpora protocol refuses it.
+                               before has no embedding for it, so the dynamic-corpora protocol refuses it;
+      decoded_by_model       — the docids are a function of the model's parameters (GLEN): `assign` cannot
+                               make them; the scheme offers `space(vocab_size)` and `table(tokens, weights,
+                               rows, vocab_size)`, and the composition decodes them once parameters exist.
     Optional methods with defaults here: `bind(vocab)` (re-attach the vocabulary after `load_state`) and
     `training_pairs()` (extra training pairs the scheme makes, e.g. MDGR's chunk → its docid; the
     `Objectives.scheme_pairs_rate` mixes them in).
@@ -236,6 +239,7 @@ class DocidScheme:
     needs_embeddings = False
     uses_training_queries = False
     adds_tokens_per_document = False
+    decoded_by_model = False
 
     def fit(self, corpus, context: FitContext = FitContext()) -> "DocidScheme":
         raise NotImplementedError

@@ -52,6 +52,14 @@ def load_glen_hf(hf_dir) -> tuple[t5.T5Config, dict]:
     return config, convert.params_from_hf(tensors, config, source=str(hf_dir))
 
 
+@gin.configurable
+def masked_special_ids(unk_id: int = 2, first_sentinel: int = 32000, sentinels: int = 100) -> tuple[int, ...]:
+    """The ids GLEN never generates with a T5 tokenizer: UNK and the sentinels `<extra_id_*>` (the tokenizer's
+    special ids other than PAD/EOS); for t5-base: 2 and 32000…32099 (`GlenRetriever.masked_ids =
+    @masked_special_ids()`). The embedding's padding rows 32100…32127 are not masked, as in GLEN's code."""
+    return (int(unk_id),) + tuple(range(int(first_sentinel), int(first_sentinel) + int(sentinels)))
+
+
 def mask_logits(logits_xV, masked_ids: Sequence[int]):
     """−inf at the masked ids (UNK, sentinels): they can be neither chosen nor part of the normaliser."""
     if not len(masked_ids):

@@ -21,6 +21,7 @@ V vocabulary, D d_model.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Mapping, Optional
 
@@ -154,26 +155,45 @@ def glen_objective(model, params, batch, rng=None, lambda_point: float = 0.5, la
                   "pair_accuracy": (pair_acc * n, n)}
 
 
+NEGATIVES = ("prefix", "random", "bm25", "none")
+
+
 class Phase2Batches:
     """Endless, resumable phase-2 batches: {"inputs": query tokens [B, Lq], "documents": [B, 1 + N_neg, Ld]
-    (the positive, then its prefix-aware negatives drawn from the current docids), "tau": [B] the annealed
-    temperature of the current epoch}. Queries come from `pairs` (a `MixtureIterator` over an `ExampleStore`
-    with "inputs" and "positive" = the positive's corpus row, [n, 1]); `doc_tokens` [rows, Ld] are the
-    documents' tokens; `set_docids` replaces the docids the negatives follow (after a re-assignment).
-    The negatives of batch s are drawn from a generator seeded by (seed, s): a resumed run draws what the
-    uninterrupted one drew, given the same docids. Same state protocol as `MixtureIterator`."""
+    (the positive, then its negatives), "tau": [B] the annealed temperature of the current epoch}. Queries
+    come from `pairs` (a `MixtureIterator` over an `ExampleStore` with "inputs", "positive" = the positive's
+    corpus row [n, 1], and for BM25 negatives "candidates" = corpus rows [n, depth], −1 padded);
+    `doc_tokens` [rows, Ld] are the documents' tokens.
 
-    def __init__(self, pairs, doc_tokens: np.ndarray, docids_by_row: np.ndarray, num_negatives: int = 8,
-                 seed: int = 0, doc_keys: Optional[np.ndarray] = None, min_temperature: float = 1e-5):
+    `negatives` (Fig. 2 of the paper): "prefix" — prefix-aware, from the current docids (`set_docids` after
+    each re-assignment); "random" — uniform over the other documents; "bm25" — drawn from the query's BM25
+    candidates; "none" — no sampled negatives (only the in-batch ones of the objective).
+    The negatives of batch s are drawn from a generator seeded by (seed, s), and candidates are ordered by
+    `doc_keys` (document ids) before drawing: a resumed run draws what the uninterrupted one drew (given the
+    same docids), and the draw does not depend on the corpus row order. Same state protocol as
+    `MixtureIterator`."""
+
+    def __init__(self, pairs, doc_tokens: np.ndarray, docids_by_row: Optional[np.ndarray] = None,
+                 num_negatives: int = 8, seed: int = 0, doc_keys: Optional[np.ndarray] = None,
+                 min_temperature: float = 1e-5, negatives: str = "prefix"):
         if num_negatives < 0:
             raise ValueError(f"num_negatives must be ≥ 0, got {num_negatives}")
+        if negatives not in NEGATIVES:
+            raise ValueError(f"negatives must be one of {NEGATIVES}, got {negatives!r}")
         self.pairs = pairs
         self.doc_tokens = np.asarray(doc_tokens, np.int32)
-        self.num_negatives = int(num_negatives)
+        self.negatives = negatives
+        self.num_negatives = 0 if negatives == "none" else int(num_negatives)
         self.seed = int(seed)
         self.doc_keys = doc_keys
+        n = len(self.doc_tokens)
+        self._by_key = np.arange(n) if doc_keys is None else np.argsort(np.asarray(doc_keys), kind="stable")
+        self._rank = np.empty(n, np.int64)
+        self._rank[self._by_key] = np.arange(n)
         self.min_temperature = float(min_temperature)
-        self.set_docids(docids_by_row)
+        self.docids = None
+        if docids_by_row is not None:
+            self.set_docids(docids_by_row)
 
     def set_docids(self, docids_by_row: np.ndarray) -> None:
         docids = np.asarray(docids_by_row)
@@ -194,6 +214,27 @@ class Phase2Batches:
     def __iter__(self):
         return self
 
+    def _random(self, positives, rng) -> np.ndarray:
+        """Uniform over the other documents: rank r among the documents ordered by key, skipping the
+        positive's rank."""
+        n = len(self.doc_tokens)
+        if n < 2:
+            raise ValueError("random negatives: the corpus has no document besides the positive")
+        r = rng.integers(0, n - 1, size=(len(positives), self.num_negatives))
+        r = r + (r >= self._rank[positives][:, None])
+        return self._by_key[r]
+
+    def _bm25(self, positives, candidates, rng) -> np.ndarray:
+        out = np.empty((len(positives), self.num_negatives), np.int64)
+        for i, (p, row) in enumerate(zip(positives, candidates)):
+            pool = row[(row >= 0) & (row != p)]
+            if not len(pool):  # BM25 found nothing else for this query: fall back to uniform
+                out[i] = self._random(positives[i:i + 1], rng)[0]
+                continue
+            pool = pool[np.argsort(self._rank[pool], kind="stable")]
+            out[i] = rng.choice(pool, size=self.num_negatives, replace=len(pool) < self.num_negatives)
+        return out
+
     def __next__(self) -> dict[str, np.ndarray]:
         step = self.pairs.step
         batch = next(self.pairs)
@@ -201,8 +242,63 @@ class Phase2Batches:
         rows = positives[:, None]
         if self.num_negatives:
             rng = np.random.default_rng([self.seed, step, 2])
-            negatives = prefix_negatives(self.docids, positives, self.num_negatives, rng, self.doc_keys)
+            if self.negatives == "prefix":
+                if self.docids is None:
+                    raise RuntimeError("Phase2Batches: prefix-aware negatives need the current docids "
+                                       "(set_docids) before the first batch")
+                negatives = prefix_negatives(self.docids, positives, self.num_negatives, rng, self.doc_keys)
+            elif self.negatives == "random":
+                negatives = self._random(positives, rng)
+            else:
+                negatives = self._bm25(positives, batch["candidates"], rng)
             rows = np.concatenate([rows, negatives], axis=1)
         tau = temperature(float(np.mean(self.pairs.epochs())), self.min_temperature)
         return {"inputs": batch["inputs"], "documents": self.doc_tokens[rows],
                 "tau": np.full(len(positives), tau, np.float32)}
+
+
+@gin.configurable
+@dataclasses.dataclass
+class GlenPhase2:
+    """The training data of GLEN's phase 2 (`prepare.objectives_config = @GlenPhase2()`, with
+    `GlenRetriever.objective = @glen_objective` and `prepare.docid_scheme = @GlenDocids()`): every training
+    query with its positive document and `num_negatives` negatives of kind `negatives` (see
+    `Phase2Batches`); documents are tokenized to TASK_FEATURE_LENGTHS['documents'] (156 in the paper).
+    `reassign_every` R > 0 re-decodes every document's docid every R steps (dynamic docids: the prefix-aware
+    negatives follow them); 0 keeps the docids decoded from the initial parameters."""
+
+    num_negatives: int = 8
+    negatives: str = "prefix"
+    reassign_every: int = 0
+    bm25_depth: int = 100
+
+    def __post_init__(self):
+        if self.negatives not in NEGATIVES:
+            raise ValueError(f"GlenPhase2.negatives must be one of {NEGATIVES}, got {self.negatives!r}")
+        for name in ("num_negatives", "reassign_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"GlenPhase2.{name} must be an integer ≥ 0, got {getattr(self, name)!r}")
+        if not isinstance(self.bm25_depth, int) or self.bm25_depth < 1:
+            raise ValueError(f"GlenPhase2.bm25_depth must be an integer ≥ 1, got {self.bm25_depth!r}")
+
+    def iterator(self, inp) -> "Phase2Batches":
+        """`inp`: the composition's `ObjectiveInputs` (dataset, train split, vocabulary, feature lengths,
+        batch size, seed, and `bm25_candidates(pairs, depth)` for BM25 negatives)."""
+        from gr_jax.data import pairs as dsi_pairs
+        from gr_jax.data.pipeline import ExampleStore, MixtureIterator, tokenize
+
+        ds, split = inp.dataset, inp.train_split
+        if split not in ds.queries:
+            raise ValueError(f"GLEN phase 2 trains on queries: the dataset has no split {split!r} (TRAIN_SPLIT); "
+                             f"it has {sorted(ds.queries)}")
+        if "documents" not in inp.lengths:
+            raise ValueError("GLEN phase 2 needs the document length: add 'documents' to TASK_FEATURE_LENGTHS "
+                             "(156 in the paper)")
+        pairs = dsi_pairs.query_pairs(ds.queries[split], ds.qrels[split], ds.corpus, name="glen-phase2")
+        features = {"inputs": tokenize(pairs.texts, inp.vocab, inp.lengths["inputs"], what=pairs.name),
+                    "positive": pairs.rows[:, None]}
+        if self.negatives == "bm25" and self.num_negatives:
+            features["candidates"] = inp.bm25_candidates(pairs, self.bm25_depth)
+        mix = MixtureIterator([ExampleStore(features)], inp.batch_size, seed=inp.seed, names=[pairs.name])
+        return Phase2Batches(mix, inp.doc_tokens(), None, self.num_negatives, seed=inp.seed,
+                             doc_keys=np.asarray(ds.corpus.doc_ids), negatives=self.negatives)

@@ -254,13 +254,24 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
         batch_size: int, meta: dict, seed: int = 0, log_period: int = 50, eval_period: int = 0,
         checkpoint_period: int = 500, keep_checkpoints: int = 3, num_partitions: int = 1, progress: bool = True,
         evaluate: Optional[Callable[[dict], dict]] = None, step_callback: Optional[Callable[[int], None]] = None,
-        initial_checkpoint_path: Optional[str] = None, name: str = "train") -> dict:
+        initial_checkpoint_path: Optional[str] = None, name: str = "train",
+        refresh: Optional[Callable[[int, dict], None]] = None, refresh_period: int = 0) -> dict:
     """Trains `model` from `params` (or from the newest intact checkpoint in `model_dir`) to `train_steps`,
     drawing batches from `iterator` (a resumable `MixtureIterator`). `meta` (what the run was built from) is
     saved in every checkpoint and must match on resume. Returns {"state", "step", "resumed_from",
-    "checkpoint"}."""
+    "checkpoint"}.
+
+    `refresh(step, params)` rebuilds state that follows the parameters (GLEN's docids, re-decoded from the
+    corpus): once before the first step (after a resume: with the resumed parameters) and, with
+    `refresh_period` R > 0, after every step that is a multiple of R. A resumed run repeats an uninterrupted
+    one only if it resumes at a multiple of R, hence `checkpoint_period` must be one."""
     validate_loop(train_steps, batch_size, log_period, eval_period, checkpoint_period, keep_checkpoints,
                   num_partitions, seed)
+    validation.integer("refresh period", refresh_period, minimum=0)
+    if refresh is not None and refresh_period and checkpoint_period % refresh_period:
+        raise ValueError(f"checkpoint_period {checkpoint_period} must be a multiple of the re-assignment period "
+                         f"{refresh_period} (a resumed run must rebuild the docids an uninterrupted run had); "
+                         f"change train.checkpoint_period or the period")
     t_start = time.time()
     model_dir = Path(model_dir)
     mesh = partitioning.make_mesh(num_partitions)
@@ -300,6 +311,8 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     if step > train_steps:
         raise TrainingError(f"{model_dir / 'checkpoints'} holds step {step}, past TRAIN_STEPS = {train_steps}; "
                             f"raise TRAIN_STEPS or use a new MODEL_DIR")
+    if refresh is not None:
+        refresh(step, state["params"])
     acc: dict = {}
     t_log, steps_since = time.time(), 0
     bar = None
@@ -315,6 +328,8 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
         acc = sums if not acc else jax.tree_util.tree_map(jnp.add, acc, sums)
         if step_callback is not None:
             step_callback(step)
+        if refresh is not None and refresh_period and step % refresh_period == 0 and step < train_steps:
+            refresh(step, state["params"])
         if step % log_period == 0 or step == train_steps:
             host = jax.device_get(acc)
             if int(state["nonfinite"]) > 0:

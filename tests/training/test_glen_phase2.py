@@ -175,3 +175,80 @@ def test_glen_objective_trains_and_reduces_to_its_terms():
         updates, opt = tx.update(grads, opt, params)
         params = optax.apply_updates(params, updates)
     assert float(grad_fn(params)[0]) < first
+
+
+def _batches(negatives, num_negatives=2, candidates=None, doc_keys=None, n_docs=6, seed=0):
+    from gr_jax.data.pipeline import ExampleStore, MixtureIterator
+
+    doc_tokens = np.stack([np.arange(n_docs) + 10, np.arange(n_docs) + 20], axis=1)
+    queries = np.arange(2 * n_docs).reshape(n_docs, 2) + 100
+    features = {"inputs": queries, "positive": np.arange(n_docs)[:, None]}
+    if candidates is not None:
+        features["candidates"] = candidates
+    pairs = MixtureIterator([ExampleStore(features)], batch_size=n_docs, seed=seed, shuffle=False)
+    return gl.Phase2Batches(pairs, doc_tokens, None, num_negatives=num_negatives, seed=seed, doc_keys=doc_keys,
+                            negatives=negatives)
+
+
+def test_random_negatives_are_other_documents_and_follow_document_keys():
+    b = next(_batches("random", num_negatives=50))
+    pos, neg = b["documents"][:, 0, 0] - 10, b["documents"][:, 1:, 0] - 10
+    assert (neg != pos[:, None]).all()
+    assert all(set(row) == set(range(6)) - {p} for p, row in zip(pos, neg))  # 50 draws cover the other 5
+    # the same documents in another row order, named by the same keys: the same negatives by key
+    keys = np.array(["f", "b", "e", "a", "d", "c"])
+    perm = np.array([3, 1, 5, 4, 2, 0])
+    a = next(_batches("random", doc_keys=keys))["documents"][:, :, 0] - 10
+    from gr_jax.data.pipeline import ExampleStore, MixtureIterator
+
+    doc_tokens = np.stack([perm + 10, perm + 20], axis=1)  # row r of the permuted corpus is document perm[r]
+    inv = np.argsort(perm)
+    pairs = MixtureIterator([ExampleStore({"inputs": np.arange(12).reshape(6, 2) + 100,
+                                           "positive": inv[np.arange(6)][:, None]})],
+                            batch_size=6, seed=0, shuffle=False)
+    c = next(gl.Phase2Batches(pairs, doc_tokens, None, num_negatives=2, doc_keys=keys[perm],
+                              negatives="random"))["documents"][:, :, 0] - 10
+    assert np.array_equal(keys[a], keys[c])
+
+
+def test_bm25_negatives_come_from_the_candidates_only():
+    candidates = np.full((6, 3), -1)
+    candidates[:, 0] = (np.arange(6) + 1) % 6  # each query's only BM25 candidate: the next document
+    candidates[2] = [2, -1, -1]  # query 2: only its own positive → uniform fallback
+    b = next(_batches("bm25", num_negatives=2, candidates=candidates))
+    pos, neg = b["documents"][:, 0, 0] - 10, b["documents"][:, 1:, 0] - 10
+    for p, row in zip(pos, neg):
+        if p == 2:
+            assert (row != 2).all()
+        else:
+            assert (row == (p + 1) % 6).all()  # one candidate, drawn twice
+
+
+def test_no_sampled_negatives_leaves_the_positive_alone():
+    b = next(_batches("none", num_negatives=8))
+    assert b["documents"].shape == (6, 1, 2)
+    with pytest.raises(RuntimeError, match="set_docids"):
+        next(_batches("prefix"))
+    with pytest.raises(ValueError, match="negatives must be one of"):
+        _batches("hard")
+
+
+def test_glen_phase2_config_checks_its_values():
+    with pytest.raises(ValueError, match="negatives must be one of"):
+        gl.GlenPhase2(negatives="bm-25")
+    with pytest.raises(ValueError, match="reassign_every must be an integer"):
+        gl.GlenPhase2(reassign_every=-1)
+
+
+def test_bm25_candidates_leave_out_every_positive_of_the_query():
+    from gr_jax.compose import ObjectiveInputs
+    from gr_jax.data.pairs import Pairs
+    from gr_jax.data.readers import Corpus, Dataset
+
+    corpus = Corpus(["d1", "d2", "d3", "d4"], ["apple banana", "apple cherry", "banana cherry", "zebra"])
+    ds = Dataset(corpus, {}, {})
+    inp = ObjectiveInputs(ds, "train", None, None, None, {}, 1, 0, lambda: None)
+    pairs = Pairs("p", ["apple banana", "apple banana"], np.array([0, 1]), ["q1", "q1"])
+    got = inp.bm25_candidates(pairs, depth=3)
+    # q1's positives are d1 and d2; BM25 ranks d3 (banana) next; d4 shares no term; −1 pads
+    assert got.tolist() == [[2, -1, -1], [2, -1, -1]]
