@@ -284,3 +284,17 @@ def test_the_pytorch_reference_decoding_reproduces_glens_rankings_and_ours(tmp_p
         mine = [d[q == b].tolist() for b in range(6)]
         assert mine == glen_rank_torch(hf, queries, mask, tokens, weights, n, (2,))
         assert any(len(set(tuple(tokens[r]) for r in m)) < len(m) for m in mine)  # collisions were ranked
+
+
+def test_masked_special_ids_are_unk_and_t5s_sentinels():
+    from gr_jax.models.glen import masked_special_ids
+
+    ids = masked_special_ids()
+    assert ids[0] == 2 and ids[1:] == tuple(range(32000, 32100))  # t5-base: <extra_id_99> … <extra_id_0>
+    # the fixture's list, written by GLEN's code from its tokenizer (all special ids but bos/eos/pad)
+    import json
+    from pathlib import Path
+
+    meta = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "glen_parity" / "meta.json").read_text())
+    assert sorted(masked_special_ids(unk_id=2, first_sentinel=496, sentinels=16)) == \
+        sorted(meta["token_layout"]["masked_token_ids"])

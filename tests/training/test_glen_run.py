@@ -86,6 +86,17 @@ def _phase2(tmp_path, phase1, model_dir, extra=()):
                                    *extra])
 
 
+def _tool(name: str):
+    """A module of tools/ (not a package), imported by path."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _params(model_dir: Path, step: int):
     import orbax.checkpoint as ocp
 
@@ -124,6 +135,19 @@ def test_phase2_decodes_writes_restores_and_resumes_its_docids(tmp_path, phase1,
                            f"--gin.MODEL_DIR='{tmp_path / 'p2'}'", f"--gin.INITIAL_CHECKPOINT_PATH='{phase1}'",
                            "--gin.NUM_BEAMS=4"]) == 0
     assert Path(summary["run"]).read_text() == (tmp_path / "final.run").read_text()
+
+    # tools/glen_ties.py: the collision-free row is infer's evaluation; the random orders differ only where
+    # documents share a docid, so every random row lies within [0, 1] and their spread is reported
+    glen_ties = _tool("glen_ties")
+    gin.clear_config()
+    assert glen_ties.main(["--seeds", "3", "--split", "dev", "--num_beams", "4", f"--gin_file={tmp_path / 'exp.gin'}",
+                           f"--gin.MODEL_DIR='{tmp_path / 'p2'}'", f"--gin.INITIAL_CHECKPOINT_PATH='{phase1}'"]) == 0
+    import json
+
+    ties = json.loads((tmp_path / "p2" / "ties" / "dev.step10.json").read_text())
+    evaluated = json.loads((tmp_path / "p2" / "runs" / "dev.step10.metrics.json").read_text())["metrics"]
+    assert ties["collision_free"] == evaluated and len(ties["random"]) == 3
+    assert "| collision-free" in ties["table"] and "3 seeds" in ties["table"]
 
     # stopping at step 5 and resuming to 10 gives the uninterrupted run's parameters (the docids of step 5
     # are decoded again from the resumed parameters, so the negatives agree)
@@ -171,14 +195,7 @@ def test_a_released_glen_model_and_docid_file_import_and_evaluate(tmp_path, caps
     from gr_jax.vocab import train_sentencepiece
     from gr_jax.data.pipeline import tokenize
 
-    sys_path = str(Path(__file__).resolve().parents[2] / "tools")
-    import sys
-
-    sys.path.insert(0, sys_path)
-    try:
-        import import_checkpoint as import_tool
-    finally:
-        sys.path.remove(sys_path)
+    import_tool = _tool("import_checkpoint")
 
     gin.clear_config()
     corpus = load_dataset("demo", demo_docs=40).corpus
