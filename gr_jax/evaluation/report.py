@@ -24,3 +24,54 @@ def metrics_table(results: Mapping[str, Mapping[str, float]], digits: int = 4) -
         names += [n for n in values if n not in names]
     rows = [[system] + [values.get(n) for n in names] for system, values in results.items()]
     return markdown_table(["run"] + names, rows, digits)
+
+
+def read_eval_curve(model_dir) -> tuple[list[dict], dict]:
+    """A MODEL_DIR's evaluations (eval_metrics.jsonl): the periodic ones as [{"step", metric: value}] in step
+    order, and the final evaluation's metrics ({} if none). The last record of a step wins (a resumed run
+    appends again). Unreadable lines are an error naming the file."""
+    import json
+    from pathlib import Path
+
+    path = Path(model_dir) / "eval_metrics.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror}); is {model_dir} a trained MODEL_DIR?") from None
+    periodic: dict[int, dict] = {}
+    final: dict = {}
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            step = int(rec.pop("step"))
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{path}:{no}: not an evaluation record") from None
+        if any(k.startswith("final/") for k in rec):
+            final = {k[len("final/"):]: v for k, v in rec.items()}
+        else:
+            periodic[step] = rec
+    return [{"step": s, **periodic[s]} for s in sorted(periodic)], final
+
+
+def plot_curves(curves: Mapping[str, Sequence[Mapping]], metric: str, path, title: str = "") -> None:
+    """One line per run: `metric` of its periodic evaluations against the training step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for i, (label, points) in enumerate(curves.items()):
+        pts = [p for p in points if metric in p]
+        ax.plot([p["step"] for p in pts], [p[metric] for p in pts], "-o", color=f"C{i}", label=label, markersize=3)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(metric)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
