@@ -175,7 +175,14 @@ class GlenRetriever(GenerativeRetriever):
         return step_table(self.network, params["network"], tokens_BxL, self.docid_length,
                           self.config.decoder_start_token_id)
 
+    def _hidden_only(self, what: str) -> None:
+        if self.feed != "hidden":
+            raise ValueError(f"{what} is written for GLEN's hidden-state feedback; GlenRetriever.feed = "
+                             f"{self.feed!r} (the token-fed ablation) trains with phase 1's L_key and keyword "
+                             f"docids only")
+
     def decode_docids(self, params, doc_tokens, batch_size: int = 64):
+        self._hidden_only("decoding docids from documents (GlenDocids)")
         return decode_docids(self.network, params["network"], doc_tokens, self.docid_length, self.masked_ids,
                              batch_size)
 
@@ -183,6 +190,7 @@ class GlenRetriever(GenerativeRetriever):
     def hidden_fed(self, params, inputs_BxL, dropout_rng=None):
         """`step_table` for training: the M steps recomputed over the growing input [E(start), h_0, …] (no
         cache, so dropout applies); without `dropout_rng` it equals `step_table`. → (logits, hidden)."""
+        self._hidden_only("phase 2's objective (glen_objective)")
         deterministic = dropout_rng is None
         rngs = {} if deterministic else {"dropout": dropout_rng}
         variables = {"params": params["network"]}

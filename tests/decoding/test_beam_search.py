@@ -76,7 +76,7 @@ def _check_valid(index, res):
         assert (np.diff(scores[b, :n]) <= 1e-6).all()  # ... in decreasing order
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=8, deadline=None)  # each example compiles new searchers; the oracle tests cover more
 @given(tries(), st.sampled_from(["log_softmax", "renormalized", "raw"]), st.sampled_from([0.0, 1.0]))
 def test_full_beam_equals_exhaustive_and_insert_equals_rebuild(data, mode, lp):
     ragged, seqs, dense, split = data

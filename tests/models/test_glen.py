@@ -298,3 +298,16 @@ def test_masked_special_ids_are_unk_and_t5s_sentinels():
     meta = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "glen_parity" / "meta.json").read_text())
     assert sorted(masked_special_ids(unk_id=2, first_sentinel=496, sentinels=16)) == \
         sorted(meta["token_layout"]["masked_token_ids"])
+
+
+def test_token_fed_ablation_refuses_phase_2_and_decoded_docids():
+    from gr_jax.models import t5
+    from gr_jax.models.glen import GlenRetriever
+
+    model = GlenRetriever(t5.get_config("tiny").replace(vocab_size=64), docid_length=2, feed="tokens")
+    params = model.init_params(0)
+    tokens = np.ones((2, 5), np.int32)
+    with pytest.raises(ValueError, match="token-fed ablation"):
+        model.decode_docids(params, tokens)
+    with pytest.raises(ValueError, match="glen_objective"):
+        model.hidden_fed(params, tokens)

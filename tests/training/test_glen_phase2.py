@@ -156,13 +156,15 @@ def test_glen_objective_trains_and_reduces_to_its_terms():
              "documents": jnp.asarray(np.stack([docs[[0, 5, 6]], docs[[1, 7, 8]], docs[[2, 9, 10]],
                                                 docs[[3, 11, 12]]]), jnp.int32),
              "tau": jnp.full((4,), 0.5, jnp.float32)}
-    loss, metrics = gl.glen_objective(model, params, batch)
+    objective = jax.jit(lambda p, b, in_batch=True: gl.glen_objective(model, p, b, in_batch=in_batch),
+                        static_argnames=("in_batch",))  # compiled: eager Flax calls are slow
+    loss, metrics = objective(params, batch)
     assert set(metrics) == {"loss", "pair_loss", "point_loss", "pair_accuracy"}
     pair, point = (float(metrics[k][0] / metrics[k][1]) for k in ("pair_loss", "point_loss"))
     assert float(loss) == pytest.approx(pair + 0.5 * point, rel=1e-5)
     # one candidate per query and no in-batch negatives: the pairwise term is exactly 0
     single = dict(batch, documents=batch["documents"][:, :1])
-    _, m = gl.glen_objective(model, params, single, in_batch=False)
+    _, m = objective(params, single, in_batch=False)
     assert float(m["pair_loss"][0]) == pytest.approx(0.0, abs=1e-6)
     # a few Adam steps on this batch lower the loss (the gradient flows through both towers)
     tx = optax.adam(1e-3)

@@ -15,6 +15,14 @@ from gr_jax import compose, gin_utils
 from gr_jax.docids.glen import read_docid_tsv
 from gr_jax.vocab import load_vocabulary
 
+LOOP = """
+train.optimizer = @make_optimizer()
+train.progress = False
+train.log_period = 5
+EvalConfig.num_beams = 4
+train.eval_config = @EvalConfig()
+"""
+
 PHASE1 = """
 include 'runs/train.gin'
 include 'models/t5_tiny.gin'
@@ -31,14 +39,9 @@ prepare.model_fn = @GlenRetriever
 GlenRetriever.docid_length = 2
 GlenRetriever.ranker = @FirstOccurrence()
 t5.get_config.dropout_rate = 0.0
-train.optimizer = @make_optimizer()
 make_optimizer.learning_rate = 3e-3
-train.progress = False
-train.log_period = 5
 train.checkpoint_period = 10
-EvalConfig.num_beams = 4
-train.eval_config = @EvalConfig()
-"""
+""" + LOOP
 
 PHASE2 = """
 include 'runs/train.gin'
@@ -56,14 +59,9 @@ GlenRetriever.ranker = @CollisionFree()
 prepare.objectives_config = @GlenPhase2()
 GlenPhase2.num_negatives = 2
 GlenPhase2.reassign_every = 5
-train.optimizer = @make_optimizer()
 make_optimizer.learning_rate = 1e-3
-train.progress = False
-train.log_period = 5
 train.checkpoint_period = 5
-EvalConfig.num_beams = 4
-train.eval_config = @EvalConfig()
-"""
+""" + LOOP
 
 
 def _run(tmp_path, text, bindings):
