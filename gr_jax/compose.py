@@ -322,6 +322,10 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
     dataset = dataset if dataset is not None else sources.load_dataset(task)
     # everything gin configures exists now, except the model object, built below: checked again then
     gin_checks.check_bindings_used(("train", "infer", "run_dynamic"), allow=("GenerativeRetriever",))
+    if initial_checkpoint_path and not Path(initial_checkpoint_path).exists():
+        raise ValueError(f"INITIAL_CHECKPOINT_PATH {initial_checkpoint_path} does not exist: point it at a trained "
+                         f"MODEL_DIR, an HF T5 directory or a converted checkpoint (GLEN's phase 2 starts from "
+                         f"the MODEL_DIR of its phase-1 run: train that first)")
     if initial_checkpoint_path and _is_trained_run(initial_checkpoint_path):
         vocabulary = _initial_run_vocabulary(initial_checkpoint_path, vocabulary)
     vocab = _vocabulary(vocabulary, model_dir, dataset, train_split, vocab_size, may_train=with_training_data)

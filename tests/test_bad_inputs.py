@@ -358,6 +358,14 @@ def test_a_damaged_initial_checkpoint_is_named(tmp_path, capsys):
     assert not (tmp_path / "m" / "checkpoints").exists()
 
 
+def test_glen_phase2_before_phase1_is_named_and_writes_nothing(tmp_path, capsys):
+    rc, err = _main(train_cmd, ["--gin_file=experiments/demo/glen.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
+                                f"--gin.INITIAL_CHECKPOINT_PATH='{tmp_path / 'no_phase1'}'"], capsys)
+    assert rc == 2, err
+    assert f"INITIAL_CHECKPOINT_PATH {tmp_path / 'no_phase1'} does not exist" in err and "phase-1 run" in err
+    assert not (tmp_path / "m").exists()  # not even a vocabulary trained for nothing
+
+
 def test_nonfinite_message_points_to_a_checkpoint_only_when_one_exists(tmp_path):
     from gr_jax.training.trainer import _nonfinite_message
 
