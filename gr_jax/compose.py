@@ -99,6 +99,8 @@ class Objectives:
             raise ValueError("every objective rate is 0: nothing to train on")
         return parts, rates
 
+    refresh_period = 0  # the DSI pairs need docids fixed before training
+
     def iterator(self, inp: "ObjectiveInputs") -> MixtureIterator:
         """The DSI training batches: the pairs of `build` (and the scheme's own) tokenized and mixed."""
         pairs, rates = self.build(inp.dataset, inp.train_split)
@@ -120,7 +122,10 @@ class Objectives:
 
 @dataclasses.dataclass
 class ObjectiveInputs:
-    """What an objectives config (`Objectives`, `GlenPhase2`) may build its training batches from."""
+    """What an objectives config (`Objectives`, `GlenPhase2`) may build its training batches from. An
+    objectives config offers `iterator(inputs)` and `refresh_period` (how often decoded docids are decoded
+    again; 0: never after the start). One that accepts docids decoded by the model (`table` None) returns
+    batches with `set_docids(docids_by_row)`: the composition calls it whenever the docids are decoded."""
 
     dataset: Dataset
     train_split: str
@@ -383,7 +388,7 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
         objs = objectives_config if objectives_config is not None else Objectives()
         setup.iterator = objs.iterator(ObjectiveInputs(dataset, train_split, scheme, table, vocab, lengths,
                                                        batch_size, seed, setup.document_tokens))
-        setup.refresh_period = int(getattr(objs, "reassign_every", 0))
+        setup.refresh_period = objs.refresh_period
     if table is not None:
         log.info("docids: %s, %d documents, %s", scheme.name, len(dataset.corpus), table.stats())
         setup.index = table.index(vocab_size=config.vocab_size) if table.space.kind == "text" else table.index()
@@ -403,7 +408,7 @@ def use_model_docids(setup: Setup, table: DocidTable) -> None:
     setup.table = table
     setup.index = table.index(vocab_size=setup.model.config.vocab_size)
     setup.model.use_docids(table)
-    if setup.iterator is not None and hasattr(setup.iterator, "set_docids"):
+    if setup.iterator is not None:  # batches built for decoded docids follow them (`ObjectiveInputs`)
         setup.iterator.set_docids(table.sequences)
     log.info("docids decoded by the model: %s", table.stats())
 

@@ -281,6 +281,10 @@ class GlenPhase2:
         if not isinstance(self.bm25_depth, int) or self.bm25_depth < 1:
             raise ValueError(f"GlenPhase2.bm25_depth must be an integer ≥ 1, got {self.bm25_depth!r}")
 
+    @property
+    def refresh_period(self) -> int:
+        return self.reassign_every
+
     def iterator(self, inp) -> "Phase2Batches":
         """`inp`: the composition's `ObjectiveInputs` (dataset, train split, vocabulary, feature lengths,
         batch size, seed, and `bm25_candidates(pairs, depth)` for BM25 negatives)."""
