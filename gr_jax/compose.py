@@ -296,6 +296,9 @@ class Setup:
     embedder: Any = None  # the fitted document embedder of numeric docids (new documents need the same one)
     refresh_period: int = 0  # decoded docids: re-decoded every this many training steps (0: at the start only)
     _doc_tokens: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
+    # (config, network) of an HF INITIAL_CHECKPOINT_PATH, read once by `prepare` (its config needs the tensors)
+    # and handed to `initial_params`, which drops it
+    _initial: Optional[tuple] = dataclasses.field(default=None, repr=False)
 
     def document_tokens(self) -> np.ndarray:
         """The corpus tokenized to TASK_FEATURE_LENGTHS['documents'] (else 'inputs'), by row; computed once."""
@@ -357,8 +360,10 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
     else:
         scheme.fit(dataset.corpus, FitContext(vocab=vocab, embeddings=embeddings, queries=queries))
 
+    initial = None
     if initial_checkpoint_path:
-        config = _initial_config(initial_checkpoint_path)
+        initial = _initial_network(initial_checkpoint_path) if _is_hf_dir(initial_checkpoint_path) else None
+        config = initial[0] if initial else _initial_config(initial_checkpoint_path)
     else:
         config = t5.get_config(network) if isinstance(network, str) else network
         config = config.replace(vocab_size=vocab.size)
@@ -383,6 +388,8 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
         raise ValueError(f"TASK_FEATURE_LENGTHS['targets'] = {lengths['targets']} is shorter than the longest "
                          f"docid ({target_length} tokens); raise it")
     setup = Setup(model, dataset, vocab, scheme, table, None, None, lengths, emb)
+    if with_training_data or may_fit:  # inference restores its own parameters: nothing kept for it
+        setup._initial = initial
     if with_training_data:  # inference needs the docids and the index, not the tokenized training pairs
         validation.integer("BATCH_SIZE (train.batch_size)", batch_size)
         objs = objectives_config if objectives_config is not None else Objectives()
@@ -462,10 +469,10 @@ def _is_hf_dir(path) -> bool:
 
 
 def _initial_config(path) -> t5.T5Config:
+    """The config of a trained MODEL_DIR or a converted checkpoint (an HF directory's needs its tensors:
+    `prepare` reads those once with `_initial_network`)."""
     if _is_trained_run(path):
         return t5.T5Config.from_dict(_trained_run(path)[2]["config"])
-    if _is_hf_dir(path):  # with the tensors: whether the head is tied is read from them
-        return _initial_network(path)[0]
     return convert.load_checkpoint_config(path)
 
 
@@ -502,7 +509,8 @@ def initial_params(setup: Setup, seed: int, initial_checkpoint_path: Optional[st
     model = setup.model
     params = model.init_params(seed)
     if initial_checkpoint_path:
-        ckpt_config, network = _initial_network(initial_checkpoint_path)
+        initial, setup._initial = setup._initial, None
+        ckpt_config, network = initial if initial is not None else _initial_network(initial_checkpoint_path)
         for path, leaf in jax.tree_util.tree_leaves_with_path(network):
             if not np.isfinite(np.asarray(leaf)).all():
                 raise TrainingError(f"INITIAL_CHECKPOINT_PATH {initial_checkpoint_path}: parameter "
