@@ -3,12 +3,17 @@
     python tools/check_parity.py --hf_dir path/to/hf_t5 [--batch 4]
     python tools/check_parity.py --demo          # writes a tiny random HF T5 first, then checks it
     python tools/check_parity.py --method glen --fixture tests/fixtures/glen_parity
+    python tools/check_parity.py --method pag --fixture tests/fixtures/pag_parity
 
 T5 (default): max |Δ| of encoder states (non-padded positions) and decoder logits on a random padded batch,
 and whether a few greedy decoding steps give identical tokens; needs the [torch] extra.
 GLEN: a fixture folder of GLEN's own outputs (model/, inputs.npz, outputs.npz, ranking.json, glen_docid.tsv,
 meta.json; tests/fixtures/glen_parity/README.md) — step logits, docids, final beams and collision-free
 rankings (`gr_jax/models/glen_parity.py`); needs no torch.
+PAG: a fixture folder of PAG's own outputs (model/, inputs.npz, outputs.npz, decoding.json, the two
+docid_to_tokenids.json files, lex_run.json, meta.json; tests/fixtures/pag_parity/REFERENCE.md) — lexical
+representations, set docids, s_lex, planning set, raw step logits, final beams and rankings with and without the
+look-ahead bonus (`gr_jax/models/pag_parity.py`); needs no torch.
 Prints one JSON line (differences in keys ending in `_diff`, identity checks in keys ending in `_identical`).
 Exit status 1 when a difference exceeds --tolerance or an identity check fails; 2 on unreadable input.
 """
@@ -28,13 +33,13 @@ from gr_jax.models import convert, parity
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--method", choices=("t5", "glen"), default="t5")
+    parser.add_argument("--method", choices=("t5", "glen", "pag"), default="t5")
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--hf_dir", help="HF T5 directory written by save_pretrained")
     src.add_argument("--demo", action="store_true",
                      help="write tiny random v1.0 and v1.1 HF models, convert each to a gr_jax checkpoint, "
                           "and check the converted checkpoint against transformers")
-    src.add_argument("--fixture", help="--method glen: a fixture folder of GLEN's reference outputs")
+    src.add_argument("--fixture", help="--method glen / pag: a fixture folder of the method's reference outputs")
     parser.add_argument("--gr_jax_checkpoint", help="compare this converted gr_jax checkpoint (default: "
                         "convert --hf_dir in memory)")
     parser.add_argument("--batch", type=int, default=4)
@@ -47,15 +52,20 @@ def main(argv=None) -> int:
     setup_logging()
     kwargs = dict(batch=args.batch, encoder_length=args.encoder_length, decoder_length=args.decoder_length,
                   greedy_steps=args.greedy_steps, seed=args.seed)
-    if (args.method == "glen") != bool(args.fixture):
-        parser.error("--fixture goes with --method glen (and --method glen needs --fixture)")
+    if (args.method in ("glen", "pag")) != bool(args.fixture):
+        parser.error("--fixture goes with --method glen / pag (and those methods need --fixture)")
     ok = True
     try:
-        if args.method == "glen":
-            from gr_jax.models import glen_parity
+        if args.method in ("glen", "pag"):
+            if args.method == "glen":
+                from gr_jax.models import glen_parity as checker
 
-            result = glen_parity.check_glen_fixture(args.fixture)
-            result["within_tolerance"] = ok = glen_parity.within(result, args.tolerance)
+                result = checker.check_glen_fixture(args.fixture)
+            else:
+                from gr_jax.models import pag_parity as checker
+
+                result = checker.check_pag_fixture(args.fixture)
+            result["within_tolerance"] = ok = checker.within(result, args.tolerance)
             sys.stdout.write(json.dumps(result) + "\n")
         elif args.demo:
             with tempfile.TemporaryDirectory() as tmp:

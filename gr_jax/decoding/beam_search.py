@@ -16,7 +16,8 @@ Score modes (`score_mode`):
   "raw"           raw logits, summed (PAG's additive score).
 A finished docid of n tokens scores sum / n**length_penalty (HF's convention: n counts every generated
 token, EOS included). `bonus_fn(level, child_node_ids, query_state) -> bonus` is added to the *pruning* score
-only (PAG's look-ahead); `scores` stays the model's score and `prune_scores` carries the sum with bonuses.
+only (PAG's look-ahead; −inf removes a child); `scores` stays the model's score and `prune_scores` carries the
+sum with bonuses (all levels', or with `accumulate_bonus=False` the last token's only).
 """
 
 from __future__ import annotations
@@ -155,8 +156,13 @@ def _pad_beams(state: _State, idx, N: int):
 
 def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, num_beams: int,
                 score_mode: str = "log_softmax", length_penalty: float = 0.0, bonus_fn: Optional[BonusFn] = None,
-                query_state=None, start_token: int = 0, tile_fn=None) -> BeamResult:
+                query_state=None, start_token: int = 0, tile_fn=None, accumulate_bonus: bool = True) -> BeamResult:
     """Constrained beam search (pure; call it under `jax.jit`). `cache` has `batch_size` rows.
+
+    `accumulate_bonus`: a beam's pruning score carries the bonuses of all its levels (True), or only the
+    bonus of its last token on top of the model score (False: PAG's look-ahead, which selects beams by
+    score + bonus(prefix) and never keeps the bonus; a finished docid's `prune_scores` is then its model
+    score + the bonus of its leaf).
 
     `tile_fn(cache, n)` makes n rows per query after the first step (default: repeat every leaf with
     `batch_size` leading rows); the T5 searcher passes one that keeps encoder states shared per query.
@@ -173,7 +179,7 @@ def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, nu
         valid = valid & src.valid[..., None]
         step = _token_scores(logits, tokens, valid, score_mode)
         score = src.score[..., None] + step
-        prune = src.prune[..., None] + step
+        prune = (src.prune if accumulate_bonus else src.score)[..., None] + step
         if bonus_fn is not None:
             prune = prune + jnp.where(valid, bonus_fn(d, child, query_state), 0.0)
         C = step.shape[-1]

@@ -46,6 +46,9 @@ class DocidTable:
     # [M, Lmax] float32 or None: a weight per docid token (GLEN: the raw logit of each token when the docid was
     # decoded from its document); rankers that order documents sharing a docid read them (decoding/rankers.py)
     weights: Optional[np.ndarray] = None
+    # per docid row, arrays a scheme attaches for its model ({name: [M, ...]}); PAG: "set_ids" [M, m] (the
+    # document's set docid, −1 padded) and "order_key" [M] (its tie-break key, docids/pag.py)
+    extras: Optional[dict] = None
 
     def __post_init__(self):
         self.sequences = np.asarray(self.sequences, dtype=np.int32)
@@ -57,6 +60,11 @@ class DocidTable:
         self.lengths = np.asarray(self.lengths, dtype=np.int32)
         self.doc_rows = np.asarray(self.doc_rows, dtype=np.int64)
         M = len(self.doc_rows)
+        if self.extras is not None:
+            self.extras = {str(k): np.asarray(v) for k, v in self.extras.items()}
+            bad = {k: v.shape for k, v in self.extras.items() if v.ndim < 1 or v.shape[0] != M}
+            if bad:
+                raise ValueError(f"DocidTable: extras {bad} must have one row per docid ({M})")
         if self.sequences.ndim != 2 or self.sequences.shape[0] != M or self.lengths.shape != (M,):
             raise ValueError(f"DocidTable: {M} doc rows, sequences {self.sequences.shape}, lengths {self.lengths.shape}")
         if M and (self.lengths < 1).any():
@@ -90,6 +98,8 @@ class DocidTable:
             raise ValueError("DocidTable.concatenate needs at least one table, all in the same token space")
         if len({t.weights is None for t in tables}) > 1:
             raise ValueError("DocidTable.concatenate: some tables have token weights and some not")
+        if len({None if t.extras is None else tuple(sorted(t.extras)) for t in tables}) > 1:
+            raise ValueError("DocidTable.concatenate: the tables carry different extras")
         width = max(t.sequences.shape[1] for t in tables)
 
         def pad(a, value):
@@ -97,8 +107,10 @@ class DocidTable:
 
         seqs = np.concatenate([pad(t.sequences, PAD_ID) for t in tables])
         weights = None if tables[0].weights is None else np.concatenate([pad(t.weights, 0.0) for t in tables])
+        extras = None if tables[0].extras is None else {
+            k: np.concatenate([t.extras[k] for t in tables]) for k in tables[0].extras}
         return cls(seqs, np.concatenate([t.lengths for t in tables]), np.concatenate([t.doc_rows for t in tables]),
-                   tables[0].space, weights)
+                   tables[0].space, weights, extras)
 
     @property
     def fixed_length(self) -> bool:
@@ -190,9 +202,11 @@ class DocidTable:
     def save(self, path: str | os.PathLike) -> None:
         with atomic_dir(path) as tmp:
             extra = {} if self.weights is None else {"weights": self.weights}
+            extra.update({f"extra_{k}": v for k, v in (self.extras or {}).items()})
             np.savez(tmp / "docids.npz", sequences=self.sequences, lengths=self.lengths, doc_rows=self.doc_rows,
                      **extra)
-            (tmp / "docids.json").write_text(json.dumps({"space": self.space.to_json()}))
+            (tmp / "docids.json").write_text(json.dumps({"space": self.space.to_json(),
+                                                         "extras": sorted(self.extras or {})}))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "DocidTable":
@@ -201,9 +215,10 @@ class DocidTable:
             meta = json.loads((path / "docids.json").read_text())
             with np.load(path / "docids.npz", allow_pickle=False) as z:
                 arrays = {k: z[k] for k in ("sequences", "lengths", "doc_rows", "weights") if k in z.files}
+                extras = {k: z[f"extra_{k}"] for k in meta.get("extras", [])}
         except (OSError, KeyError, ValueError) as e:
             raise ValueError(f"{path}: not a saved DocidTable ({e})") from None
-        return cls(**arrays, space=DocidTokenSpace(**meta["space"]))
+        return cls(**arrays, space=DocidTokenSpace(**meta["space"]), extras=extras or None)
 
 
 @dataclasses.dataclass(frozen=True)

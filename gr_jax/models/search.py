@@ -46,7 +46,8 @@ class Searcher:
 
     def __init__(self, step_fn: Callable, cache_fn: Callable, *, start_token: int, eos_id: int, vocab_size: int,
                  num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
-                 bonus_fn: Optional[bs.BonusFn] = None, tile_fn: Callable = share_encoder):
+                 bonus_fn: Optional[bs.BonusFn] = None, tile_fn: Callable = share_encoder,
+                 accumulate_bonus: bool = True):
         self.step_fn = step_fn  # one object: exhaustive scoring compiles once
         self.cache_fn = cache_fn
         self.start_token = start_token
@@ -57,6 +58,7 @@ class Searcher:
         self.length_penalty = length_penalty
         self.bonus_fn = bonus_fn
         self.tile_fn = tile_fn
+        self.accumulate_bonus = accumulate_bonus
         self._cache = jax.jit(cache_fn, static_argnums=(2,))
         self._search = jax.jit(self._search_impl)
         self._unconstrained = jax.jit(self._unconstrained_impl, static_argnames=("max_length",))
@@ -67,7 +69,7 @@ class Searcher:
                               batch_size=query_tokens.shape[0], num_beams=self.num_beams,
                               score_mode=self.score_mode, length_penalty=self.length_penalty,
                               bonus_fn=self.bonus_fn, query_state=query_state, start_token=self.start_token,
-                              tile_fn=self.tile_fn)
+                              tile_fn=self.tile_fn, accumulate_bonus=self.accumulate_bonus)
 
     def _unconstrained_impl(self, params, query_tokens, max_length: int):
         cache = self.cache_fn(params, query_tokens, max_length)

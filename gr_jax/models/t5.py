@@ -449,6 +449,27 @@ class Decoder(nn.Module):
         x = self.final_norm(x)
         return x, cache.replace(index=index + 1, self_k=tuple(new_k), self_v=tuple(new_v))
 
+    def prefill(self, x_BxTxD: Array, cache: DecodeCache) -> tuple[Array, DecodeCache]:
+        """T positions at once from cache.index (causal among themselves and over what the cache holds): a
+        decoder input longer than one token before incremental steps (PAG feeds the query); returns hidden
+        [B, T, D] and the cache with index advanced by T. Equals T calls of `step`."""
+        S, T = cache.max_length, x_BxTxD.shape[1]
+        index = cache.index
+        positions = index + jnp.arange(T)
+        keys = jnp.arange(S)
+        bias = self.relpos_bias(positions, keys)
+        self_mask = (keys[None, :] <= positions[:, None])[None, None]
+        cross_mask = cache.encoder_mask[:, None, None, :]
+        x = x_BxTxD
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            x, (k, v) = layer(x, (cache.self_k[i], cache.self_v[i]), bias, self_mask,
+                              (cache.cross_k[i], cache.cross_v[i]), cross_mask, True, write_index=index)
+            new_k.append(k)
+            new_v.append(v)
+        x = self.final_norm(x)
+        return x, cache.replace(index=index + T, self_k=tuple(new_k), self_v=tuple(new_v))
+
 
 class T5(nn.Module):
     """The T5 network. Methods (call with `model.apply(params, ..., method=...)`):
@@ -477,11 +498,13 @@ class T5(nn.Module):
             encoder_mask = encoder_input_tokens != self.config.pad_token_id
         return self.encoder(self.embed(encoder_input_tokens), encoder_mask.astype(bool), deterministic)
 
-    def logits(self, hidden_BxTxD: Array) -> Array:
-        """Output projection in float32 (decoder hidden states → vocabulary logits)."""
+    def logits(self, hidden_BxTxD: Array, scale: Optional[bool] = None) -> Array:
+        """Output projection in float32 (decoder hidden states → vocabulary logits). `scale`: multiply by
+        d_model^-0.5 first (default: the config's `scale_decoder_outputs`; PAG's sequential scores are
+        the unscaled projection of a v1.0 model)."""
         c = self.config
         h = hidden_BxTxD
-        if c.scale_decoder_outputs:
+        if c.scale_decoder_outputs if scale is None else scale:
             h = h * (c.d_model ** -0.5)
         if c.tie_word_embeddings:
             out = jnp.dot(h.astype(c.compute_dtype), self.embedding.T.astype(c.compute_dtype),
@@ -523,6 +546,10 @@ class T5(nn.Module):
     def decode_step_hidden(self, cache: DecodeCache, tokens_B: Array) -> tuple[Array, DecodeCache]:
         hidden, cache = self.decoder.step(self.embed(tokens_B[:, None]), cache)
         return hidden[:, 0], cache
+
+    def prefill_hidden(self, cache: DecodeCache, tokens_BxT: Array) -> tuple[Array, DecodeCache]:
+        """Feeds T tokens per row at positions cache.index … + T − 1 (`Decoder.prefill`)."""
+        return self.decoder.prefill(self.embed(tokens_BxT), cache)
 
     def decode_step_embedded(self, cache: DecodeCache, x_BxD: Array) -> tuple[Array, DecodeCache]:
         hidden, cache = self.decoder.step(x_BxD[:, None].astype(self.config.compute_dtype), cache)

@@ -1,0 +1,422 @@
+"""PAG (planning-ahead generative retrieval; spec: 004_pag_lost_in_decoding.txt §2–3): one T5 that plans with a
+lexical head and decodes sequential docids under that plan.
+
+* **Planner** — the decoder reads the query itself (decoder input = the query ids, causal, no decoder padding
+  mask); rep[v] = max over the query's positions i of log(1 + ReLU(lm_head(h_i · d_model^-0.5)))[v] · mask_i
+  (`lexical_rep`, vocabulary-sized, ≥ 0). A document's *set docid* t_d is m vocabulary ids (`docids.pag`);
+  s_simul(q, d) = Σ_{v ∈ t_d} rep_q[v] (`simul_scores`: a document × token sparse matrix with m entries per
+  row — CSR with implicit offsets m·d — times the query's dense rep, on the device, in document chunks);
+  the planning set is the top n documents by s_simul (`plan`).
+* **Sequential docids** — M tokens in the vocabulary extended by M × K docid tokens (level i, code j →
+  base + K·i + j). Step scores are *raw* logits lm_head(h) (no d_model^-0.5 scale, no log-softmax) with the
+  decoder input [query ids, 0, c_1, …] (no decoder mask: padding inside the query is attended, so queries are
+  always padded to the same TASK_FEATURE_LENGTHS['inputs'] here, in training and in inference alike).
+* **Look-ahead** — per query, the bonus of a trie node is the max s_simul over the planned documents whose
+  docid passes through it (`bonus_tables`: one sort + segment-max per level over the n planned paths, on
+  the device); beams are *selected* by raw score + bonus of their last token and *keep* the raw score
+  (`beam_search(..., accumulate_bonus=False)`); nodes under no planned document are removed (PAG's trie holds
+  only the planning set). The final score of a docid = raw sum + max s_simul of the planned documents with
+  that docid, given to every document with that docid.
+
+Modes (`PagRetriever.mode`): "pag" (all of the above), "pag_unguided" (planning-set trie and final lexical
+score, beams selected without the bonus: PAG's `lexical_condition` decoding), "seq_only" (sequential
+decoding over the whole corpus trie, raw scores, no planner) and "simul_only" (rank by s_simul; no decoding).
+
+Ties at the n-th planning score are broken by the documents' order keys (`docids.pag.order_keys`: a hash of
+the document id), never by corpus row. Dimension letters: B queries, L query length, V vocabulary, D
+documents (corpus rows), m set-docid size, n planning set, M docid length, N beams.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Callable, Optional
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.decoding import beam_search as bs
+from gr_jax.decoding import rankers
+from gr_jax.index.device import leaf_documents
+from gr_jax.models import convert, t5
+from gr_jax.models.heads import TextHead
+from gr_jax.models.retriever import GenerativeRetriever
+from gr_jax.models.search import Searcher, share_encoder
+
+log = logging.getLogger(__name__)
+
+MODES = ("pag", "pag_unguided", "seq_only", "simul_only")
+_BIG = np.iinfo(np.int32).max
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the network's two readings of a query
+# ----------------------------------------------------------------------------------------------------------
+
+
+def lexical_rep_from_hidden(network: t5.T5, net_params, hidden_BxLxD, mask_BxL):
+    """rep [B, V] = max_i log(1 + ReLU(lm_head(h_i · d^-0.5))) · mask_i (float32, ≥ 0)."""
+    logits = network.apply({"params": net_params}, hidden_BxLxD, True, method=t5.T5.logits)
+    act = jnp.log1p(jax.nn.relu(logits)) * mask_BxL[..., None].astype(jnp.float32)
+    return act.max(axis=1)
+
+
+def lexical_rep(network: t5.T5, net_params, tokens_BxL, dropout_rng=None):
+    """The planner's representation of queries (or documents) [B, V]: the decoder reads the text itself."""
+    deterministic = dropout_rng is None
+    rngs = {} if deterministic else {"dropout": dropout_rng}
+    variables = {"params": net_params}
+    mask = tokens_BxL != network.config.pad_token_id
+    encoded = network.apply(variables, tokens_BxL, mask, deterministic, method=t5.T5.encode, rngs=rngs)
+    hidden = network.apply(variables, encoded, mask, tokens_BxL, deterministic, method=t5.T5.decode_hidden,
+                           rngs=rngs)
+    return lexical_rep_from_hidden(network, net_params, hidden, mask)
+
+
+def sequential_hidden(network: t5.T5, net_params, query_BxL, prefix_BxT, dropout_rng=None):
+    """Teacher-forced decoder over [query ids, start, prefix] → (hidden [B, L + 1 + T, D], encoder mask)."""
+    deterministic = dropout_rng is None
+    rngs = {} if deterministic else {"dropout": dropout_rng}
+    variables = {"params": net_params}
+    c = network.config
+    mask = query_BxL != c.pad_token_id
+    encoded = network.apply(variables, query_BxL, mask, deterministic, method=t5.T5.encode, rngs=rngs)
+    start = jnp.full((query_BxL.shape[0], 1), c.decoder_start_token_id, query_BxL.dtype)
+    dec_in = jnp.concatenate([query_BxL, start, prefix_BxT.astype(query_BxL.dtype)], axis=1)
+    return network.apply(variables, encoded, mask, dec_in, deterministic, method=t5.T5.decode_hidden,
+                         rngs=rngs), mask
+
+
+def raw_logits(network: t5.T5, net_params, hidden):
+    """PAG's sequential step scores: lm_head(h), unscaled, float32."""
+    return network.apply({"params": net_params}, hidden, False, method=t5.T5.logits)
+
+
+def pag_cache(network: t5.T5, net_params, query_BxL, max_length: int):
+    """Decode cache with the query ids already fed to the decoder (positions 0 … L − 1); the search then feeds
+    the start id and the docid tokens."""
+    variables = {"params": net_params}
+    mask = query_BxL != network.config.pad_token_id
+    encoded = network.apply(variables, query_BxL, mask, method=t5.T5.encode)
+    L = query_BxL.shape[1]
+    cache = network.apply(variables, encoded, mask, L + max_length, method=t5.T5.init_cache)
+    _, cache = network.apply(variables, cache, query_BxL, method=t5.T5.prefill_hidden)
+    return cache
+
+
+def pag_step(network: t5.T5, net_params, cache, tokens_R):
+    hidden, cache = network.apply({"params": net_params}, cache, tokens_R, method=t5.T5.decode_step_hidden)
+    return raw_logits(network, net_params, hidden), cache
+
+
+# ----------------------------------------------------------------------------------------------------------
+# planner: set docids, s_simul, planning set
+# ----------------------------------------------------------------------------------------------------------
+
+
+def top_set_ids(rep_NxV, m: int, vocab_limit: Optional[int] = None):
+    """Set docids from representations: the top-m ids of rep[:, :vocab_limit], by descending weight (ties:
+    lower id first) → int32 [N, m]."""
+    r = rep_NxV if vocab_limit is None else rep_NxV[:, :vocab_limit]
+    return jax.lax.top_k(r, m)[1].astype(jnp.int32)
+
+
+def simul_scores(rep_BxV, set_ids_DxM, chunk: int = 65536):
+    """s_simul [B, D] = Σ_j rep[b, set_ids[d, j]] (ids < 0 are padding), summed left to right in float32, in
+    chunks of documents so the gathered [B, chunk, m] block stays small."""
+    D, m = set_ids_DxM.shape
+    B = rep_BxV.shape[0]
+
+    def block(ids_CxM):
+        vals = jnp.take(rep_BxV, jnp.maximum(ids_CxM, 0), axis=1)  # [B, C, m]
+        vals = jnp.where(ids_CxM[None] >= 0, vals, 0.0)
+        acc = vals[..., 0]
+        for j in range(1, m):  # left to right, as a sum over the set docid's list
+            acc = acc + vals[..., j]
+        return acc
+
+    if D <= chunk:
+        return block(set_ids_DxM)
+    pad = (-D) % chunk
+    ids = jnp.pad(set_ids_DxM, ((0, pad), (0, 0)), constant_values=-1).reshape(-1, chunk, m)
+    out = jax.lax.map(block, ids)  # [D/chunk, B, chunk]
+    return jnp.transpose(out, (1, 0, 2)).reshape(B, -1)[:, :D]
+
+
+def top_n_by_key(scores_BxD, keys_D, n: int):
+    """The n best documents per row by score, ties broken by larger key (a documented per-document key, never
+    the position): (rows [B, n], scores [B, n]) in that order. Exact: the n-th score is found first, then the
+    documents tied at it are chosen by key."""
+    n = min(n, scores_BxD.shape[1])
+    top, _ = jax.lax.top_k(scores_BxD, n)
+    thr = top[:, -1:]
+    greater = scores_BxD > thr
+    tied = scores_BxD == thr
+    need = n - greater.sum(axis=1, keepdims=True)
+    keyed = jnp.where(tied, keys_D[None, :], -1)
+    kth = jnp.take_along_axis(jax.lax.top_k(keyed, n)[0], jnp.maximum(need - 1, 0), axis=1)
+    pick = greater | (tied & (keyed >= kth) & (need > 0))
+    _, idx = jax.lax.top_k(jnp.where(pick, scores_BxD, -jnp.inf), n)
+    s = jnp.take_along_axis(scores_BxD, idx, axis=1)
+    k = keys_D[idx]
+    s_sorted, _, idx_sorted = jax.lax.sort((-s, -k, idx), dimension=1, num_keys=2)
+    return idx_sorted.astype(jnp.int32), -s_sorted
+
+
+# ----------------------------------------------------------------------------------------------------------
+# look-ahead bonus
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _segment_max_table(keys_BxN, vals_BxN):
+    """Per row, the distinct keys (≥ 0) ascending with the max value of each; padded with INT32_MAX."""
+    k, negv = jax.lax.sort((keys_BxN, -vals_BxN), dimension=1, num_keys=2)
+    first = jnp.concatenate([jnp.ones_like(k[:, :1], bool), k[:, 1:] != k[:, :-1]], axis=1)
+    k = jnp.where(first & (k >= 0), k, _BIG)
+    k, negv = jax.lax.sort((k, negv), dimension=1, num_keys=1)
+    return k, -negv
+
+
+def bonus_tables(doc_paths_DxM, doc_leaf_D, planned_BxN, planned_s_BxN):
+    """The look-ahead state of a batch: per level d the nodes at depth d + 1 under the planned documents with
+    the max s_simul under each (`level_keys`/`level_vals` [B, M, n]), and the same per leaf."""
+    paths = doc_paths_DxM[planned_BxN]  # [B, n, M]
+    levels = [_segment_max_table(paths[:, :, d], planned_s_BxN) for d in range(doc_paths_DxM.shape[1])]
+    leaf_keys, leaf_vals = _segment_max_table(doc_leaf_D[planned_BxN], planned_s_BxN)
+    return {"level_keys": jnp.stack([k for k, _ in levels], 1), "level_vals": jnp.stack([v for _, v in levels], 1),
+            "leaf_keys": leaf_keys, "leaf_vals": leaf_vals, "planned": planned_BxN, "planned_scores": planned_s_BxN}
+
+
+def _lookup(keys_BxN, vals_BxN, ids, miss: float):
+    B = keys_BxN.shape[0]
+    flat = ids.reshape(B, -1)
+    pos = jax.vmap(jnp.searchsorted)(keys_BxN, flat)
+    pos = jnp.clip(pos, 0, keys_BxN.shape[1] - 1)
+    hit = (jnp.take_along_axis(keys_BxN, pos, axis=1) == flat) & (flat >= 0)
+    out = jnp.where(hit, jnp.take_along_axis(vals_BxN, pos, axis=1), miss)
+    return out.reshape(ids.shape)
+
+
+def node_bonus(level: int, child_ids, state, restrict: bool = True):
+    """`bonus_fn` of the search: max s_simul over planned documents under each child node; a node under none
+    gets −inf (removed: the trie of the planning set) or, with restrict False, 0."""
+    return _lookup(state["level_keys"][:, level], state["level_vals"][:, level], child_ids,
+                   -jnp.inf if restrict else 0.0)
+
+
+def pruning_only(level: int, child_ids, state):
+    """The planning-set trie without the bonus (mode "pag_unguided"): 0 under planned documents, else −inf."""
+    return jnp.where(jnp.isfinite(node_bonus(level, child_ids, state)), 0.0, -jnp.inf)
+
+
+def leaf_bonus(leaf_ids, state):
+    """Max s_simul of the planned documents with each leaf's docid (0 when none)."""
+    return _lookup(state["leaf_keys"], state["leaf_vals"], leaf_ids, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the model object
+# ----------------------------------------------------------------------------------------------------------
+
+
+def load_pag_hf(hf_dir) -> tuple[t5.T5Config, dict]:
+    """PAG's released model (an HF T5 v1.0 directory with the docid tokens in its vocabulary) → (config,
+    network params)."""
+    tensors = convert.read_hf_tensors(hf_dir)
+    config = convert.config_from_hf(convert.read_hf_config(hf_dir), tensors, source=str(hf_dir))
+    return config, convert.params_from_hf(tensors, config, source=str(hf_dir))
+
+
+@gin.configurable
+class PagRetriever(GenerativeRetriever):
+    """PAG as a model object (module docstring). `planning_size` n; `mode` one of MODES; `simul_chunk`
+    documents per block of the sparse product. The docid table must carry set docids (`docids.pag.PagDocids`)
+    except in mode "seq_only"."""
+
+    def __init__(self, config: t5.T5Config, head=None, score_mode: str = "raw", length_penalty: float = 0.0, *,
+                 mode: str = "pag", planning_size: int = 1000, simul_chunk: int = 65536,
+                 objective: Optional[Callable] = None, ranker: Optional[Callable] = None, **kwargs):
+        if mode not in MODES:
+            raise ValueError(f"PagRetriever.mode must be one of {MODES}, got {mode!r}")
+        if score_mode != "raw":
+            raise ValueError(f"PAG sums raw logits (004 §2); score_mode {score_mode!r} is not PAG: leave "
+                             f"prepare.score_mode unset")
+        if head is not None and not isinstance(head, TextHead):
+            raise ValueError("PAG's docid tokens are rows of the extended vocabulary (a text head); use "
+                             "PagDocids, whose tokens sit above the text vocabulary")
+        if kwargs.get("bonus_fn") is not None or kwargs.get("query_state_fn") is not None:
+            raise ValueError("PagRetriever computes its own look-ahead bonus; do not bind bonus_fn / query_state_fn")
+        super().__init__(config, head, "raw", length_penalty, objective=objective, ranker=ranker,
+                         network=kwargs.get("network"))
+        if length_penalty != 0.0:
+            raise ValueError("PAG's docids all have M tokens: its scores are raw sums (length_penalty 0)")
+        self.mode = mode
+        self.planning_size = int(planning_size)
+        self.simul_chunk = int(simul_chunk)
+        self._table = None
+        self._set_ids = None  # device [rows, m]
+        self._keys = None  # device [rows] order keys
+        self._paths_for = None  # (index, num_nodes, num_leaves) the paths were computed from
+        self._paths = None
+        self._jits: dict = {}
+
+    # -- docids -----------------------------------------------------------------------------------------
+    def use_docids(self, table) -> None:
+        """The sequential docids (one per document: the primary) and the set docids, by corpus row."""
+        self._table = table
+        self._paths_for = None
+        set_ids = None if table.extras is None else table.extras.get("set_ids")
+        if set_ids is None:
+            if self.mode != "seq_only":
+                raise ValueError(f"PagRetriever mode {self.mode!r} plans with set docids, but the docid table has "
+                                 f"none: use prepare.docid_scheme = @PagDocids() (or mode 'seq_only')")
+            return
+        rows = int(table.doc_rows.max()) + 1 if len(table.doc_rows) else 0
+        first = np.unique(table.doc_rows, return_index=True)[1]
+        ids = np.full((rows, set_ids.shape[1]), -1, np.int32)
+        keys = np.full(rows, -1, np.int32)  # order keys are ≥ 0 (docids.pag.order_keys)
+        ids[table.doc_rows[first]] = set_ids[first]
+        keys[table.doc_rows[first]] = table.extras["order_key"][first]
+        self._set_ids = jnp.asarray(ids)
+        self._keys = jnp.asarray(keys)
+
+    @property
+    def set_ids(self):
+        if self._set_ids is None:
+            raise ValueError("PagRetriever: no set docids yet (use_docids with a PagDocids table)")
+        return self._set_ids
+
+    def _doc_paths(self, index):
+        """Per corpus row: the node at depth d + 1 of its primary docid (d < M) and its leaf, on the device;
+        recomputed when the index changed."""
+        stamp = (id(index), index.num_nodes, index.num_leaves)
+        if self._paths_for != stamp:
+            t = self._table
+            first = np.unique(t.doc_rows, return_index=True)[1]
+            seqs, lengths, rows = t.sequences[first], t.lengths[first], t.doc_rows[first]
+            nodes = index.path_nodes(seqs, lengths)[:, 1:]
+            leaf = index.lookup([s[:n].tolist() for s, n in zip(seqs, lengths)])
+            if (leaf < 0).any():
+                raise ValueError("PagRetriever: a document's docid is not in the index it searches")
+            R = int(rows.max()) + 1
+            paths = np.full((R, nodes.shape[1]), -1, np.int64)
+            paths[rows] = nodes
+            leaves = np.full(R, -1, np.int64)
+            leaves[rows] = leaf
+            self._paths = (jnp.asarray(paths.astype(np.int32)), jnp.asarray(leaves.astype(np.int32)))
+            self._paths_for = stamp
+        return self._paths
+
+    # -- planner ----------------------------------------------------------------------------------------
+    def lexical_rep(self, params, tokens_BxL, dropout_rng=None):
+        """The planner's representation [B, V] of queries or documents (compiled once per shape)."""
+        if dropout_rng is not None:
+            return lexical_rep(self.network, params["network"], tokens_BxL, dropout_rng)
+        fn = self._jits.setdefault("rep", jax.jit(lambda p, t: lexical_rep(self.network, p["network"], t)))
+        return fn(params, jnp.asarray(tokens_BxL))
+
+    def _plan_impl(self, params, query_BxL, set_ids, keys, n: int):
+        rep = lexical_rep(self.network, params["network"], query_BxL)
+        s = simul_scores(rep, set_ids, self.simul_chunk)
+        return top_n_by_key(s, keys, n)
+
+    def plan(self, params, query_tokens_BxL, n: Optional[int] = None):
+        """The planning set: (corpus rows [B, n], s_simul [B, n]) best first."""
+        n = min(int(n or self.planning_size), int(self.set_ids.shape[0]))
+        fn = self._jits.setdefault("plan", jax.jit(self._plan_impl, static_argnums=(4,)))
+        return fn(params, jnp.asarray(query_tokens_BxL), self.set_ids, self._keys, n)
+
+    # -- search -----------------------------------------------------------------------------------------
+    def _cache(self, params, query_tokens, max_length: int):
+        return pag_cache(self.network, params["network"], query_tokens, max_length)
+
+    def _step(self, params, cache, tokens):
+        return pag_step(self.network, params["network"], cache, tokens)
+
+    def searcher(self, num_beams: int, guided: Optional[bool] = None) -> Searcher:
+        """mode "seq_only": plain raw-score search; otherwise the planning-set search, selected with the bonus
+        (`guided`, default: mode "pag") or without."""
+        guided = (self.mode == "pag") if guided is None else guided
+        plan = self.mode != "seq_only"
+        key = (num_beams, plan, guided)
+        if key not in self._searchers:
+            bonus = (node_bonus if guided else pruning_only) if plan else None
+            self._searchers[key] = Searcher(
+                self._step, self._cache, start_token=self.config.decoder_start_token_id,
+                eos_id=self.config.eos_token_id, vocab_size=self.config.vocab_size, num_beams=num_beams,
+                score_mode="raw", bonus_fn=bonus, tile_fn=share_encoder, accumulate_bonus=False)
+        return self._searchers[key]
+
+    def query_state(self, params, query_tokens_BxL, index, n: Optional[int] = None):
+        rows, s = self.plan(params, query_tokens_BxL, n)
+        paths, leaves = self._doc_paths(index)
+        fn = self._jits.setdefault("tables", jax.jit(bonus_tables))
+        return fn(paths, leaves, rows, s)
+
+    def predict(self, params, query_tokens_BxL, index, num_beams: int = 10, guided: Optional[bool] = None):
+        if self.mode == "simul_only":
+            raise ValueError("PagRetriever mode 'simul_only' ranks by s_simul and decodes nothing")
+        state = None if self.mode == "seq_only" else self.query_state(params, query_tokens_BxL, index)
+        return self.searcher(num_beams, guided).search(params, query_tokens_BxL, index.device(), query_state=state)
+
+    def beams_and_state(self, params, query_tokens_BxL, index, num_beams: int, guided: Optional[bool] = None):
+        state = None if self.mode == "seq_only" else self.query_state(params, query_tokens_BxL, index)
+        res = self.searcher(num_beams, guided).search(params, query_tokens_BxL, index.device(), query_state=state)
+        return res, state
+
+    def final_scores(self, res, state):
+        """PAG's final score of each returned docid: raw sum + max s_simul of the planned documents with it."""
+        if state is None:
+            return res.scores
+        return jnp.where(res.valid, res.scores + leaf_bonus(jnp.where(res.valid, res.leaf_ids, -1), state), -jnp.inf)
+
+    def rank(self, params, query_tokens_BxL, index, num_beams: int = 10):
+        if self.mode == "simul_only":
+            rows, s = jax.device_get(self.plan(params, query_tokens_BxL))
+            B, n = rows.shape
+            return np.repeat(np.arange(B), n), rows.reshape(-1).astype(np.int64), s.reshape(-1).astype(np.float64)
+        res, state = self.beams_and_state(params, query_tokens_BxL, index, num_beams)
+        final = self.final_scores(res, state)
+        docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
+        docs, valid, final = jax.device_get((docs, valid, final))
+        return self.ranker(docs, valid, final)
+
+    # -- training ---------------------------------------------------------------------------------------
+    def token_log_probs(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
+        """log-softmax of the raw step logits at the docid tokens (decoder input [query, start, prefix]) —
+        `score` and the default cross-entropy read it; PAG's own objectives are in `training.pag`."""
+        prefix = targets_BxT[:, :-1]
+        hidden, _ = sequential_hidden(self.network, params["network"], inputs_BxL, prefix, dropout_rng)
+        L = inputs_BxL.shape[1]
+        logits = raw_logits(self.network, params["network"], hidden[:, L:])
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        t = targets_BxT.astype(jnp.int32)
+        return jnp.take_along_axis(logp, t[..., None], axis=-1)[..., 0], jnp.argmax(logits, axis=-1) == t
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def raw_docid_scores(self, params, query_BxL, docids_BxM):
+        """Σ of raw step logits along each row's docid (teacher forcing): PAG's sequential score."""
+        hidden, _ = sequential_hidden(self.network, params["network"], query_BxL, docids_BxM[:, :-1])
+        L = query_BxL.shape[1]
+        logits = raw_logits(self.network, params["network"], hidden[:, L:])
+        return jnp.take_along_axis(logits, docids_BxM[..., None].astype(jnp.int32), axis=-1)[..., 0].sum(-1)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def step_logits_along(network: t5.T5, net_params, query_1xL, prefixes_PxT, lengths_P) -> jax.Array:
+    """Raw step logits [P, V] after each prefix (its first lengths[p] tokens) for one query, through the cached
+    decoder (what the search computes)."""
+    P, T = prefixes_PxT.shape
+    q = jnp.repeat(query_1xL, P, axis=0)
+    cache = pag_cache(network, net_params, q, T + 1)
+    logits, cache = pag_step(network, net_params, cache, jnp.full((P,), network.config.decoder_start_token_id,
+                                                                  jnp.int32))
+    out = logits
+    for t in range(T):
+        logits, cache = pag_step(network, net_params, cache, jnp.maximum(prefixes_PxT[:, t], 0).astype(jnp.int32))
+        out = jnp.where((lengths_P == t + 1)[:, None], logits, out)
+    return out
+
