@@ -26,7 +26,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import gin
 import jax
@@ -246,9 +246,21 @@ class EvalConfig:
     max_queries: int = 0  # 0: all (periodic evaluation only; the final evaluation uses every query)
     metrics: Sequence[str] = ("Hit@1", "Hit@10", "MRR@10")
     compare_bm25: bool = False
+    # binary measures count grades ≥ this as relevant: one value, or {split: value} (others 1; TREC DL: 2)
+    rel_threshold: Any = 1
+
+    def threshold(self, split: str) -> int:
+        t = self.rel_threshold.get(split, 1) if isinstance(self.rel_threshold, Mapping) else self.rel_threshold
+        validation.integer(f"EvalConfig.rel_threshold ({split})", t)
+        return int(t)
 
     def validate(self) -> "EvalConfig":
         validation.integer("EvalConfig.num_beams", self.num_beams)
+        if isinstance(self.rel_threshold, Mapping):
+            for split in self.rel_threshold:
+                self.threshold(split)
+        else:
+            self.threshold(self.split)
         validation.integer("EvalConfig.batch_size", self.batch_size)
         validation.integer("EvalConfig.max_queries (0: all)", self.max_queries, minimum=0)
         return self
@@ -537,7 +549,7 @@ def evaluate_split(setup: Setup, params, split: str, eval_config: EvalConfig, ma
     run = retrieve(setup.model, params, tokens, qids, setup.index, ds.corpus.doc_ids, eval_config.num_beams,
                    eval_config.batch_size)
     sub = {q: qrels[q] for q in qids}
-    return run, sub, evaluate(run, sub, eval_config.metrics, missing_as_zero=True)
+    return run, sub, evaluate(run, sub, eval_config.metrics, eval_config.threshold(split), missing_as_zero=True)
 
 
 def bm25_metrics(dataset: Dataset, split: str, qrels, eval_config: EvalConfig) -> dict[str, float]:
@@ -548,7 +560,7 @@ def bm25_metrics(dataset: Dataset, split: str, qrels, eval_config: EvalConfig) -
     text_of = dict(zip(queries.qids, queries.texts))
     qids = list(qrels)
     run = bm25.search(qids, [text_of[q] for q in qids], k=max(10, eval_config.num_beams))
-    return evaluate(run, qrels, eval_config.metrics, missing_as_zero=True)
+    return evaluate(run, qrels, eval_config.metrics, eval_config.threshold(split), missing_as_zero=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -746,7 +758,7 @@ def infer(model_dir: str = gin.REQUIRED, split: str = "dev", num_beams: int = 10
     run_path = model_dir / "runs" / f"{split}.step{step}.run"
     write_run(run_path, run)
     out = {"run": str(run_path), "step": step, "split": split, "queries": len(run), "num_beams": num_beams,
-           "ranker": _describe(setup.model.ranker)}
+           "model": setup.model.describe(), "ranker": _describe(setup.model.ranker)}
     if evaluate:
         out["metrics"] = metrics
         write_text(run_path.with_suffix(".metrics.json"), json.dumps(out, indent=1), keep_previous=True)

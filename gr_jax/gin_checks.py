@@ -94,6 +94,7 @@ def check_bindings_used(roots: str | Sequence[str], allow: Sequence[str] = ()) -
     for params in gin.config._OPERATIVE_CONFIG.values():  # the receiver calls them, e.g. in the train step
         for value in params.values():
             _references(value, passed, uncalled_only=True)
+    passed = _closure(passed)  # and what their own bindings reference (`@PagRetriever` → `@PagObjective()`)
     # an allowed configurable (not built yet) also covers what its bindings reference
     later = _closure({sel for (_, sel) in gin.config._CONFIG if _minimal(sel) in allow})
     unused = []

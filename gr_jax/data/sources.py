@@ -55,9 +55,33 @@ def check_data_dir(name: str, data_dir: Optional[str]) -> None:
                          f"the directory that holds them")
 
 
+def _read_msmarco_splits(d: Path, query_files: dict) -> readers.Dataset:
+    """MS MARCO's collection.tsv with query splits from the given files: {split: [queries file, qrels file]},
+    relative to DATA_DIR (e.g. PAG's `raw.tsv` query files, TREC DL 19/20 topics and graded qrels)."""
+    corpus = readers.read_msmarco_collection(d / "collection.tsv")
+    queries, qrels = {}, {}
+    for split, files in query_files.items():
+        if not isinstance(files, (list, tuple)) or len(files) != 2:
+            raise ValueError(f"load_dataset.query_files[{split!r}] must be [queries file, qrels file], got {files!r}")
+        for f in files:
+            if not (d / f).is_file():
+                raise ValueError(f"load_dataset.query_files[{split!r}]: {d / f} does not exist")
+        queries[split] = readers.read_queries_tsv(d / files[0])
+        qrels[split] = readers.read_qrels_checked(d / files[1], queries[split], corpus)
+    return readers.Dataset(corpus, queries, qrels)
+
+
 @gin.configurable
 def load_dataset(name: str = gin.REQUIRED, data_dir: Optional[str] = None, demo_docs: int = 2000,
-                 demo_seed: int = 0) -> readers.Dataset:
+                 demo_seed: int = 0, query_files: Optional[dict] = None) -> readers.Dataset:
+    """`query_files` (msmarco only): {split: [queries tsv, qrels]} under DATA_DIR instead of the default
+    queries.{train,dev}.tsv / qrels.{train,dev}.tsv."""
+    if query_files and name != "msmarco":
+        raise ValueError(f"load_dataset.query_files is for the msmarco layout, not {name!r}")
+    if query_files:
+        if not data_dir or not Path(data_dir).is_dir() or not (Path(data_dir) / "collection.tsv").is_file():
+            raise ValueError(f"dataset 'msmarco' needs DATA_DIR with collection.tsv (got {data_dir!r})")
+        return _read_msmarco_splits(Path(os.fspath(data_dir)), dict(query_files))
     check_data_dir(name, data_dir)
     if name == "demo":
         return demo.generate(num_docs=demo_docs, seed=demo_seed)

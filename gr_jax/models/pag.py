@@ -18,6 +18,11 @@ lexical head and decodes sequential docids under that plan.
   only the planning set). The final score of a docid = raw sum + max s_simul of the planned documents with
   that docid, given to every document with that docid.
 
+Query padding (`PagRetriever.query_padding`): "fixed" (default) keeps TASK_FEATURE_LENGTHS['inputs'] — a query's
+scores never depend on the other queries of its batch, and training saw the same padding; "batch_longest" trims
+each retrieval batch to its longest query, as PAG's own evaluation does (to reproduce its released numbers;
+the sequential scores then depend on which queries share a batch: batches are formed in query-id order).
+
 Modes (`PagRetriever.mode`): "pag" (all of the above), "pag_unguided" (planning-set trie and final lexical
 score, beams selected without the bonus: PAG's `lexical_condition` decoding), "seq_only" (sequential
 decoding over the whole corpus trie, raw scores, no planner) and "simul_only" (rank by s_simul; no decoding).
@@ -49,6 +54,7 @@ from gr_jax.models.search import Searcher, share_encoder
 log = logging.getLogger(__name__)
 
 MODES = ("pag", "pag_unguided", "seq_only", "simul_only")
+QUERY_PADDINGS = ("fixed", "batch_longest")
 _BIG = np.iinfo(np.int32).max
 
 
@@ -238,9 +244,12 @@ class PagRetriever(GenerativeRetriever):
 
     def __init__(self, config: t5.T5Config, head=None, score_mode: str = "raw", length_penalty: float = 0.0, *,
                  mode: str = "pag", planning_size: int = 1000, simul_chunk: int = 65536,
-                 objective: Optional[Callable] = None, ranker: Optional[Callable] = None, **kwargs):
+                 query_padding: str = "fixed", objective: Optional[Callable] = None,
+                 ranker: Optional[Callable] = None, **kwargs):
         if mode not in MODES:
             raise ValueError(f"PagRetriever.mode must be one of {MODES}, got {mode!r}")
+        if query_padding not in QUERY_PADDINGS:
+            raise ValueError(f"PagRetriever.query_padding must be one of {QUERY_PADDINGS}, got {query_padding!r}")
         if score_mode != "raw":
             raise ValueError(f"PAG sums raw logits (004 §2); score_mode {score_mode!r} is not PAG: leave "
                              f"prepare.score_mode unset")
@@ -256,6 +265,7 @@ class PagRetriever(GenerativeRetriever):
         self.mode = mode
         self.planning_size = int(planning_size)
         self.simul_chunk = int(simul_chunk)
+        self.query_padding = query_padding
         self._table = None
         self._set_ids = None  # device [rows, m]
         self._keys = None  # device [rows] order keys
@@ -263,9 +273,21 @@ class PagRetriever(GenerativeRetriever):
         self._paths = None
         self._jits: dict = {}
 
+    def describe(self) -> str:
+        return (f"PagRetriever(mode={self.mode!r}, planning_size={self.planning_size}, "
+                f"query_padding={self.query_padding!r})")
+
     # -- docids -----------------------------------------------------------------------------------------
     def use_docids(self, table) -> None:
         """The sequential docids (one per document: the primary) and the set docids, by corpus row."""
+        space = table.space
+        if space.kind != "text" or not space.length or space.size % space.length:
+            raise ValueError("PagRetriever: sequential docids must be M × K tokens of the extended vocabulary "
+                             "(PagDocids)")
+        if space.end > self.config.vocab_size:
+            raise ValueError(f"PagRetriever: docid tokens reach id {space.end - 1} but the network's vocabulary "
+                             f"has {self.config.vocab_size} rows")
+        self.docid_length, self.docid_base, self.codes = space.length, space.offset, space.size // space.length
         self._table = table
         self._paths_for = None
         set_ids = None if table.extras is None else table.extras.get("set_ids")
@@ -330,6 +352,14 @@ class PagRetriever(GenerativeRetriever):
         return fn(params, jnp.asarray(query_tokens_BxL), self.set_ids, self._keys, n)
 
     # -- search -----------------------------------------------------------------------------------------
+    def _queries(self, query_tokens_BxL):
+        """The batch as the model reads it (`query_padding`)."""
+        q = np.asarray(query_tokens_BxL)
+        if self.query_padding == "batch_longest":
+            used = np.nonzero((q != self.config.pad_token_id).any(axis=0))[0]
+            q = q[:, : (int(used[-1]) + 1 if len(used) else 1)]
+        return jnp.asarray(q)
+
     def _cache(self, params, query_tokens, max_length: int):
         return pag_cache(self.network, params["network"], query_tokens, max_length)
 
@@ -359,12 +389,13 @@ class PagRetriever(GenerativeRetriever):
     def predict(self, params, query_tokens_BxL, index, num_beams: int = 10, guided: Optional[bool] = None):
         if self.mode == "simul_only":
             raise ValueError("PagRetriever mode 'simul_only' ranks by s_simul and decodes nothing")
-        state = None if self.mode == "seq_only" else self.query_state(params, query_tokens_BxL, index)
-        return self.searcher(num_beams, guided).search(params, query_tokens_BxL, index.device(), query_state=state)
+        return self.beams_and_state(params, query_tokens_BxL, index, num_beams, guided)[0]
 
     def beams_and_state(self, params, query_tokens_BxL, index, num_beams: int, guided: Optional[bool] = None):
-        state = None if self.mode == "seq_only" else self.query_state(params, query_tokens_BxL, index)
-        res = self.searcher(num_beams, guided).search(params, query_tokens_BxL, index.device(), query_state=state)
+        """(BeamResult, look-ahead state or None in mode "seq_only")."""
+        q = self._queries(query_tokens_BxL)
+        state = None if self.mode == "seq_only" else self.query_state(params, q, index)
+        res = self.searcher(num_beams, guided).search(params, q, index.device(), query_state=state)
         return res, state
 
     def final_scores(self, res, state):

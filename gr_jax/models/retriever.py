@@ -51,6 +51,10 @@ class GenerativeRetriever:
         self.query_state_fn = query_state_fn
         self._searchers: dict[int, Searcher] = {}
 
+    def describe(self) -> str:
+        """What retrieves (written next to a run: several settings of one checkpoint stay apart)."""
+        return f"{type(self).__name__}(score_mode={self.score_mode!r})"
+
     def param_axes(self, params) -> dict:
         """Logical sharding axes of the parameter tree (training/partitioning maps them to the mesh)."""
         head = jax.tree_util.tree_map(lambda x: P("vocab", "embed") if x.ndim == 2 else P(), params["head"])

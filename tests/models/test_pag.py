@@ -184,3 +184,29 @@ def test_prefill_equals_one_step_at_a_time():
     # float32 of the same sums in another order: hidden states are O(1), logits O(10)
     np.testing.assert_allclose(np.asarray(hidden), np.asarray(stepped), atol=1e-5)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
+
+
+def test_rankings_do_not_depend_on_the_corpus_order():
+    """The fixture's model and docid files over the corpus in two row orders: every mode returns the same
+    documents with the same scores (planning ties by document key, rankings in trec order)."""
+    from gr_jax.decoding import rankers
+    from gr_jax.docids import pag as pag_docids
+
+    model, params, _, _, doc_ids = pag_parity.fixture_setup(FIXTURE)
+    with np.load(FIXTURE / "inputs.npz") as z:
+        queries = z["query_input_ids"].astype(np.int32)
+    results = []
+    for order in (doc_ids, [doc_ids[i] for i in np.random.default_rng(3).permutation(len(doc_ids))]):
+        table = pag_docids.table_from_files(FIXTURE / "smt_docid_to_tokenids.json",
+                                            FIXTURE / "lex_docid_to_tokenids.json", order, levels=4, k=16, base=256)
+        model.use_docids(table)
+        index = table.index(vocab_size=model.config.vocab_size)
+        per_mode = {}
+        for mode in ("pag", "simul_only", "seq_only"):
+            model.mode = mode
+            q, d, s = model.rank(params, queries, index, num_beams=4)
+            per_mode[mode] = [[(order[r], round(sc, 4)) for r, sc in ranked]
+                              for ranked in rankers.per_query(q, d, s, len(queries), keys=order)]
+        results.append(per_mode)
+    assert results[0] == results[1]
+    assert all(len(r) for r in results[0]["pag"])
