@@ -44,7 +44,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.decoding import beam_search as bs
-from gr_jax.decoding import rankers
 from gr_jax.index.device import leaf_documents
 from gr_jax.models import convert, t5
 from gr_jax.models.heads import TextHead
@@ -101,16 +100,23 @@ def raw_logits(network: t5.T5, net_params, hidden):
     return network.apply({"params": net_params}, hidden, False, method=t5.T5.logits)
 
 
-def pag_cache(network: t5.T5, net_params, query_BxL, max_length: int):
-    """Decode cache with the query ids already fed to the decoder (positions 0 … L − 1); the search then feeds
-    the start id and the docid tokens."""
+def pag_prefill(network: t5.T5, net_params, query_BxL, max_length: int):
+    """The query read once: (decode cache with the query ids fed to the decoder at positions 0 … L − 1, the
+    decoder's hidden states there [B, L, D], the query mask). The hidden states are the planner's (the decoder
+    reads the query causally, no decoder mask), so one encoder and one decoder pass serve both readings."""
     variables = {"params": net_params}
     mask = query_BxL != network.config.pad_token_id
     encoded = network.apply(variables, query_BxL, mask, method=t5.T5.encode)
     L = query_BxL.shape[1]
     cache = network.apply(variables, encoded, mask, L + max_length, method=t5.T5.init_cache)
-    _, cache = network.apply(variables, cache, query_BxL, method=t5.T5.prefill_hidden)
-    return cache
+    hidden, cache = network.apply(variables, cache, query_BxL, method=t5.T5.prefill_hidden)
+    return cache, hidden, mask
+
+
+def pag_cache(network: t5.T5, net_params, query_BxL, max_length: int):
+    """Decode cache with the query ids already fed to the decoder; the search then feeds the start id and the
+    docid tokens."""
+    return pag_prefill(network, net_params, query_BxL, max_length)[0]
 
 
 def pag_step(network: t5.T5, net_params, cache, tokens_R):
@@ -131,45 +137,53 @@ def top_set_ids(rep_NxV, m: int, vocab_limit: Optional[int] = None):
 
 
 def simul_scores(rep_BxV, set_ids_DxM, chunk: int = 65536):
-    """s_simul [B, D] = Σ_j rep[b, set_ids[d, j]] (ids < 0 are padding), summed left to right in float32, in
-    chunks of documents so the gathered [B, chunk, m] block stays small."""
+    """s_simul [B, D] = Σ_j rep[b, set_ids[d, j]] (ids < 0 are padding): the document × token sparse matrix
+    (m entries per row) times the queries' reps. The reps are read as [V, B] rows, so every entry of the
+    sparse matrix gathers B contiguous floats; documents go in chunks so the gathered block stays small."""
     D, m = set_ids_DxM.shape
-    B = rep_BxV.shape[0]
+    B, V = rep_BxV.shape
+    rep_VxB = jnp.concatenate([rep_BxV.T, jnp.zeros((1, B), rep_BxV.dtype)])  # row V: padding ids read 0
+    ids = jnp.where(set_ids_DxM >= 0, set_ids_DxM, V)
 
     def block(ids_CxM):
-        vals = jnp.take(rep_BxV, jnp.maximum(ids_CxM, 0), axis=1)  # [B, C, m]
-        vals = jnp.where(ids_CxM[None] >= 0, vals, 0.0)
-        acc = vals[..., 0]
-        for j in range(1, m):  # left to right, as a sum over the set docid's list
-            acc = acc + vals[..., j]
-        return acc
+        return jnp.take(rep_VxB, ids_CxM, axis=0, mode="clip").sum(axis=1)  # [C, B]; ids in [0, V] already
 
     if D <= chunk:
-        return block(set_ids_DxM)
+        return block(ids).T
     pad = (-D) % chunk
-    ids = jnp.pad(set_ids_DxM, ((0, pad), (0, 0)), constant_values=-1).reshape(-1, chunk, m)
-    out = jax.lax.map(block, ids)  # [D/chunk, B, chunk]
-    return jnp.transpose(out, (1, 0, 2)).reshape(B, -1)[:, :D]
+    blocks = jnp.pad(ids, ((0, pad), (0, 0)), constant_values=V).reshape(-1, chunk, m)
+    return jax.lax.map(block, blocks).reshape(-1, B)[:D].T
+
+
+def top_n_fast(scores_BxD, n: int):
+    """The n best documents per row by score (rows [B, n], scores [B, n]) and whether any row has a tie across
+    the n-th place (then the set depends on the tie rule: use `top_n_exact`). Within the set, the order of
+    equal scores is not defined: nothing downstream reads it (the bonus is a max; rankings order ties by key)."""
+    n = min(n, scores_BxD.shape[1])
+    if n == scores_BxD.shape[1]:
+        vals, idx = jax.lax.top_k(scores_BxD, n)
+        return idx.astype(jnp.int32), vals, jnp.zeros((), bool)
+    vals, idx = jax.lax.top_k(scores_BxD, n + 1)
+    return idx[:, :n].astype(jnp.int32), vals[:, :n], (vals[:, n - 1] == vals[:, n]).any()
+
+
+def top_n_exact(scores_BxD, keys_D, n: int):
+    """The n best by score, ties broken by the larger key (a sort of each row by (score, key))."""
+    B, D = scores_BxD.shape
+    n = min(n, D)
+    neg_s, _, idx = jax.lax.sort((-scores_BxD, -jnp.broadcast_to(keys_D, (B, D)),
+                                  jnp.broadcast_to(jnp.arange(D, dtype=jnp.int32), (B, D))),
+                                 dimension=1, num_keys=2)
+    return idx[:, :n], -neg_s[:, :n]
 
 
 def top_n_by_key(scores_BxD, keys_D, n: int):
-    """The n best documents per row by score, ties broken by larger key (a documented per-document key, never
-    the position): (rows [B, n], scores [B, n]) in that order. Exact: the n-th score is found first, then the
-    documents tied at it are chosen by key."""
-    n = min(n, scores_BxD.shape[1])
-    top, _ = jax.lax.top_k(scores_BxD, n)
-    thr = top[:, -1:]
-    greater = scores_BxD > thr
-    tied = scores_BxD == thr
-    need = n - greater.sum(axis=1, keepdims=True)
-    keyed = jnp.where(tied, keys_D[None, :], -1)
-    kth = jnp.take_along_axis(jax.lax.top_k(keyed, n)[0], jnp.maximum(need - 1, 0), axis=1)
-    pick = greater | (tied & (keyed >= kth) & (need > 0))
-    _, idx = jax.lax.top_k(jnp.where(pick, scores_BxD, -jnp.inf), n)
-    s = jnp.take_along_axis(scores_BxD, idx, axis=1)
-    k = keys_D[idx]
-    s_sorted, _, idx_sorted = jax.lax.sort((-s, -k, idx), dimension=1, num_keys=2)
-    return idx_sorted.astype(jnp.int32), -s_sorted
+    """The planning set: the n best documents per row by score, ties at the n-th place broken by the larger
+    document key (never the position). The fast top-n decides unless a tie crosses the boundary (host check)."""
+    idx, vals, tie = jax.jit(top_n_fast, static_argnums=1)(scores_BxD, n)
+    if bool(tie):
+        return jax.jit(top_n_exact, static_argnums=2)(scores_BxD, keys_D, n)
+    return idx, vals
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -340,16 +354,22 @@ class PagRetriever(GenerativeRetriever):
         fn = self._jits.setdefault("rep", jax.jit(lambda p, t: lexical_rep(self.network, p["network"], t)))
         return fn(params, jnp.asarray(tokens_BxL))
 
-    def _plan_impl(self, params, query_BxL, set_ids, keys, n: int):
-        rep = lexical_rep(self.network, params["network"], query_BxL)
-        s = simul_scores(rep, set_ids, self.simul_chunk)
-        return top_n_by_key(s, keys, n)
+    def _simul(self, params, query_BxL, set_ids):
+        return simul_scores(lexical_rep(self.network, params["network"], query_BxL), set_ids, self.simul_chunk)
 
     def plan(self, params, query_tokens_BxL, n: Optional[int] = None):
-        """The planning set: (corpus rows [B, n], s_simul [B, n]) best first."""
+        """The planning set: (corpus rows [B, n], s_simul [B, n]), ties at the n-th place by document key
+        (`top_n_by_key`); s_simul is recomputed on that rare path rather than kept."""
         n = min(int(n or self.planning_size), int(self.set_ids.shape[0]))
-        fn = self._jits.setdefault("plan", jax.jit(self._plan_impl, static_argnums=(4,)))
-        return fn(params, jnp.asarray(query_tokens_BxL), self.set_ids, self._keys, n)
+        q = jnp.asarray(query_tokens_BxL)
+        fast = self._jits.setdefault("plan", jax.jit(lambda p, q, ids, n: top_n_fast(self._simul(p, q, ids), n),
+                                                     static_argnums=3))
+        idx, vals, tie = fast(params, q, self.set_ids, n)
+        if not bool(tie):
+            return idx, vals
+        exact = self._jits.setdefault("plan_exact", jax.jit(
+            lambda p, q, ids, keys, n: top_n_exact(self._simul(p, q, ids), keys, n), static_argnums=4))
+        return exact(params, q, self.set_ids, self._keys, n)
 
     # -- search -----------------------------------------------------------------------------------------
     def _queries(self, query_tokens_BxL):
@@ -391,11 +411,33 @@ class PagRetriever(GenerativeRetriever):
             raise ValueError("PagRetriever mode 'simul_only' ranks by s_simul and decodes nothing")
         return self.beams_and_state(params, query_tokens_BxL, index, num_beams, guided)[0]
 
+    def _planned_search(self, params, q, set_ids, paths, leaves, trie, n: int, num_beams: int, guided: bool):
+        """Planner and guided search under one jit, the query read once (`pag_prefill`): → (BeamResult, state,
+        whether a tie crossed the n-th planning place)."""
+        net = params["network"]
+        cache, hidden, mask = pag_prefill(self.network, net, q, trie.depth)
+        rep = lexical_rep_from_hidden(self.network, net, hidden, mask)
+        rows, scores, tie = top_n_fast(simul_scores(rep, set_ids, self.simul_chunk), n)
+        state = bonus_tables(paths, leaves, rows, scores)
+        res = bs.beam_search(functools.partial(pag_step, self.network, net), cache, trie, batch_size=q.shape[0],
+                             num_beams=num_beams, score_mode="raw", bonus_fn=node_bonus if guided else pruning_only,
+                             query_state=state, start_token=self.config.decoder_start_token_id,
+                             tile_fn=share_encoder, accumulate_bonus=False)
+        return res, state, tie
+
     def beams_and_state(self, params, query_tokens_BxL, index, num_beams: int, guided: Optional[bool] = None):
         """(BeamResult, look-ahead state or None in mode "seq_only")."""
         q = self._queries(query_tokens_BxL)
-        state = None if self.mode == "seq_only" else self.query_state(params, q, index)
-        res = self.searcher(num_beams, guided).search(params, q, index.device(), query_state=state)
+        if self.mode == "seq_only":
+            return self.searcher(num_beams).search(params, q, index.device()), None
+        guided = (self.mode == "pag") if guided is None else guided
+        n = min(self.planning_size, int(self.set_ids.shape[0]))
+        paths, leaves = self._doc_paths(index)
+        fused = self._jits.setdefault("search", jax.jit(self._planned_search, static_argnums=(6, 7, 8)))
+        res, state, tie = fused(params, q, self.set_ids, paths, leaves, index.device(), n, num_beams, guided)
+        if bool(tie):  # the planning set needs the tie rule: plan exactly, then search with that plan
+            state = self.query_state(params, q, index)
+            res = self.searcher(num_beams, guided).search(params, q, index.device(), query_state=state)
         return res, state
 
     def final_scores(self, res, state):

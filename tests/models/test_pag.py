@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jax
@@ -210,3 +211,37 @@ def test_rankings_do_not_depend_on_the_corpus_order():
         results.append(per_mode)
     assert results[0] == results[1]
     assert all(len(r) for r in results[0]["pag"])
+
+
+def test_a_tie_across_the_planning_boundary_takes_the_exact_path():
+    """Two documents given the same set docid tie in s_simul; with n placing the tie across the boundary the
+    search plans exactly: the document with the larger order key is planned, whatever the row order."""
+    from gr_jax.docids import pag as pag_docids
+
+    model, params, table, _, doc_ids = pag_parity.fixture_setup(FIXTURE)
+    with np.load(FIXTURE / "inputs.npz") as z:
+        q = z["query_input_ids"][:1].astype(np.int32)
+    rows, s = jax.device_get(model.plan(params, q, n=30))
+    a, b = int(rows[0, 9]), int(rows[0, 10])
+    assert s[0, 9] > s[0, 10]  # distinct before the change
+    lex = json.loads((FIXTURE / "lex_docid_to_tokenids.json").read_text())
+    lex[doc_ids[b]] = lex[doc_ids[a]]  # b now scores exactly as a: ranks 10 and 11 tie
+    planned_doc = {}
+    for name, order in (("rows", doc_ids), ("reversed", doc_ids[::-1])):
+        with tempfile.TemporaryDirectory() as tmp:
+            lex_path = Path(tmp) / "lex.json"
+            lex_path.write_text(json.dumps(lex))
+            t = pag_docids.table_from_files(FIXTURE / "smt_docid_to_tokenids.json", lex_path, order, levels=4,
+                                            k=16, base=256)
+        model.use_docids(t)
+        model.planning_size = 10
+        index = t.index(vocab_size=model.config.vocab_size)
+        sc = pag.simul_scores(model.lexical_rep(params, q), model.set_ids)
+        assert bool(jax.device_get(pag.top_n_fast(sc, 10)[2]))  # the fast path sees the tie
+        _, state = model.beams_and_state(params, q, index, 4)
+        planned = {order[r] for r in np.asarray(state["planned"][0]).tolist()}
+        assert len(planned & {doc_ids[a], doc_ids[b]}) == 1
+        planned_doc[name] = (planned & {doc_ids[a], doc_ids[b]}).pop()
+    keys = dict(zip(doc_ids, pag_docids.order_keys(doc_ids)))
+    winner = max((doc_ids[a], doc_ids[b]), key=lambda d: keys[d])
+    assert planned_doc["rows"] == planned_doc["reversed"] == winner

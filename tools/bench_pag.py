@@ -1,0 +1,254 @@
+"""PAG benchmarks in the shape of Table 4 of 004_pag_lost_in_decoding.txt: set-docid size m × beam k → index
+memory, simultaneous (planner) latency, sequential latency, and effectiveness of Seq-only / SimulOnly / PAG;
+plus the search error of decoding without and with the look-ahead bonus. Prints one JSON line per row and
+appends a section to BENCHMARKS.md.
+
+    python tools/bench_pag.py --model_dir runs/demo_pag          # demo part: the trained demo PAG
+    python tools/bench_pag.py --synthetic 1000000                # synthetic index part
+    python tools/bench_pag.py --model_dir runs/demo_pag --synthetic 1000000
+
+(demo) the model of experiments/demo/pag.gin (train it first: WORKSPACE.md "PAG"), its test queries; set docids
+    re-made at each m as the top-m TF-IDF ids (the model was trained at m = 16; the paper likewise truncates
+    the released m = 64 lists for m ∈ {16, 32}). Effectiveness (MRR@10, Hit@10) of the three modes; ms/query of
+    the planner (s_simul + top-n) and of the whole search; search error on 200 queries: Seq-only against the
+    exact best docid by the raw sequential score over the whole corpus; PAG without the bonus (planning-set
+    trie) and with it, both against the exact best docid by PAG's final score (raw sum + max s_simul of its
+    planned documents) over the planning set — what the bonus repairs is the difference of the last two.
+(synthetic) a tiny random T5, N random sequential docids (M 8 × K 2048 above a 1000-id text vocabulary) and
+    random set docids of m ids: index memory (trie; set docids + order keys + per-document trie paths), the
+    planner's ms/query, Seq-only and PAG ms/query at k 10 and 100, and their ratio (target ≤ 1.3).
+Latencies are CPU figures of this machine, 8 queries a batch, every contender warmed up; only ratios carry
+over to other hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.cli import setup_logging
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS: list[dict] = []
+MS = (16, 32, 64, 128)
+BEAMS = (10, 100)
+
+
+def emit(**row):
+    ROWS.append(row)
+    sys.stdout.write(json.dumps(row) + "\n")
+    sys.stdout.flush()
+
+
+def timed(fn, repeats: int = 3) -> float:
+    jax.block_until_ready(fn())
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _index_mb(model, index, table) -> dict:
+    set_ids = table.extras["set_ids"]
+    paths = model._doc_paths(index)
+    return {"trie_MB": round(index.nbytes / 1e6, 1),
+            "set_index_MB": round((set_ids.nbytes + table.extras["order_key"].nbytes) / 1e6, 1),
+            "paths_MB": round(sum(int(np.prod(p.shape)) * 4 for p in paths) / 1e6, 1)}
+
+
+def _search(model, params, q, index, k, mode):
+    model.mode = mode
+    res, state = model.beams_and_state(params, q, index, k)
+    return model.final_scores(res, state) if state is not None else res.scores
+
+
+# ----------------------------------------------------------------------------------------------------------
+# synthetic index
+# ----------------------------------------------------------------------------------------------------------
+
+
+def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000):
+    from gr_jax.docids.base import DocidTable
+    from gr_jax.docids.pag import order_keys
+    from gr_jax.models import pag, t5
+    from gr_jax.vocab import DocidTokenSpace
+
+    M, K, base = 8, 2048, 1000
+    rng = np.random.default_rng(0)
+    codes = np.unique(rng.integers(0, K, (int(n * 1.01) + 16, M), dtype=np.int32), axis=0)
+    codes = codes[rng.permutation(len(codes))[:n]]
+    seqs = (base + K * np.arange(M)[None] + codes).astype(np.int32)
+    set_all = rng.integers(3, base, (n, max(MS)), dtype=np.int32)
+    keys = order_keys([f"d{i}" for i in range(n)])
+    config = t5.get_config("tiny", dropout_rate=0.0).replace(vocab_size=base + M * K)
+    model = pag.PagRetriever(config, planning_size=planning)
+    params = model.init_params(0)
+    space = DocidTokenSpace("text", M * K, offset=base, length=M)
+    q = jnp.asarray(rng.integers(3, base, (n_queries, 16)), jnp.int32)
+    index = None
+    for m in MS:
+        table = DocidTable(seqs, np.full(n, M, np.int32), np.arange(n), space,
+                           extras={"set_ids": set_all[:, :m], "order_key": keys})
+        if index is None:
+            t0 = time.perf_counter()
+            index = table.index(vocab_size=config.vocab_size)
+            build_s = time.perf_counter() - t0
+        model.use_docids(table)
+        mem = _index_mb(model, index, table)
+        simul = timed(lambda: model.plan(params, q)) / n_queries * 1e3
+        for k in BEAMS:
+            seq = timed(lambda: _search(model, params, q, index, k, "seq_only")) / n_queries * 1e3
+            full = timed(lambda: _search(model, params, q, index, k, "pag")) / n_queries * 1e3
+            emit(figure="synthetic", docs=n, m=m, k=k, n=planning, **mem, trie_build_s=round(build_s, 1),
+                 simul_ms_per_query=round(simul, 2), seq_only_ms_per_query=round(seq, 2),
+                 pag_ms_per_query=round(full, 2), pag_over_seq_only=round(full / seq, 3))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the trained demo
+# ----------------------------------------------------------------------------------------------------------
+
+
+def bench_demo(model_dir: str, n_eval: int, n_search_error: int):
+    import gin
+
+    from gr_jax import compose, gin_utils
+    from gr_jax.data.pipeline import tokenize
+    from gr_jax.decoding import rankers
+    from gr_jax.docids.base import DocidTable
+    from gr_jax.docids.pag import tfidf_set_ids
+    from gr_jax.evaluation.metrics import evaluate
+
+    gin.clear_config()
+    gin_utils.register_configurables()
+    gin_utils.parse(["experiments/demo/pag.gin"], [f"MODEL_DIR = '{model_dir}'"])
+    setup, params, step = compose.restore(model_dir)
+    model, ds, base_table = setup.model, setup.dataset, setup.table
+    index = setup.index
+    queries, qrels = ds.queries["test"], ds.qrels["test"]
+    qids = sorted(q for q in queries.qids if q in qrels)[:n_eval]
+    text_of = dict(zip(queries.qids, queries.texts))
+    tokens = tokenize([text_of[q] for q in qids], setup.vocab, setup.feature_lengths["inputs"])
+    doc_tokens = [setup.vocab.encode(t) for t in ds.corpus.texts]
+    doc_ids = list(ds.corpus.doc_ids)
+    B = 8
+
+    def run_of(mode, k):
+        model.mode = mode
+        run = {}
+        for lo in range(0, len(qids), 64):
+            q, d, s = model.rank(params, tokens[lo:lo + 64], index, k)
+            for b, ranked in enumerate(rankers.per_query(q, d, s, len(tokens[lo:lo + 64]), doc_ids)):
+                run[qids[lo + b]] = {doc_ids[r]: sc for r, sc in ranked}
+        return evaluate(run, {x: qrels[x] for x in qids}, ("MRR@10", "Hit@10"))
+
+    q8 = jnp.asarray(tokens[:B])
+    seq_only = {k: run_of("seq_only", k) for k in BEAMS}  # no planner: the same at every m
+    for m in MS:
+        set_ids = tfidf_set_ids(doc_tokens, setup.scheme._idf, m)
+        t = base_table
+        table = DocidTable(t.sequences, t.lengths, t.doc_rows, t.space,
+                           extras={"set_ids": set_ids[t.doc_rows], "order_key": t.extras["order_key"]})
+        model.use_docids(table)
+        mem = _index_mb(model, index, table)
+        model.mode = "pag"
+        simul = timed(lambda: model.plan(params, q8)) / B * 1e3
+        simul_only = run_of("simul_only", 10)
+        for k in BEAMS:
+            seq_ms = timed(lambda: _search(model, params, q8, index, k, "seq_only")) / B * 1e3
+            pag_ms = timed(lambda: _search(model, params, q8, index, k, "pag")) / B * 1e3
+            seq_m, pag_m = seq_only[k], run_of("pag", k)
+            row = dict(figure="demo", step=step, queries=len(qids), m=m, k=k, n=model.planning_size, **mem,
+                       simul_ms_per_query=round(simul, 2), seq_ms_per_query=round(seq_ms, 2),
+                       pag_ms_per_query=round(pag_ms, 2),
+                       seq_only_mrr10=round(seq_m["MRR@10"], 4), simul_only_mrr10=round(simul_only["MRR@10"], 4),
+                       pag_mrr10=round(pag_m["MRR@10"], 4), seq_only_hit10=round(seq_m["Hit@10"], 4),
+                       simul_only_hit10=round(simul_only["Hit@10"], 4), pag_hit10=round(pag_m["Hit@10"], 4))
+            row.update(_search_errors(model, params, tokens[:n_search_error], index, k))
+            emit(**row)
+
+
+def _search_errors(model, params, tokens, index, k) -> dict:
+    """Search error of Seq-only (raw objective, whole corpus) and of PAG without / with the bonus (PAG's final
+    objective over the planning set), on the same queries."""
+    from gr_jax.decoding.exhaustive import search_error
+    from gr_jax.models import pag
+
+    model.mode = "pag"
+    searcher = model.searcher(k)
+    out = {"seq_only": [], "unguided": [], "guided": []}
+    for lo in range(0, len(tokens), 8):
+        q = jnp.asarray(tokens[lo:lo + 8])
+        raw = searcher.exhaustive_scores(params, q, index)  # [B, leaves], raw sums
+        state = model.query_state(params, q, index)
+        leaves = jnp.arange(raw.shape[1], dtype=jnp.int32)[None].repeat(q.shape[0], 0)
+        bonus = np.asarray(pag.leaf_bonus(leaves, state))
+        planned_leaf = np.zeros(raw.shape, bool)
+        doc_leaf = np.asarray(model._doc_paths(index)[1])
+        rows = np.asarray(state["planned"])
+        for b in range(q.shape[0]):
+            planned_leaf[b, doc_leaf[rows[b]]] = True
+        final = np.where(planned_leaf, raw + bonus, -np.inf)
+        model.mode = "seq_only"
+        seq = jax.device_get(model.beams_and_state(params, q, index, k)[0])
+        model.mode = "pag"
+        unguided = jax.device_get(model.beams_and_state(params, q, index, k, guided=False)[0])
+        guided = jax.device_get(model.beams_and_state(params, q, index, k, guided=True)[0])
+        for name, res, exact in (("seq_only", seq, raw), ("unguided", unguided, final), ("guided", guided, final)):
+            out[name].append(search_error(np.where(res.valid, res.leaf_ids, -1), exact) * q.shape[0])
+    n = len(tokens)
+    return {"search_error_seq_only": round(sum(out["seq_only"]) / n, 4),
+            "search_error_pag_no_bonus": round(sum(out["unguided"]) / n, 4),
+            "search_error_pag": round(sum(out["guided"]) / n, 4)}
+
+
+def _write(command: str, path: Path):
+    lines = [f"\n## bench_pag — {datetime.date.today().isoformat()}\n",
+             f"- device: {jax.devices()[0].platform.upper()}, {jax.device_count()} device(s); "
+             f"command: `{command}`\n"]
+    for fig in dict.fromkeys(r["figure"] for r in ROWS):
+        rows = [r for r in ROWS if r["figure"] == fig]
+        keys = [k for k in rows[0] if k != "figure"]
+        lines += [f"**{fig}**\n", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        lines += ["| " + " | ".join(str(r.get(k)) for k in keys) + " |" for r in rows]
+        lines.append("")
+    with path.open("a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model_dir", help="the trained demo PAG (experiments/demo/pag.gin)")
+    parser.add_argument("--synthetic", type=int, default=0, help="documents of the synthetic index (0: skip)")
+    parser.add_argument("--eval_queries", type=int, default=2000)
+    parser.add_argument("--search_error_queries", type=int, default=200)
+    parser.add_argument("--no_write", action="store_true", help="print JSON lines only, do not touch BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    setup_logging()
+    if not args.model_dir and not args.synthetic:
+        parser.error("give --model_dir, --synthetic N, or both")
+    if args.model_dir and not (Path(args.model_dir) / "checkpoints").is_dir():
+        sys.stderr.write(f"error: {args.model_dir} holds no checkpoints/: train experiments/demo/pag.gin first\n")
+        return 2
+    if args.model_dir:
+        bench_demo(args.model_dir, args.eval_queries, args.search_error_queries)
+    if args.synthetic:
+        bench_synthetic(args.synthetic)
+    if not args.no_write:
+        _write("python tools/bench_pag.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               ROOT / "BENCHMARKS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
