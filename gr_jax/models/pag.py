@@ -200,14 +200,27 @@ def _segment_max_table(keys_BxN, vals_BxN):
     return k, -negv
 
 
-def bonus_tables(doc_paths_DxM, doc_leaf_D, planned_BxN, planned_s_BxN):
+DENSE_BONUS_NODES = 65536  # levels with at most this many nodes keep a dense per-query bonus row
+
+
+def bonus_tables(doc_paths_DxM, doc_leaf_D, planned_BxN, planned_s_BxN, dense_sizes=()):
     """The look-ahead state of a batch: per level d the nodes at depth d + 1 under the planned documents with
-    the max s_simul under each (`level_keys`/`level_vals` [B, M, n]), and the same per leaf."""
+    the max s_simul under each (`level_keys`/`level_vals` [B, M, n], sorted: looked up by binary search), and
+    the same per leaf. `dense_sizes[d]` > 0 (static): level d also gets a dense row [B, size] over its node ids
+    (a scatter-max; looked up by one gather — for the small top levels, where every beam has many children)."""
     paths = doc_paths_DxM[planned_BxN]  # [B, n, M]
     levels = [_segment_max_table(paths[:, :, d], planned_s_BxN) for d in range(doc_paths_DxM.shape[1])]
     leaf_keys, leaf_vals = _segment_max_table(doc_leaf_D[planned_BxN], planned_s_BxN)
-    return {"level_keys": jnp.stack([k for k, _ in levels], 1), "level_vals": jnp.stack([v for _, v in levels], 1),
-            "leaf_keys": leaf_keys, "leaf_vals": leaf_vals, "planned": planned_BxN, "planned_scores": planned_s_BxN}
+    state = {"level_keys": jnp.stack([k for k, _ in levels], 1), "level_vals": jnp.stack([v for _, v in levels], 1),
+             "leaf_keys": leaf_keys, "leaf_vals": leaf_vals, "planned": planned_BxN, "planned_scores": planned_s_BxN}
+    B = planned_BxN.shape[0]
+    for d, size in enumerate(dense_sizes):
+        if size:
+            node = paths[:, :, d]
+            row = jnp.full((B, size), -jnp.inf, jnp.float32)
+            rows = jnp.broadcast_to(jnp.arange(B)[:, None], node.shape)
+            state[f"dense_{d}"] = row.at[rows, jnp.where(node >= 0, node, size)].max(planned_s_BxN, mode="drop")
+    return state
 
 
 def _lookup(keys_BxN, vals_BxN, ids, miss: float):
@@ -223,8 +236,15 @@ def _lookup(keys_BxN, vals_BxN, ids, miss: float):
 def node_bonus(level: int, child_ids, state, restrict: bool = True):
     """`bonus_fn` of the search: max s_simul over planned documents under each child node; a node under none
     gets −inf (removed: the trie of the planning set) or, with restrict False, 0."""
-    return _lookup(state["level_keys"][:, level], state["level_vals"][:, level], child_ids,
-                   -jnp.inf if restrict else 0.0)
+    miss = -jnp.inf if restrict else 0.0
+    dense = state.get(f"dense_{level}")
+    if dense is not None:
+        B, size = dense.shape
+        flat = child_ids.reshape(B, -1)
+        got = jnp.take_along_axis(dense, jnp.clip(flat, 0, size - 1), axis=1)
+        got = jnp.where((flat >= 0) & (flat < size) & jnp.isfinite(got), got, miss)
+        return got.reshape(child_ids.shape)
+    return _lookup(state["level_keys"][:, level], state["level_vals"][:, level], child_ids, miss)
 
 
 def pruning_only(level: int, child_ids, state):
@@ -285,6 +305,7 @@ class PagRetriever(GenerativeRetriever):
         self._keys = None  # device [rows] order keys
         self._paths_for = None  # (index, num_nodes, num_leaves) the paths were computed from
         self._paths = None
+        self._dense_sizes: tuple = ()
         self._jits: dict = {}
 
     def describe(self) -> str:
@@ -343,6 +364,8 @@ class PagRetriever(GenerativeRetriever):
             leaves = np.full(R, -1, np.int64)
             leaves[rows] = leaf
             self._paths = (jnp.asarray(paths.astype(np.int32)), jnp.asarray(leaves.astype(np.int32)))
+            sizes = paths.max(axis=0) + 1 if len(paths) else np.zeros(paths.shape[1], np.int64)
+            self._dense_sizes = tuple(int(x) if 0 < x <= DENSE_BONUS_NODES else 0 for x in sizes)
             self._paths_for = stamp
         return self._paths
 
@@ -403,22 +426,23 @@ class PagRetriever(GenerativeRetriever):
     def query_state(self, params, query_tokens_BxL, index, n: Optional[int] = None):
         rows, s = self.plan(params, query_tokens_BxL, n)
         paths, leaves = self._doc_paths(index)
-        fn = self._jits.setdefault("tables", jax.jit(bonus_tables))
-        return fn(paths, leaves, rows, s)
+        fn = self._jits.setdefault("tables", jax.jit(bonus_tables, static_argnums=4))
+        return fn(paths, leaves, rows, s, self._dense_sizes)
 
     def predict(self, params, query_tokens_BxL, index, num_beams: int = 10, guided: Optional[bool] = None):
         if self.mode == "simul_only":
             raise ValueError("PagRetriever mode 'simul_only' ranks by s_simul and decodes nothing")
         return self.beams_and_state(params, query_tokens_BxL, index, num_beams, guided)[0]
 
-    def _planned_search(self, params, q, set_ids, paths, leaves, trie, n: int, num_beams: int, guided: bool):
+    def _planned_search(self, params, q, set_ids, paths, leaves, trie, n: int, num_beams: int, guided: bool,
+                        dense_sizes: tuple):
         """Planner and guided search under one jit, the query read once (`pag_prefill`): → (BeamResult, state,
         whether a tie crossed the n-th planning place)."""
         net = params["network"]
         cache, hidden, mask = pag_prefill(self.network, net, q, trie.depth)
         rep = lexical_rep_from_hidden(self.network, net, hidden, mask)
         rows, scores, tie = top_n_fast(simul_scores(rep, set_ids, self.simul_chunk), n)
-        state = bonus_tables(paths, leaves, rows, scores)
+        state = bonus_tables(paths, leaves, rows, scores, dense_sizes)
         res = bs.beam_search(functools.partial(pag_step, self.network, net), cache, trie, batch_size=q.shape[0],
                              num_beams=num_beams, score_mode="raw", bonus_fn=node_bonus if guided else pruning_only,
                              query_state=state, start_token=self.config.decoder_start_token_id,
@@ -433,8 +457,9 @@ class PagRetriever(GenerativeRetriever):
         guided = (self.mode == "pag") if guided is None else guided
         n = min(self.planning_size, int(self.set_ids.shape[0]))
         paths, leaves = self._doc_paths(index)
-        fused = self._jits.setdefault("search", jax.jit(self._planned_search, static_argnums=(6, 7, 8)))
-        res, state, tie = fused(params, q, self.set_ids, paths, leaves, index.device(), n, num_beams, guided)
+        fused = self._jits.setdefault("search", jax.jit(self._planned_search, static_argnums=(6, 7, 8, 9)))
+        res, state, tie = fused(params, q, self.set_ids, paths, leaves, index.device(), n, num_beams, guided,
+                                self._dense_sizes)
         if bool(tie):  # the planning set needs the tie rule: plan exactly, then search with that plan
             state = self.query_state(params, q, index)
             res = self.searcher(num_beams, guided).search(params, q, index.device(), query_state=state)

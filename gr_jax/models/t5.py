@@ -433,26 +433,12 @@ class Decoder(nn.Module):
 
     def step(self, x_Bx1xD: Array, cache: DecodeCache) -> tuple[Array, DecodeCache]:
         """One incremental step at position cache.index; returns hidden [B, 1, D] and the updated cache."""
-        S = cache.max_length
-        index = cache.index
-        keys = jnp.arange(S)
-        bias = self.relpos_bias(index[None], keys)
-        self_mask = (keys <= index)[None, None, None, :]
-        cross_mask = cache.encoder_mask[:, None, None, :]
-        x = x_Bx1xD
-        new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
-            x, (k, v) = layer(x, (cache.self_k[i], cache.self_v[i]), bias, self_mask,
-                              (cache.cross_k[i], cache.cross_v[i]), cross_mask, True, write_index=index)
-            new_k.append(k)
-            new_v.append(v)
-        x = self.final_norm(x)
-        return x, cache.replace(index=index + 1, self_k=tuple(new_k), self_v=tuple(new_v))
+        return self.prefill(x_Bx1xD, cache)
 
     def prefill(self, x_BxTxD: Array, cache: DecodeCache) -> tuple[Array, DecodeCache]:
         """T positions at once from cache.index (causal among themselves and over what the cache holds): a
         decoder input longer than one token before incremental steps (PAG feeds the query); returns hidden
-        [B, T, D] and the cache with index advanced by T. Equals T calls of `step`."""
+        [B, T, D] and the cache with index advanced by T (T = 1: one incremental step)."""
         S, T = cache.max_length, x_BxTxD.shape[1]
         index = cache.index
         positions = index + jnp.arange(T)

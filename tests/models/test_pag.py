@@ -86,7 +86,12 @@ def test_bonus_table_by_hand_on_a_six_document_trie():
     paths, leaves = _paths(index, DOCIDS)
     planned = jnp.asarray([[2, 0, 4]])  # query 0 plans rows 2 (s 5.0), 0 (s 3.0) and 4 (s 1.5)
     s = jnp.asarray([[5.0, 3.0, 1.5]])
-    state = pag.bonus_tables(paths, leaves, planned, s)
+    sizes = tuple(int(x) + 1 for x in np.asarray(paths).max(axis=0))
+    for dense in ((), sizes):  # sorted keys + binary search, and dense rows per level: the same bonuses
+        _check_bonus_by_hand(index, pag.bonus_tables(paths, leaves, planned, s, dense))
+
+
+def _check_bonus_by_hand(index, state):
     node = lambda *prefix: int(index.path_nodes(np.array([list(prefix)]), np.array([len(prefix)]))[0, -1])  # noqa
     level0 = jnp.asarray([[[node(1), node(2), node(3)]]])
     # node "1" holds rows 0, 1, 2 → max over planned rows 0 and 2 = 5.0; "2" holds row 3 (not planned) → −inf
