@@ -200,26 +200,33 @@ def _segment_max_table(keys_BxN, vals_BxN):
     return k, -negv
 
 
-DENSE_BONUS_NODES = 65536  # levels with at most this many nodes keep a dense per-query bonus row
+DENSE_BONUS_NODES = 65536  # levels (and leaves) with at most this many ids keep a dense per-query bonus row
+
+
+def _dense_row(ids_BxN, vals_BxN, size: int):
+    """[B, size]: the max value per id (−inf where none), by one scatter-max."""
+    B = ids_BxN.shape[0]
+    rows = jnp.broadcast_to(jnp.arange(B)[:, None], ids_BxN.shape)
+    row = jnp.full((B, size), -jnp.inf, jnp.float32)
+    return row.at[rows, jnp.where(ids_BxN >= 0, ids_BxN, size)].max(vals_BxN, mode="drop")
 
 
 def bonus_tables(doc_paths_DxM, doc_leaf_D, planned_BxN, planned_s_BxN, dense_sizes=()):
-    """The look-ahead state of a batch: per level d the nodes at depth d + 1 under the planned documents with
-    the max s_simul under each (`level_keys`/`level_vals` [B, M, n], sorted: looked up by binary search), and
-    the same per leaf. `dense_sizes[d]` > 0 (static): level d also gets a dense row [B, size] over its node ids
-    (a scatter-max; looked up by one gather — for the small top levels, where every beam has many children)."""
+    """The look-ahead state of a batch: for every level d, the nodes at depth d + 1 under the planned documents
+    with the max s_simul under each, and the same per leaf. Stored per level either as a dense row over the
+    level's node ids (`dense_sizes[d]` > 0, static; the last entry is for the leaves) — one gather per lookup,
+    for the small top levels where every beam has many children — or as sorted distinct ids with their max
+    (a sort + segment-max; looked up by binary search)."""
+    M = doc_paths_DxM.shape[1]
     paths = doc_paths_DxM[planned_BxN]  # [B, n, M]
-    levels = [_segment_max_table(paths[:, :, d], planned_s_BxN) for d in range(doc_paths_DxM.shape[1])]
-    leaf_keys, leaf_vals = _segment_max_table(doc_leaf_D[planned_BxN], planned_s_BxN)
-    state = {"level_keys": jnp.stack([k for k, _ in levels], 1), "level_vals": jnp.stack([v for _, v in levels], 1),
-             "leaf_keys": leaf_keys, "leaf_vals": leaf_vals, "planned": planned_BxN, "planned_scores": planned_s_BxN}
-    B = planned_BxN.shape[0]
-    for d, size in enumerate(dense_sizes):
+    sizes = tuple(dense_sizes) + (0,) * (M + 1 - len(dense_sizes))
+    ids = [paths[:, :, d] for d in range(M)] + [doc_leaf_D[planned_BxN]]
+    state = {"planned": planned_BxN, "planned_scores": planned_s_BxN}
+    for name, x, size in zip([f"level_{d}" for d in range(M)] + ["leaf"], ids, sizes):
         if size:
-            node = paths[:, :, d]
-            row = jnp.full((B, size), -jnp.inf, jnp.float32)
-            rows = jnp.broadcast_to(jnp.arange(B)[:, None], node.shape)
-            state[f"dense_{d}"] = row.at[rows, jnp.where(node >= 0, node, size)].max(planned_s_BxN, mode="drop")
+            state[f"{name}_dense"] = _dense_row(x, planned_s_BxN, size)
+        else:
+            state[f"{name}_keys"], state[f"{name}_vals"] = _segment_max_table(x, planned_s_BxN)
     return state
 
 
@@ -233,18 +240,20 @@ def _lookup(keys_BxN, vals_BxN, ids, miss: float):
     return out.reshape(ids.shape)
 
 
+def _bonus(state, name: str, ids, miss: float):
+    dense = state.get(f"{name}_dense")
+    if dense is None:
+        return _lookup(state[f"{name}_keys"], state[f"{name}_vals"], ids, miss)
+    B, size = dense.shape
+    flat = ids.reshape(B, -1)
+    got = jnp.take_along_axis(dense, jnp.clip(flat, 0, size - 1), axis=1)
+    return jnp.where((flat >= 0) & (flat < size) & jnp.isfinite(got), got, miss).reshape(ids.shape)
+
+
 def node_bonus(level: int, child_ids, state, restrict: bool = True):
     """`bonus_fn` of the search: max s_simul over planned documents under each child node; a node under none
     gets −inf (removed: the trie of the planning set) or, with restrict False, 0."""
-    miss = -jnp.inf if restrict else 0.0
-    dense = state.get(f"dense_{level}")
-    if dense is not None:
-        B, size = dense.shape
-        flat = child_ids.reshape(B, -1)
-        got = jnp.take_along_axis(dense, jnp.clip(flat, 0, size - 1), axis=1)
-        got = jnp.where((flat >= 0) & (flat < size) & jnp.isfinite(got), got, miss)
-        return got.reshape(child_ids.shape)
-    return _lookup(state["level_keys"][:, level], state["level_vals"][:, level], child_ids, miss)
+    return _bonus(state, f"level_{level}", child_ids, -jnp.inf if restrict else 0.0)
 
 
 def pruning_only(level: int, child_ids, state):
@@ -254,7 +263,7 @@ def pruning_only(level: int, child_ids, state):
 
 def leaf_bonus(leaf_ids, state):
     """Max s_simul of the planned documents with each leaf's docid (0 when none)."""
-    return _lookup(state["leaf_keys"], state["leaf_vals"], leaf_ids, 0.0)
+    return _bonus(state, "leaf", leaf_ids, 0.0)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -364,7 +373,7 @@ class PagRetriever(GenerativeRetriever):
             leaves = np.full(R, -1, np.int64)
             leaves[rows] = leaf
             self._paths = (jnp.asarray(paths.astype(np.int32)), jnp.asarray(leaves.astype(np.int32)))
-            sizes = paths.max(axis=0) + 1 if len(paths) else np.zeros(paths.shape[1], np.int64)
+            sizes = np.append(paths.max(axis=0), leaves.max()) + 1 if len(paths) else np.zeros(1, np.int64)
             self._dense_sizes = tuple(int(x) if 0 < x <= DENSE_BONUS_NODES else 0 for x in sizes)
             self._paths_for = stamp
         return self._paths

@@ -86,7 +86,7 @@ def test_bonus_table_by_hand_on_a_six_document_trie():
     paths, leaves = _paths(index, DOCIDS)
     planned = jnp.asarray([[2, 0, 4]])  # query 0 plans rows 2 (s 5.0), 0 (s 3.0) and 4 (s 1.5)
     s = jnp.asarray([[5.0, 3.0, 1.5]])
-    sizes = tuple(int(x) + 1 for x in np.asarray(paths).max(axis=0))
+    sizes = tuple(int(x) + 1 for x in np.append(np.asarray(paths).max(axis=0), np.asarray(leaves).max()))
     for dense in ((), sizes):  # sorted keys + binary search, and dense rows per level: the same bonuses
         _check_bonus_by_hand(index, pag.bonus_tables(paths, leaves, planned, s, dense))
 
