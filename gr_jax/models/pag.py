@@ -167,14 +167,27 @@ def top_n_fast(scores_BxD, n: int):
     return idx[:, :n].astype(jnp.int32), vals[:, :n], (vals[:, n - 1] == vals[:, n]).any()
 
 
+def _key_as_float(keys_D):
+    """Order keys (int32, 0 ≤ key < 2^30; −1: no document) as float32 that order the same way: the bit pattern
+    key + 2^23 read as a float is a normal positive float, increasing with the key (XLA's float top-k is fast
+    on every device; its integer top-k is not on CPU)."""
+    f = jax.lax.bitcast_convert_type(jnp.maximum(keys_D, 0) + jnp.int32(1 << 23), jnp.float32)
+    return jnp.where(keys_D >= 0, f, -1.0)
+
+
 def top_n_exact(scores_BxD, keys_D, n: int):
-    """The n best by score, ties broken by the larger key (a sort of each row by (score, key))."""
+    """The n best by score, ties at the n-th score broken by the larger key: the documents above the n-th
+    score, then of those tied with it the `need` largest keys (three float top-k's, no sort of the corpus)."""
     B, D = scores_BxD.shape
     n = min(n, D)
-    neg_s, _, idx = jax.lax.sort((-scores_BxD, -jnp.broadcast_to(keys_D, (B, D)),
-                                  jnp.broadcast_to(jnp.arange(D, dtype=jnp.int32), (B, D))),
-                                 dimension=1, num_keys=2)
-    return idx[:, :n], -neg_s[:, :n]
+    thr = jax.lax.top_k(scores_BxD, n)[0][:, n - 1:n]
+    greater, tied = scores_BxD > thr, scores_BxD == thr
+    need = n - greater.sum(axis=1, keepdims=True)
+    keyed = jnp.where(tied, _key_as_float(keys_D)[None, :], -jnp.inf)
+    kth = jnp.take_along_axis(jax.lax.top_k(keyed, n)[0], jnp.maximum(need - 1, 0), axis=1)
+    pick = greater | (tied & (keyed >= kth) & (need > 0))
+    vals, idx = jax.lax.top_k(jnp.where(pick, scores_BxD, -jnp.inf), n)
+    return idx.astype(jnp.int32), vals
 
 
 def top_n_by_key(scores_BxD, keys_D, n: int):
