@@ -155,15 +155,21 @@ def simul_scores(rep_BxV, set_ids_DxM, chunk: int = 65536):
     return jax.lax.map(block, blocks).reshape(-1, B)[:D].T
 
 
+def _top_k(x, k: int):
+    """`lax.top_k` behind an optimization barrier: fused with some consumers of its values (a comparison of
+    two of them, a slice), XLA's CPU backend drops its top-k kernel for a full sort (~100× slower at 1M)."""
+    return jax.lax.optimization_barrier(jax.lax.top_k(x, k))
+
+
 def top_n_fast(scores_BxD, n: int):
     """The n best documents per row by score (rows [B, n], scores [B, n]) and whether any row has a tie across
     the n-th place (then the set depends on the tie rule: use `top_n_exact`). Within the set, the order of
     equal scores is not defined: nothing downstream reads it (the bonus is a max; rankings order ties by key)."""
     n = min(n, scores_BxD.shape[1])
     if n == scores_BxD.shape[1]:
-        vals, idx = jax.lax.top_k(scores_BxD, n)
+        vals, idx = _top_k(scores_BxD, n)
         return idx.astype(jnp.int32), vals, jnp.zeros((), bool)
-    vals, idx = jax.lax.top_k(scores_BxD, n + 1)
+    vals, idx = _top_k(scores_BxD, n + 1)
     return idx[:, :n].astype(jnp.int32), vals[:, :n], (vals[:, n - 1] == vals[:, n]).any()
 
 
@@ -180,13 +186,13 @@ def top_n_exact(scores_BxD, keys_D, n: int):
     score, then of those tied with it the `need` largest keys (three float top-k's, no sort of the corpus)."""
     B, D = scores_BxD.shape
     n = min(n, D)
-    thr = jax.lax.top_k(scores_BxD, n)[0][:, n - 1:n]
+    thr = _top_k(scores_BxD, n)[0][:, n - 1:n]
     greater, tied = scores_BxD > thr, scores_BxD == thr
     need = n - greater.sum(axis=1, keepdims=True)
     keyed = jnp.where(tied, _key_as_float(keys_D)[None, :], -jnp.inf)
-    kth = jnp.take_along_axis(jax.lax.top_k(keyed, n)[0], jnp.maximum(need - 1, 0), axis=1)
+    kth = jnp.take_along_axis(_top_k(keyed, n)[0], jnp.maximum(need - 1, 0), axis=1)
     pick = greater | (tied & (keyed >= kth) & (need > 0))
-    vals, idx = jax.lax.top_k(jnp.where(pick, scores_BxD, -jnp.inf), n)
+    vals, idx = _top_k(jnp.where(pick, scores_BxD, -jnp.inf), n)
     return idx.astype(jnp.int32), vals
 
 
