@@ -6,6 +6,7 @@ appends a section to BENCHMARKS.md.
     python tools/bench_pag.py --model_dir runs/demo_pag          # demo part: the trained demo PAG
     python tools/bench_pag.py --synthetic 1000000                # synthetic index part
     python tools/bench_pag.py --model_dir runs/demo_pag --synthetic 1000000
+    python tools/bench_pag.py --model_dir runs/demo_pag --latency_only   # memory and latency only (a minute)
 
 (demo) the model of experiments/demo/pag.gin (train it first: WORKSPACE.md "PAG"), its test queries; set docids
     re-made at each m as the top-m TF-IDF ids (the model was trained at m = 16; the paper likewise truncates
@@ -119,7 +120,7 @@ def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def bench_demo(model_dir: str, n_eval: int, n_search_error: int):
+def bench_demo(model_dir: str, n_eval: int, n_search_error: int, latency_only: bool = False):
     import gin
 
     from gr_jax import compose, gin_utils
@@ -153,7 +154,7 @@ def bench_demo(model_dir: str, n_eval: int, n_search_error: int):
         return evaluate(run, {x: qrels[x] for x in qids}, ("MRR@10", "Hit@10"))
 
     q8 = jnp.asarray(tokens[:B])
-    seq_only = {k: run_of("seq_only", k) for k in BEAMS}  # no planner: the same at every m
+    seq_only = {} if latency_only else {k: run_of("seq_only", k) for k in BEAMS}  # no planner: same at every m
     for m in MS:
         set_ids = tfidf_set_ids(doc_tokens, setup.scheme._idf, m)
         t = base_table
@@ -163,18 +164,20 @@ def bench_demo(model_dir: str, n_eval: int, n_search_error: int):
         mem = _index_mb(model, index, table)
         model.mode = "pag"
         simul = timed(lambda: model.plan(params, q8)) / B * 1e3
-        simul_only = run_of("simul_only", 10)
+        simul_only = None if latency_only else run_of("simul_only", 10)
         for k in BEAMS:
             seq_ms = timed(lambda: _search(model, params, q8, index, k, "seq_only")) / B * 1e3
             pag_ms = timed(lambda: _search(model, params, q8, index, k, "pag")) / B * 1e3
-            seq_m, pag_m = seq_only[k], run_of("pag", k)
-            row = dict(figure="demo", step=step, queries=len(qids), m=m, k=k, n=model.planning_size, **mem,
-                       simul_ms_per_query=round(simul, 2), seq_ms_per_query=round(seq_ms, 2),
-                       pag_ms_per_query=round(pag_ms, 2),
-                       seq_only_mrr10=round(seq_m["MRR@10"], 4), simul_only_mrr10=round(simul_only["MRR@10"], 4),
-                       pag_mrr10=round(pag_m["MRR@10"], 4), seq_only_hit10=round(seq_m["Hit@10"], 4),
-                       simul_only_hit10=round(simul_only["Hit@10"], 4), pag_hit10=round(pag_m["Hit@10"], 4))
-            row.update(_search_errors(model, params, tokens[:n_search_error], index, k))
+            row = dict(figure="demo_latency" if latency_only else "demo", step=step, queries=len(qids), m=m, k=k,
+                       n=model.planning_size, **mem, simul_ms_per_query=round(simul, 2),
+                       seq_ms_per_query=round(seq_ms, 2), pag_ms_per_query=round(pag_ms, 2),
+                       pag_over_seq_only=round(pag_ms / seq_ms, 3))
+            if not latency_only:
+                seq_m, pag_m = seq_only[k], run_of("pag", k)
+                row.update(seq_only_mrr10=round(seq_m["MRR@10"], 4), simul_only_mrr10=round(simul_only["MRR@10"], 4),
+                           pag_mrr10=round(pag_m["MRR@10"], 4), seq_only_hit10=round(seq_m["Hit@10"], 4),
+                           simul_only_hit10=round(simul_only["Hit@10"], 4), pag_hit10=round(pag_m["Hit@10"], 4))
+                row.update(_search_errors(model, params, tokens[:n_search_error], index, k))
             emit(**row)
 
 
@@ -232,6 +235,8 @@ def main(argv=None) -> int:
     parser.add_argument("--synthetic", type=int, default=0, help="documents of the synthetic index (0: skip)")
     parser.add_argument("--eval_queries", type=int, default=2000)
     parser.add_argument("--search_error_queries", type=int, default=200)
+    parser.add_argument("--latency_only", action="store_true",
+                        help="demo part: memory and latency only (no effectiveness, no search error)")
     parser.add_argument("--no_write", action="store_true", help="print JSON lines only, do not touch BENCHMARKS.md")
     args = parser.parse_args(argv)
     setup_logging()
@@ -241,7 +246,7 @@ def main(argv=None) -> int:
         sys.stderr.write(f"error: {args.model_dir} holds no checkpoints/: train experiments/demo/pag.gin first\n")
         return 2
     if args.model_dir:
-        bench_demo(args.model_dir, args.eval_queries, args.search_error_queries)
+        bench_demo(args.model_dir, args.eval_queries, args.search_error_queries, args.latency_only)
     if args.synthetic:
         bench_synthetic(args.synthetic)
     if not args.no_write:
