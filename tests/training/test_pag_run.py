@@ -126,8 +126,8 @@ def test_released_pag_artefacts_import_and_evaluate(tmp_path, capsys):
                    "TASK_FEATURE_LENGTHS = {'inputs': 24, 'targets': 3}\n")
     common = [f"--gin_file={exp}", f"--gin.INITIAL_CHECKPOINT_PATH='{tmp_path / 'released'}'",
               f"--gin.DATA_DIR='{data}'", f"--gin.VOCABULARY='{tmp_path / 'spiece.model'}'",
-              f"--gin.PagDocids.docid_file='{tmp_path / 'smt.json'}'",
-              f"--gin.PagDocids.set_docid_file='{tmp_path / 'lex.json'}'", f"--gin.MODEL_DIR='{tmp_path / 'm'}'"]
+              f"--gin.SEQUENTIAL_DOCIDS='{tmp_path / 'smt.json'}'",
+              f"--gin.SET_DOCIDS='{tmp_path / 'lex.json'}'", f"--gin.MODEL_DIR='{tmp_path / 'm'}'"]
     gin.clear_config()
     assert _tool("import_checkpoint").main(common) == 0, capsys.readouterr().err
     gin.clear_config()
