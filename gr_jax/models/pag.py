@@ -307,21 +307,21 @@ class PagRetriever(GenerativeRetriever):
     def __init__(self, config: t5.T5Config, head=None, score_mode: str = "raw", length_penalty: float = 0.0, *,
                  mode: str = "pag", planning_size: int = 1000, simul_chunk: int = 65536,
                  query_padding: str = "fixed", objective: Optional[Callable] = None,
-                 ranker: Optional[Callable] = None, **kwargs):
+                 ranker: Optional[Callable] = None, network=None, bonus_fn=None, query_state_fn=None):
         if mode not in MODES:
             raise ValueError(f"PagRetriever.mode must be one of {MODES}, got {mode!r}")
         if query_padding not in QUERY_PADDINGS:
             raise ValueError(f"PagRetriever.query_padding must be one of {QUERY_PADDINGS}, got {query_padding!r}")
         if score_mode != "raw":
-            raise ValueError(f"PAG sums raw logits (004 §2); score_mode {score_mode!r} is not PAG: leave "
-                             f"prepare.score_mode unset")
+            raise ValueError(f"PAG sums raw logits (004 §2); score_mode {score_mode!r} is not PAG: set "
+                             f"prepare.score_mode = 'raw'")
         if head is not None and not isinstance(head, TextHead):
             raise ValueError("PAG's docid tokens are rows of the extended vocabulary (a text head); use "
                              "PagDocids, whose tokens sit above the text vocabulary")
-        if kwargs.get("bonus_fn") is not None or kwargs.get("query_state_fn") is not None:
+        if bonus_fn is not None or query_state_fn is not None:
             raise ValueError("PagRetriever computes its own look-ahead bonus; do not bind bonus_fn / query_state_fn")
         super().__init__(config, head, "raw", length_penalty, objective=objective, ranker=ranker,
-                         network=kwargs.get("network"))
+                         network=network)
         if length_penalty != 0.0:
             raise ValueError("PAG's docids all have M tokens: its scores are raw sums (length_penalty 0)")
         self.mode = mode
