@@ -349,6 +349,43 @@ def load_named(name: str):
     return config, params, tokenizer_from_gguf(f)
 
 
+def file_digest(path: str | os.PathLike) -> str:
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=12)
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_lm(spec: str):
+    """(config, params, tokenizer, fingerprint) of a decoder-only LM given as a named model
+    ('smollm2_135m'), a GGUF file, or an HF Llama directory with tokenizer.json. The fingerprint is a digest
+    of the weight file(s): what a docid bank written by the model records."""
+    p = Path(spec)
+    if spec == "smollm2_135m":
+        path = smollm2_path()
+        config, params, tok = load_named(spec)
+        return config, params, tok, f"{path.name}:{file_digest(path)}"
+    if p.is_file():
+        config, params, f = load_gguf(p)
+        return config, params, tokenizer_from_gguf(f), f"{p.name}:{file_digest(p)}"
+    if p.is_dir():
+        config, params = load_hf_llama(p)
+        tok_file = p / "tokenizer.json"
+        if not tok_file.exists():
+            raise CheckpointError(f"{p}: no tokenizer.json next to the weights")
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(tok_file))
+        weights = sorted(x for x in p.iterdir() if x.suffix in (".safetensors", ".bin"))
+        digest = ",".join(f"{w.name}:{file_digest(w)}" for w in weights)
+        return config, params, LMTokenizer(backend, config.bos_token_id, config.eos_token_id,
+                                           config.pad_token_id), digest
+    raise CheckpointError(f"{spec}: not a known model name (smollm2_135m), a GGUF file or an HF directory")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The tokenizer of a GGUF file
 # ----------------------------------------------------------------------------------------------------------

@@ -34,9 +34,10 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, length: Optional[i
     return ids, mask
 
 
-@functools.partial(jax.jit, static_argnames=("model", "num_samples", "max_new_tokens", "min_new_tokens", "greedy"))
+@functools.partial(jax.jit, static_argnames=("model", "num_samples", "max_new_tokens", "min_new_tokens", "greedy",
+                                             "top_k"))
 def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temperature, top_p, *,
-              num_samples: int, max_new_tokens: int, min_new_tokens: int, greedy: bool):
+              num_samples: int, max_new_tokens: int, min_new_tokens: int, greedy: bool, top_k: int):
     variables = {"params": params}
     B, T = ids.shape
     cache = model.apply(variables, B, T + max_new_tokens, prefix, method=llama.Llama.init_cache)
@@ -52,14 +53,13 @@ def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temp
         logits_RxV = jnp.where(is_stop[None] & (step < min_new_tokens), NEG, logits_RxV)
         if greedy:
             return jnp.argmax(logits_RxV, axis=-1).astype(jnp.int32)
-        z = logits_RxV / temperature
-        # nucleus: keep the smallest set of top tokens whose probability reaches top_p
-        order = jnp.argsort(-z, axis=-1)
-        sorted_z = jnp.take_along_axis(z, order, axis=-1)
-        probs = jax.nn.softmax(sorted_z, axis=-1)
+        # sampling among the top_k tokens (a full sort of the vocabulary per row and step costs more than the
+        # network's step on a CPU), then nucleus: the smallest set of them whose probability reaches top_p
+        z, order = jax.lax.top_k(logits_RxV / temperature, top_k)
+        probs = jax.nn.softmax(z, axis=-1)
         before = jnp.cumsum(probs, axis=-1) - probs
-        sorted_z = jnp.where(before < top_p, sorted_z, NEG)
-        pick = jax.random.categorical(key, sorted_z, axis=-1)
+        z = jnp.where(before < top_p, z, NEG)
+        pick = jax.random.categorical(key, z, axis=-1)
         return jnp.take_along_axis(order, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
     out = jnp.full((R, max_new_tokens), -1, jnp.int32)
@@ -86,10 +86,11 @@ def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temp
 
 def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              stop_ids: Sequence[int], num_samples: int = 1, min_new_tokens: int = 0, greedy: bool = True,
-             temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, prefix: Optional[llama.LMCache] = None,
+             temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, seed: int = 0, prefix: Optional[llama.LMCache] = None,
              pad_length: Optional[int] = None) -> list[list[int]]:
     """Continuations of token-id prompts, each cut before its stop token: a list of B · num_samples token lists
-    (the samples of prompt b at rows b·n … b·n + n − 1). With `prefix`, every prompt continues it.
+    (the samples of prompt b at rows b·n … b·n + n − 1). Sampling (greedy=False) draws from the `top_k` most
+    likely tokens at `temperature`, cut to the nucleus `top_p`. With `prefix`, every prompt continues it.
     `pad_length` fixes the padded prompt length (fewer compilations over many batches)."""
     if not stop_ids:
         raise ValueError("generate needs at least one stop id (e.g. the tokenizer's EOS)")
@@ -99,7 +100,7 @@ def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, ma
     out = _generate(model, params, jnp.asarray(ids), jnp.asarray(mask), prefix,
                     jnp.asarray(list(stop_ids), jnp.int32), jax.random.PRNGKey(seed), jnp.float32(temperature),
                     jnp.float32(top_p), num_samples=num_samples, max_new_tokens=max_new_tokens,
-                    min_new_tokens=min_new_tokens, greedy=greedy)
+                    min_new_tokens=min_new_tokens, greedy=greedy, top_k=min(top_k, model.config.vocab_size))
     stops = set(int(s) for s in stop_ids)
     result = []
     for row in np.asarray(out).tolist():
@@ -110,3 +111,34 @@ def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, ma
             toks.append(t)
         result.append(toks)
     return result
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _sequence_log_probs(model: llama.Llama, params, ids, mask, scored):
+    logits = model.apply({"params": params}, ids, mask)
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    target = jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+    return jnp.sum(jnp.where(scored[:, 1:], target, 0.0), axis=-1)
+
+
+def sequence_log_probs(model: llama.Llama, params, sequences: Sequence[Sequence[int]], context: Sequence[int],
+                       batch_size: int = 64) -> np.ndarray:
+    """log P_LM(sequence | context) of each token sequence (summed over its tokens), float64 [N]. Sequences are
+    right-padded in batches of `batch_size` to a few bucketed lengths."""
+    context = [int(t) for t in context]
+    if not context:
+        raise ValueError("sequence_log_probs needs a context of at least one token (e.g. BOS)")
+    out = np.zeros(len(sequences), np.float64)
+    for start in range(0, len(sequences), batch_size):
+        part = [context + [int(t) for t in s] for s in sequences[start:start + batch_size]]
+        T = -(-max(len(p) for p in part) // 16) * 16
+        ids = np.full((batch_size, T), model.config.pad_token_id, np.int32)
+        mask = np.zeros((batch_size, T), bool)
+        scored = np.zeros((batch_size, T), bool)
+        for i, p in enumerate(part):
+            ids[i, :len(p)] = p
+            mask[i, :len(p)] = True
+            scored[i, len(context):len(p)] = True
+        got = _sequence_log_probs(model, params, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(scored))
+        out[start:start + len(part)] = np.asarray(got, np.float64)[:len(part)]
+    return out

@@ -163,3 +163,17 @@ def test_check_parity_tool_llama_demo_and_bad_input(tmp_path):
         r = subprocess.run([sys.executable, f"tools/{tool}", *args], cwd=root, capture_output=True, text=True,
                            timeout=300)
         assert r.returncode == 2 and "x.gguf" in r.stderr and "Traceback" not in r.stderr, (tool, r.stderr[-800:])
+
+
+def test_sequence_log_probs_by_full_forward(tiny):
+    model, params = tiny
+    seqs = [[5, 6, 7], [9], [10, 11, 12, 13, 14]]
+    got = lm_generate.sequence_log_probs(model, params, seqs, context=[3], batch_size=2)
+    for s, g in zip(seqs, got):  # oracle: one unpadded forward per sequence, log-softmax by hand
+        logits = _logits(model, params, np.array([[3] + s])).astype(np.float64)[0]
+        m = logits.max(-1, keepdims=True)
+        logp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+        want = sum(logp[i, t] for i, t in enumerate(s))
+        assert g == pytest.approx(want, rel=1e-5)
+    with pytest.raises(ValueError, match="context"):
+        lm_generate.sequence_log_probs(model, params, seqs, context=[])

@@ -1,0 +1,386 @@
+"""Few-Shot GR (003_fewshot_gr.txt): training-free indexing with a pretrained decoder-only LM.
+
+* **Prompt** (`FewShotPrompt`, the paper's Fig. 1): three demonstrations "Query: … / Identifier: a-b-c", then
+  "Query: {text}" and "Identifier:"; the LM continues with a free-text docid, ended by a newline.
+* **Indexing** (`DocidWriter`): n docids per document. Paper mode (`inputs='pseudo_queries'`, Eq. 1): an
+  InPars-style generator (`PseudoQueryGenerator`) samples n pseudo-queries from the document, and each is
+  turned into one docid greedily; `inputs='document'`: the document itself fills the query slot and n docids
+  are sampled from it. Docids have 3–15 tokens (min/max new tokens). The few-shot prefix is prefilled once for
+  every prompt; a document's prompt is prefilled once and shared by its n samples (`lm_generate`).
+* **Bank** (`DocidBank`): every generated (document, docid) pair is kept; `resolve(policy)` gives the index's
+  pairs — a docid written for several documents belongs to one of them: `'first'` (the smallest document id;
+  a documented key, so the bank does not depend on the order documents were added) or `'drop'` (nobody);
+  repeats within a document count once; what was dropped is reported. Documents can be added and removed:
+  removal drops their pairs and may hand a shared docid to the next owner.
+* **Retrieval** (`FewShotRetriever`): the query in the same prompt, constrained beam search over the bank's
+  prefix tree (every docid ends with the newline token), the few-shot prefix's keys/values computed once and
+  shared by all queries and beams; a docid maps to its document (one-to-many: a document is ranked at its
+  best docid, `rankers.FirstOccurrence`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+from pathlib import Path
+from typing import Optional, Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.decoding import rankers
+from gr_jax.index.device import leaf_documents
+from gr_jax.index.trie import TrieIndex
+from gr_jax.io_utils import write_text
+from gr_jax.models import llama, lm_generate
+from gr_jax.models.search import Searcher
+
+log = logging.getLogger(__name__)
+
+# The demonstrations of the paper's prompt (Fig. 1: NQ training queries, docids written by its authors).
+PAPER_DEMONSTRATIONS = (("Provide list of the olympic games?", "olympic-games-list"),
+                        ("What is minority interest in accounting?", "subsidiary-corporation-parent"),
+                        ("How does photosynthesis work in plants?", "photosynthesis-plant-process"))
+
+# InPars-style pseudo-query prompt: document → a query it answers. Three demonstrations of our own.
+QG_DEMONSTRATIONS = (
+    ("The Danube flows through ten countries, more than any other river in the world, and ends in the Black Sea.",
+     "which river flows through the most countries"),
+    ("Sourdough bread is leavened by wild yeast and lactic acid bacteria kept alive in a starter of flour and "
+     "water.", "what makes sourdough bread rise"),
+    ("The observatory on the hill was built in 1910 and houses a refracting telescope that visitors may use "
+     "on clear nights.", "when was the hill observatory built"),
+)
+
+
+def _clean(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class FewShotPrompt:
+    """The docid prompt: `prefix()` (demonstrations, shared) + `slot(text)` (one query or document)."""
+
+    demonstrations: tuple = PAPER_DEMONSTRATIONS
+    query_label: str = "Query:"
+    docid_label: str = "Identifier:"
+
+    def prefix(self) -> str:
+        return "".join(f"{self.query_label} {q}\n{self.docid_label} {d}\n\n" for q, d in self.demonstrations)
+
+    def slot(self, text: str) -> str:
+        return f"{self.query_label} {_clean(text)}\n"
+
+    def describe(self) -> dict:
+        return {"prefix": self.prefix(), "slot": self.slot("{text}") + self.docid_label}
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class PseudoQueryGenerator:
+    """InPars-style pseudo-queries: three demonstrations "Document: … / Relevant query: …", then the document;
+    n queries sampled per document (top-k / temperature), ended by a newline. Feeds Few-Shot GR's indexing and
+    can write the pseudo-queries of `PseudoQueryDocids` or MDGR's synthetic-query objective."""
+
+    demonstrations: tuple = QG_DEMONSTRATIONS
+    max_document_tokens: int = 160
+    max_query_tokens: int = 24
+    temperature: float = 1.0
+    top_k: int = 40
+
+    def prefix(self) -> str:
+        return "".join(f"Document: {d}\nRelevant query: {q}\n\n" for d, q in self.demonstrations)
+
+
+class LMContext:
+    """A loaded decoder-only LM with its tokenizer and the token-level pieces the prompts need."""
+
+    def __init__(self, model: llama.Llama, params, tokenizer, name: str = "lm"):
+        self.model, self.params, self.tok, self.name = model, params, tokenizer, name
+        self.newline_id = tokenizer.encode("\n")
+        if len(self.newline_id) != 1:
+            raise ValueError(f"{name}: the tokenizer writes a newline as {len(self.newline_id)} tokens; docids "
+                             f"end with a single newline token")
+        self.newline_id = self.newline_id[0]
+        # every token whose text holds a newline ends a generated line (docid or pseudo-query)
+        vocab = tokenizer.backend.get_vocab()
+        self.line_stops = sorted({i for t, i in vocab.items() if "Ċ" in t or "\n" in t} | {tokenizer.eos_id})
+        self._prefixes: dict[str, llama.LMCache] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text)
+
+    def prefix_cache(self, text: str) -> llama.LMCache:
+        if text not in self._prefixes:
+            self._prefixes[text] = llama.prefix_cache(self.model, self.params, self.encode(text))
+        return self._prefixes[text]
+
+
+def _batches(n: int, size: int):
+    for start in range(0, n, size):
+        yield start, min(n, start + size)
+
+
+def _bucket(length: int, step: int = 16) -> int:
+    return -(-max(length, 1) // step) * step  # few padded lengths → few compilations
+
+
+@gin.configurable
+@dataclasses.dataclass
+class DocidWriter:
+    """Writes n docids per document with the LM (see the module docstring for the two input modes)."""
+
+    num_docids: int = 10
+    min_tokens: int = 3
+    max_tokens: int = 15
+    inputs: str = "pseudo_queries"  # or 'document'
+    batch_size: int = 16  # documents per generation batch
+    max_document_tokens: int = 160
+    temperature: float = 1.0
+    top_k: int = 40
+    seed: int = 0
+    prompt: FewShotPrompt = FewShotPrompt()
+    query_generator: PseudoQueryGenerator = PseudoQueryGenerator()
+
+    def __post_init__(self):
+        if self.inputs not in ("pseudo_queries", "document"):
+            raise ValueError(f"DocidWriter.inputs must be 'pseudo_queries' or 'document', got {self.inputs!r}")
+        if not 1 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"DocidWriter needs 1 ≤ min_tokens ≤ max_tokens, got {self.min_tokens}, {self.max_tokens}")
+        if self.num_docids < 1 or self.batch_size < 1:
+            raise ValueError("DocidWriter.num_docids and batch_size must be ≥ 1")
+
+    def settings(self) -> dict:
+        return {"num_docids": self.num_docids, "min_tokens": self.min_tokens, "max_tokens": self.max_tokens,
+                "inputs": self.inputs, "max_document_tokens": self.max_document_tokens,
+                "temperature": self.temperature, "top_k": self.top_k, "seed": self.seed,
+                "prompt": self.prompt.describe(),
+                "query_generator": dataclasses.asdict(self.query_generator) if self.inputs == "pseudo_queries"
+                else None}
+
+    def _docid_prompt_tokens(self, lm: LMContext, text: str, max_text_tokens: Optional[int] = None) -> list[int]:
+        """Slot tokens of `text`, then "Identifier:" (tokenized apart, so every prompt ends the same way)."""
+        body = lm.encode(f"{self.prompt.query_label} ")
+        t = lm.encode(_clean(text))
+        if max_text_tokens is not None:
+            t = t[:max_text_tokens]
+        return body + t + [lm.newline_id] + lm.encode(self.prompt.docid_label)
+
+    def pseudo_queries(self, lm: LMContext, texts: Sequence[str], seed: int, progress=None) -> list[list[str]]:
+        """n sampled pseudo-queries per text."""
+        qg = self.query_generator
+        prefix = lm.prefix_cache(qg.prefix())
+        out: list[list[str]] = []
+        for start, end in _batches(len(texts), self.batch_size):
+            prompts = [lm.encode("Document: ") + lm.encode(_clean(t))[:qg.max_document_tokens] + [lm.newline_id]
+                       + lm.encode("Relevant query:") for t in texts[start:end]]
+            gen = lm_generate.generate(lm.model, lm.params, prompts, max_new_tokens=qg.max_query_tokens,
+                                       min_new_tokens=2, stop_ids=lm.line_stops, num_samples=self.num_docids,
+                                       greedy=False, temperature=qg.temperature, top_k=qg.top_k,
+                                       seed=seed + start, prefix=prefix,
+                                       pad_length=_bucket(max(len(p) for p in prompts)))
+            n = self.num_docids
+            out += [[lm.tok.decode(g).strip() or texts[start + i][:80] for g in gen[i * n:(i + 1) * n]]
+                    for i in range(end - start)]
+            if progress is not None:
+                progress.update(end - start)
+        return out
+
+    def write(self, lm: LMContext, texts: Sequence[str], progress=None) -> tuple[list[list[list[int]]], list]:
+        """(docid token lists per text — n each, repeats possible —, the inputs they were written from)."""
+        prefix = lm.prefix_cache(self.prompt.prefix())
+        kw = dict(max_new_tokens=self.max_tokens, min_new_tokens=self.min_tokens, stop_ids=lm.line_stops,
+                  prefix=prefix)
+        n = self.num_docids
+        if self.inputs == "document":
+            sources = [[_clean(t)] for t in texts]
+            docids = []
+            for start, end in _batches(len(texts), self.batch_size):
+                prompts = [self._docid_prompt_tokens(lm, t, self.max_document_tokens) for t in texts[start:end]]
+                gen = lm_generate.generate(lm.model, lm.params, prompts, num_samples=n, greedy=False,
+                                           temperature=self.temperature, top_k=self.top_k, seed=self.seed + start,
+                                           pad_length=_bucket(max(len(p) for p in prompts)), **kw)
+                docids += [gen[i * n:(i + 1) * n] for i in range(end - start)]
+                if progress is not None:
+                    progress.update(end - start)
+            return docids, sources
+        sources = self.pseudo_queries(lm, texts, self.seed, progress)
+        flat = [q for qs in sources for q in qs]
+        gen: list[list[int]] = []
+        for start, end in _batches(len(flat), self.batch_size * n):
+            prompts = [self._docid_prompt_tokens(lm, q) for q in flat[start:end]]
+            gen += lm_generate.generate(lm.model, lm.params, prompts, greedy=True,
+                                        pad_length=_bucket(max(len(p) for p in prompts)), **kw)
+        return [gen[i * n:(i + 1) * n] for i in range(len(texts))], sources
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The docid bank
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class DocidBank:
+    """Every generated (document id, docid tokens, docid text, source) record, in generation order per
+    document. Saved as JSON lines plus a header line of what it was built from; never pickled."""
+
+    records: list = dataclasses.field(default_factory=list)  # dicts: doc_id, tokens, text, source, k
+    built_from: dict = dataclasses.field(default_factory=dict)
+    stats: dict = dataclasses.field(default_factory=dict)  # e.g. generation seconds (not compared on reuse)
+
+    def add(self, doc_ids: Sequence[str], docids: Sequence[Sequence[Sequence[int]]], texts_of, sources) -> None:
+        present = {r["doc_id"] for r in self.records}
+        clash = sorted(set(map(str, doc_ids)) & present)
+        if clash:
+            raise ValueError(f"documents {clash[:5]} are already in the docid bank; remove them first")
+        for d, ids, src in zip(doc_ids, docids, sources):
+            for k, tokens in enumerate(ids):
+                self.records.append({"doc_id": str(d), "k": k, "tokens": [int(t) for t in tokens],
+                                     "text": texts_of(tokens), "source": src[min(k, len(src) - 1)]})
+
+    def remove(self, doc_ids: Sequence[str]) -> int:
+        drop = set(map(str, doc_ids))
+        before = len(self.records)
+        self.records = [r for r in self.records if r["doc_id"] not in drop]
+        return before - len(self.records)
+
+    def documents(self) -> list[str]:
+        return sorted({r["doc_id"] for r in self.records})
+
+    def resolve(self, policy: str = "first", per_document: Optional[int] = None):
+        """The index's (document id, docid tokens) pairs and a report. `per_document`: use only each
+        document's first k generated docids (the bank of a smaller n). Empty docids are dropped."""
+        if policy not in ("first", "drop"):
+            raise ValueError(f"dedup policy must be 'first' or 'drop', got {policy!r}")
+        owners: dict[tuple, set] = {}
+        report = {"generated": 0, "empty": 0, "repeated_within_document": 0, "shared": 0}
+        for r in self.records:
+            if per_document is not None and r["k"] >= per_document:
+                continue
+            report["generated"] += 1
+            key = tuple(r["tokens"])
+            if not key:
+                report["empty"] += 1
+                continue
+            docs = owners.setdefault(key, set())
+            if r["doc_id"] in docs:
+                report["repeated_within_document"] += 1
+            docs.add(r["doc_id"])
+        pairs = []
+        for key, docs in owners.items():
+            if len(docs) > 1:
+                report["shared"] += 1
+                if policy == "drop":
+                    continue
+            pairs.append((min(docs), list(key)))
+        pairs.sort(key=lambda p: (p[0], p[1]))
+        covered = {d for d, _ in pairs}
+        report.update({"docids": len(pairs), "documents": len(covered),
+                       "documents_without_docid": sorted(set(r["doc_id"] for r in self.records) - covered)})
+        return pairs, report
+
+    def index(self, doc_rows: dict, vocab_size: int, end_id: int, policy: str = "first",
+              per_document: Optional[int] = None) -> tuple[TrieIndex, dict]:
+        """The prefix tree of the resolved bank: every docid followed by `end_id` (the newline), leaves
+        carrying corpus rows (`doc_rows`: document id → row)."""
+        pairs, report = self.resolve(policy, per_document)
+        unknown = sorted({d for d, _ in pairs if d not in doc_rows})
+        if unknown:
+            raise ValueError(f"the docid bank has documents not in the corpus: {unknown[:5]}; rebuild the bank "
+                             f"for this corpus")
+        seqs = [tokens + [end_id] for _, tokens in pairs]
+        rows = [doc_rows[d] for d, _ in pairs]
+        return TrieIndex.build(seqs, rows, vocab_size=vocab_size, eos_id=end_id, source="docid bank"), report
+
+    def save(self, path: str | Path) -> None:
+        lines = [json.dumps({"built_from": self.built_from, "stats": self.stats}, sort_keys=True)]
+        lines += [json.dumps(r, ensure_ascii=False) for r in self.records]
+        write_text(Path(path), "\n".join(lines) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "DocidBank":
+        path = Path(path)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+            head = json.loads(lines[0])
+            records = [json.loads(line) for line in lines[1:] if line.strip()]
+        except (OSError, IndexError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not a docid bank ({e}); delete it to regenerate") from None
+        need = {"doc_id", "k", "tokens", "text", "source"}
+        bad = [i for i, r in enumerate(records) if not isinstance(r, dict) or need - set(r)]
+        if "built_from" not in head or bad:
+            raise ValueError(f"{path}: not a docid bank (line {bad[0] + 2 if bad else 1} lacks fields "
+                             f"{sorted(need)}); delete it to regenerate")
+        return cls(records, head["built_from"], head.get("stats", {}))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Retrieval
+# ----------------------------------------------------------------------------------------------------------
+
+
+@gin.configurable
+class FewShotRetriever:
+    """Constrained beam search of the LM over a docid bank's prefix tree. Queries are token rows of the slot
+    prompt without its last token ("Identifier:" ends in ':' — the first decoding step feeds it), left-padded
+    with −1; `query_tokens` makes them. `rank` / `predict_arrays` follow `GenerativeRetriever`'s contract, so
+    `compose.retrieve` evaluates it like any other model."""
+
+    def __init__(self, lm: LMContext, prompt: FewShotPrompt = FewShotPrompt(), max_query_tokens: int = 48,
+                 ranker=None):
+        self.lm, self.prompt, self.max_query_tokens = lm, prompt, max_query_tokens
+        self.ranker = ranker if ranker is not None else rankers.FirstOccurrence()
+        tail = lm.encode(prompt.docid_label)
+        self.start_token = tail[-1]
+        self._tail = tail[:-1]
+        self._searchers: dict[int, Searcher] = {}
+        self.params = {"lm": lm.params, "prefix": lm.prefix_cache(prompt.prefix())}
+
+    def describe(self) -> str:
+        return f"FewShotRetriever(lm={self.lm.name!r})"
+
+    def query_tokens(self, texts: Sequence[str]) -> np.ndarray:
+        rows = []
+        for t in texts:
+            body = self.lm.encode(_clean(t))[:self.max_query_tokens]
+            rows.append(self.lm.encode(f"{self.prompt.query_label} ") + body + [self.lm.newline_id] + self._tail)
+        width = _bucket(max(len(r) for r in rows))
+        out = np.full((len(rows), width), -1, np.int32)
+        for i, r in enumerate(rows):
+            out[i, width - len(r):] = r
+        return out
+
+    def _cache(self, params, query_tokens, max_length: int):
+        model = self.lm.model
+        B, T = query_tokens.shape
+        mask = query_tokens >= 0
+        cache = model.apply({"params": params["lm"]}, B, T + max_length + 1, params["prefix"],
+                            method=llama.Llama.init_cache)
+        _, cache = model.apply({"params": params["lm"]}, cache, jnp.maximum(query_tokens, 0), mask,
+                               method=llama.Llama.prefill_hidden)
+        return cache
+
+    def _step(self, params, cache, tokens):
+        return self.lm.model.apply({"params": params["lm"]}, cache, tokens, method=llama.Llama.decode_step)
+
+    def searcher(self, num_beams: int) -> Searcher:
+        if num_beams not in self._searchers:
+            self._searchers[num_beams] = Searcher(
+                self._step, self._cache, start_token=self.start_token, eos_id=self.lm.newline_id,
+                vocab_size=self.lm.model.config.vocab_size, num_beams=num_beams, score_mode="log_softmax",
+                tile_fn=lambda cache, n: cache.repeat(n))
+        return self._searchers[num_beams]
+
+    def predict_arrays(self, params, query_tokens, index, num_beams: int = 10):
+        res = self.searcher(num_beams).search(params, query_tokens, index.device())
+        docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
+        return jax.device_get((docs, valid, res.scores))
+
+    def rank(self, params, query_tokens, index, num_beams: int = 10):
+        docs, valid, scores = self.predict_arrays(params, query_tokens, index, num_beams)
+        return self.ranker(docs, valid, scores)

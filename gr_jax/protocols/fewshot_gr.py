@@ -1,0 +1,184 @@
+"""The Few-Shot GR protocol (003_fewshot_gr.txt): index a corpus with an LM-written docid bank (no training),
+retrieve with the same LM under the bank's prefix tree, and report effectiveness for several bank sizes n
+(docids per document; the paper's Fig. 2), the indexing time and the latency per query (Table 3 shape), with
+BM25 on the same queries.
+
+The bank is written once to MODEL_DIR/docid_bank.jsonl, in batches of documents taken in document-id order
+(so it does not depend on the corpus order) and saved after each batch: an interrupted run resumes where it
+stopped and gives the same bank. A bank written by another LM, another corpus or other writer settings is
+refused (its first line records what it was built from). The bank of a smaller n is the first n docids of
+each document of the n_max bank (the samples of a document are drawn independently).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import gin
+import numpy as np
+
+from gr_jax import gin_checks, validation
+from gr_jax.baselines.bm25 import BM25
+from gr_jax.data import sources
+from gr_jax.data.readers import Corpus, Dataset
+from gr_jax.data.trec import write_run
+from gr_jax.evaluation.metrics import evaluate
+from gr_jax.evaluation.report import markdown_table
+from gr_jax.io_utils import write_text
+from gr_jax.models import fewshot, llama, llama_io
+
+log = logging.getLogger(__name__)
+
+BANK_FILE = "docid_bank.jsonl"
+
+
+def restrict(dataset: Dataset, max_documents: int) -> Dataset:
+    """The first `max_documents` documents by document id, and the queries whose relevant documents are all
+    among them (qrels cut alike). 0: the whole dataset."""
+    if not max_documents or max_documents >= len(dataset.corpus):
+        return dataset
+    c = dataset.corpus
+    rows = sorted(range(len(c)), key=lambda r: c.doc_ids[r])[:max_documents]
+    keep = {c.doc_ids[r] for r in rows}
+    rows.sort()
+    corpus = Corpus([c.doc_ids[r] for r in rows], [c.texts[r] for r in rows],
+                    None if c.titles is None else [c.titles[r] for r in rows],
+                    None if c.urls is None else [c.urls[r] for r in rows])
+    qrels = {s: {q: rel for q, rel in qr.items() if set(rel) <= keep} for s, qr in dataset.qrels.items()}
+    queries = {s: qs.subset(qrels.get(s, {})) for s, qs in dataset.queries.items()}
+    return Dataset(corpus, queries, qrels, dataset.extras)
+
+
+def build_bank(lm: fewshot.LMContext, corpus: Corpus, writer: fewshot.DocidWriter, path: Path,
+               built_from: dict, progress: bool = True) -> fewshot.DocidBank:
+    """Writes (or resumes, or reuses) the docid bank of `corpus` at `path`."""
+    if path.exists():
+        bank = fewshot.DocidBank.load(path)
+        if bank.built_from != built_from:
+            differs = sorted(k for k in set(bank.built_from) | set(built_from)
+                             if bank.built_from.get(k) != built_from.get(k))
+            raise ValueError(f"{path}: the docid bank was written with another {', '.join(differs)}; use the "
+                             f"settings it was built with (MODEL_DIR/config.gin), a new MODEL_DIR, or delete "
+                             f"the file to write it again")
+    else:
+        bank = fewshot.DocidBank(built_from=built_from)
+    done = set(bank.documents())
+    order = sorted(range(len(corpus)), key=lambda r: corpus.doc_ids[r])
+    batches = [order[i:i + writer.batch_size] for i in range(0, len(order), writer.batch_size)]
+    todo = [(b, rows) for b, rows in enumerate(batches) if not {corpus.doc_ids[r] for r in rows} <= done]
+    if not todo:
+        return bank
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(corpus), initial=len(corpus) - sum(len(r) for _, r in todo), desc="docid bank",
+               unit="doc", disable=not progress, mininterval=5.0)
+    t0 = time.time()
+    for b, rows in todo:
+        part = [r for r in rows if corpus.doc_ids[r] not in done]  # a batch is written whole or not at all
+        if len(part) != len(rows):
+            raise ValueError(f"{path}: batch {b} is partly written; delete the file to write the bank again")
+        w = dataclasses.replace(writer, seed=writer.seed + 1000003 * b)
+        t = time.time()
+        docids, srcs = w.write(lm, [corpus.texts[r] for r in rows])
+        bank.add([corpus.doc_ids[r] for r in rows], docids, lm.tok.decode, srcs)
+        bank.stats["generation_seconds"] = round(bank.stats.get("generation_seconds", 0.0) + time.time() - t, 1)
+        bank.save(path)
+        bar.update(len(rows))
+    bar.close()
+    log.info("docid bank: %d documents in %.0f s", len(corpus), time.time() - t0)
+    return bank
+
+
+@gin.configurable
+def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str = "smollm2_135m",
+                writer: Optional[fewshot.DocidWriter] = None, bank_sizes: Sequence[int] = (1, 3, 10),
+                policy: str = "first", split: str = "test", num_beams: int = 10, batch_size: int = 16,
+                max_queries: int = 0, max_documents: int = 0, max_query_tokens: int = 48,
+                metrics: Sequence[str] = ("Hit@1", "Hit@10", "MRR@10"), compare_bm25: bool = True) -> dict:
+    """Few-Shot GR on `task`: the docid bank, then retrieval of `split` for each bank size; writes
+    MODEL_DIR/{docid_bank.jsonl, fewshot.json, fewshot.md, runs/<split>.fewshot_n<n>.run}."""
+    writer = writer if writer is not None else fewshot.DocidWriter()
+    sizes = sorted(set(int(n) for n in bank_sizes))
+    if not sizes or sizes[0] < 1 or sizes[-1] > writer.num_docids:
+        raise ValueError(f"run_fewshot.bank_sizes must lie in 1..DocidWriter.num_docids ({writer.num_docids}), "
+                         f"got {list(bank_sizes)}")
+    for name, v in (("num_beams", num_beams), ("batch_size", batch_size)):
+        validation.integer(f"run_fewshot.{name}", v)
+    model_dir = Path(model_dir)
+    dataset = restrict(sources.load_dataset(task), max_documents)
+    if split not in dataset.queries:
+        raise ValueError(f"split {split!r} not in the dataset (it has {sorted(dataset.queries)})")
+    config, params, tok, lm_digest = llama_io.load_lm(lm)
+    ctx = fewshot.LMContext(llama.Llama(config), params, tok, name=lm)
+    retriever = fewshot.FewShotRetriever(ctx, writer.prompt, max_query_tokens=max_query_tokens)
+    gin_checks.check_bindings_used(("run_fewshot",))
+    model_dir.mkdir(parents=True, exist_ok=True)
+    write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True)
+
+    built_from = {"lm": lm_digest, "corpus": dataset.corpus.fingerprint(), "writer": writer.settings()}
+    t0 = time.time()
+    bank = build_bank(ctx, dataset.corpus, writer, model_dir / BANK_FILE, built_from)
+    index_seconds = time.time() - t0
+
+    qrels = dataset.qrels[split]
+    queries = dataset.queries[split]
+    qids = sorted(q for q in queries.qids if q in qrels)
+    if max_queries:
+        qids = qids[:max_queries]
+    text_of = dict(zip(queries.qids, queries.texts))
+    tokens = retriever.query_tokens([text_of[q] for q in qids])
+    sub = {q: qrels[q] for q in qids}
+    rows = {d: i for i, d in enumerate(dataset.corpus.doc_ids)}
+    from gr_jax.compose import retrieve
+
+    results = {"lm": lm, "split": split, "queries": len(qids), "documents": len(dataset.corpus),
+               "num_beams": num_beams, "policy": policy, "writer": writer.settings(), "bank_sizes": {}}
+    # timings change from run to run: kept apart from the results, so that a re-run writes the same results
+    timing = {"bank_generation_seconds": bank.stats.get("generation_seconds"),
+              "bank_seconds_this_run": round(index_seconds, 1), "ms_per_query": {}}
+    for n in sizes:
+        index, report = bank.index(rows, config.vocab_size, ctx.newline_id, policy=policy, per_document=n)
+        report["documents_without_docid"] = len(report["documents_without_docid"])
+        retriever.rank(retriever.params, tokens[:batch_size], index, num_beams)  # compile, not timed
+        t = time.time()
+        run = retrieve(retriever, retriever.params, tokens, qids, index, dataset.corpus.doc_ids, num_beams,
+                       batch_size)
+        ms = 1000 * (time.time() - t) / max(len(qids), 1)
+        write_run(model_dir / "runs" / f"{split}.fewshot_n{n}.run", run)
+        results["bank_sizes"][str(n)] = {"metrics": evaluate(run, sub, list(metrics), 1, missing_as_zero=True),
+                                         "bank": report}
+        timing["ms_per_query"][str(n)] = round(ms, 1)
+        log.info("n = %d: %s (%.0f ms/query)", n, results["bank_sizes"][str(n)]["metrics"], ms)
+    if compare_bm25:
+        bm25 = BM25.build(list(dataset.corpus.doc_ids), list(dataset.corpus.texts))
+        bm25_run = bm25.search(qids, [text_of[q] for q in qids], k=max(10, num_beams))
+        results["bm25_metrics"] = evaluate(bm25_run, sub, list(metrics), 1, missing_as_zero=True)
+    write_text(model_dir / "fewshot.json", json.dumps(results, indent=1), keep_previous=True)
+    write_text(model_dir / "fewshot.md", tables_markdown(results) + "\n", keep_previous=True)
+    write_text(model_dir / "timing.json", json.dumps(timing, indent=1))  # a measurement of this run only
+    results["timing"] = timing
+    return results
+
+
+def tables_markdown(results: dict) -> str:
+    """The results table; with `results['timing']` (the command's printout) also ms/query of this run."""
+    names = None
+    rows = []
+    timing = results.get("timing")
+    for n, r in results["bank_sizes"].items():
+        names = names or list(r["metrics"])
+        ms = [f"{timing['ms_per_query'][n]:.0f}"] if timing else []
+        rows.append([f"Few-Shot GR, n = {n}", *[f"{r['metrics'][m]:.4f}" for m in names], *ms,
+                     str(r["bank"]["docids"])])
+    if "bm25_metrics" in results:
+        rows.append(["BM25", *[f"{results['bm25_metrics'][m]:.4f}" for m in names], *([""] if timing else []), ""])
+    head = f"{results['split']}: {results['queries']} queries, {results['documents']} documents, LM {results['lm']}"
+    if timing and timing.get("bank_generation_seconds") is not None:
+        head += f"; docid bank written in {timing['bank_generation_seconds']:.0f} s"
+    cols = ["system", *names, *(["ms/query"] if timing else []), "docids"]
+    return head + "\n\n" + markdown_table(cols, rows)
