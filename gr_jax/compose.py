@@ -47,7 +47,7 @@ from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.docids.pseudo_query import queries_by_document
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.io_utils import atomic_dir, write_text
-from gr_jax.models import convert, t5
+from gr_jax.models import convert, llama_io, t5
 from gr_jax.models.convert import grow_vocab
 from gr_jax.models.heads import head_for_space
 from gr_jax.models.retriever import GenerativeRetriever
@@ -190,6 +190,8 @@ def _vocabulary(vocabulary: Optional[str], model_dir: Path, dataset: Dataset, tr
     """VOCABULARY when given; else the SentencePiece model this MODEL_DIR trained earlier — checked against
     what it was trained on — else (training only) a new one trained on the corpus and training queries."""
     if vocabulary:
+        if llama_io.is_lm_spec(vocabulary):  # a decoder-only LM's own tokenizer
+            return llama_io.lm_vocabulary(vocabulary)
         return load_vocabulary(vocabulary)
     vdir = model_dir / VOCAB_DIR
     texts = _vocabulary_texts(dataset, train_split)
@@ -342,7 +344,11 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
     dataset = dataset if dataset is not None else sources.load_dataset(task)
     # everything gin configures exists now, except the model object, built below: checked again then
     gin_checks.check_bindings_used(("train", "infer", "run_dynamic"), allow=("GenerativeRetriever",))
-    if initial_checkpoint_path and not Path(initial_checkpoint_path).exists():
+    pretrained_lm = llama_io.is_lm_spec(initial_checkpoint_path)  # a decoder-only LM (GGUF, HF dir, name)
+    if pretrained_lm and model_fn is None:
+        raise ValueError(f"INITIAL_CHECKPOINT_PATH {initial_checkpoint_path} is a decoder-only LM: set "
+                         f"prepare.model_fn = @DecoderOnlyRetriever (e.g. experiments/demo/dsi_url_smollm2.gin)")
+    if initial_checkpoint_path and not pretrained_lm and not Path(initial_checkpoint_path).exists():
         raise ValueError(f"INITIAL_CHECKPOINT_PATH {initial_checkpoint_path} does not exist: point it at a trained "
                          f"MODEL_DIR, an HF T5 directory or a converted checkpoint (GLEN's phase 2 starts from "
                          f"the MODEL_DIR of its phase-1 run: train that first)")
@@ -373,7 +379,11 @@ def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, s
         scheme.fit(dataset.corpus, FitContext(vocab=vocab, embeddings=embeddings, queries=queries))
 
     initial = None
-    if initial_checkpoint_path:
+    if pretrained_lm:
+        lm_config, lm_params, _, _ = llama_io.load_lm(initial_checkpoint_path)
+        initial = (lm_config, lm_params)
+        config = lm_config
+    elif initial_checkpoint_path:
         initial = _initial_network(initial_checkpoint_path) if _is_hf_dir(initial_checkpoint_path) else None
         config = initial[0] if initial else _initial_config(initial_checkpoint_path)
     else:
@@ -529,6 +539,10 @@ def initial_params(setup: Setup, seed: int, initial_checkpoint_path: Optional[st
                                     f"{jax.tree_util.keystr(path)} holds NaN/inf values; the checkpoint is "
                                     f"damaged — convert it again (tools/convert_checkpoint.py)")
         if model.config.vocab_size > ckpt_config.vocab_size:
+            if not isinstance(ckpt_config, t5.T5Config):
+                raise ValueError(f"INITIAL_CHECKPOINT_PATH {initial_checkpoint_path}: the docids need "
+                                 f"{model.config.vocab_size} token ids, the LM has {ckpt_config.vocab_size}; use a "
+                                 f"docid scheme written in its vocabulary (text docids) or a codebook scheme")
             network, _ = grow_vocab(network, ckpt_config, model.config.vocab_size, seed=seed)
         params["network"] = jax.tree_util.tree_map(jnp.asarray, network)
         log.info("initialised the network from %s", initial_checkpoint_path)

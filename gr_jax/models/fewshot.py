@@ -295,7 +295,11 @@ class DocidBank:
                              f"for this corpus")
         seqs = [tokens + [end_id] for _, tokens in pairs]
         rows = [doc_rows[d] for d, _ in pairs]
-        return TrieIndex.build(seqs, rows, vocab_size=vocab_size, eos_id=end_id, source="docid bank"), report
+        # an LM vocabulary is large (49152 for SmolLM2): a dense [nodes, V] child table per level would cost
+        # nodes × V × 4 bytes and make every beam step rank V candidates; only the root level stays dense
+        budget = 4 * vocab_size
+        return TrieIndex.build(seqs, rows, vocab_size=vocab_size, eos_id=end_id, dense_budget_bytes=budget,
+                               source="docid bank"), report
 
     def save(self, path: str | Path) -> None:
         lines = [json.dumps({"built_from": self.built_from, "stats": self.stats}, sort_keys=True)]
@@ -377,6 +381,8 @@ class FewShotRetriever:
         return self._searchers[num_beams]
 
     def predict_arrays(self, params, query_tokens, index, num_beams: int = 10):
+        # int32 always: the evaluation batches store narrower ints, and another dtype would compile again
+        query_tokens = np.asarray(query_tokens).astype(np.int32)
         res = self.searcher(num_beams).search(params, query_tokens, index.device())
         docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
         return jax.device_get((docs, valid, res.scores))

@@ -8,7 +8,9 @@
   no EOS; code 0 is a real code, so the target mask is "the first L positions".
 
 A head is a small frozen dataclass of functions over `(network, params, ...)`; `params` is the retriever's
-tree `{"network": T5 params, "head": head params}`.
+tree `{"network": network params, "head": head params}`. The network is a T5 or a decoder-only Llama: heads call
+its methods by name (`embed`, `logits`, `decode_step`, `decode_step_embedded`), which both define, and read the
+decoding position from `cache.step_index` (T5: the decoder position; Llama: positions after the prompt).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from gr_jax.models import t5
 from gr_jax.vocab import PAD_ID
 
 
-def _apply(network: t5.T5, params, *args, method, **kwargs):
+def _apply(network, params, *args, method, **kwargs):
     return network.apply({"params": params["network"]}, *args, method=method, **kwargs)
 
 
@@ -42,13 +44,13 @@ class TextHead:
         return targets_BxT != PAD_ID
 
     def embed(self, network, params, decoder_input_tokens_BxT):
-        return _apply(network, params, decoder_input_tokens_BxT, method=t5.T5.embed)
+        return _apply(network, params, decoder_input_tokens_BxT, method="embed")
 
     def logits(self, network, params, hidden_BxTxD):
-        return _apply(network, params, hidden_BxTxD, method=t5.T5.logits)
+        return _apply(network, params, hidden_BxTxD, method="logits")
 
     def step(self, network, params, cache, tokens_B):
-        return _apply(network, params, cache, tokens_B, method=t5.T5.decode_step)
+        return _apply(network, params, cache, tokens_B, method="decode_step")
 
 
 @gin.configurable
@@ -76,7 +78,7 @@ class CodebookHead:
     def embed(self, network, params, decoder_input_tokens_BxT):
         """[start, c_0, ..., c_{T-2}] → the start token's text embedding, then position-specific codes."""
         B, T = decoder_input_tokens_BxT.shape
-        start = _apply(network, params, decoder_input_tokens_BxT[:, :1], method=t5.T5.embed)
+        start = _apply(network, params, decoder_input_tokens_BxT[:, :1], method="embed")
         prev_pos = jnp.clip(jnp.arange(1, T) - 1, 0, self.length - 1)
         codes = jnp.clip(decoder_input_tokens_BxT[:, 1:], 0, self.codes - 1)
         rest = self._table(params)[prev_pos[None, :], codes]
@@ -95,11 +97,11 @@ class CodebookHead:
 
     def step(self, network, params, cache, tokens_B):
         table = self._table(params)
-        index = cache.index
-        start = _apply(network, params, tokens_B, method=t5.T5.embed)
+        index = cache.step_index
+        start = _apply(network, params, tokens_B, method="embed")
         prev = table[jnp.clip(index - 1, 0, self.length - 1), jnp.clip(tokens_B, 0, self.codes - 1)]
         x_BxD = jnp.where(index == 0, start, prev.astype(start.dtype))
-        hidden, cache = _apply(network, params, cache, x_BxD, method=t5.T5.decode_step_embedded)
+        hidden, cache = _apply(network, params, cache, x_BxD, method="decode_step_embedded")
         table_VxD = table[jnp.clip(index, 0, self.length - 1)]
         logits = jnp.dot(self._scale(network, hidden).astype(jnp.float32), table_VxD.T)
         return logits, cache

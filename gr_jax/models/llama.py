@@ -77,7 +77,12 @@ class LlamaConfig:
     # The names the rest of the library reads off a backbone's config.
     @property
     def decoder_start_token_id(self) -> int:
+        """The token between a prompt and its generated docid (a retriever's separator)."""
         return self.bos_token_id
+
+    @property
+    def scale_decoder_outputs(self) -> bool:
+        return False
 
     def replace(self, **changes) -> "LlamaConfig":
         return dataclasses.replace(self, **changes)
@@ -137,7 +142,8 @@ class LMCache:
 
     k/v: per layer [B, S, K, Q]; key_mask [B, S] (a slot holds a real token); positions [B] (the next
     token's absolute position); prefix_k/prefix_v: per layer [1, P, K, Q] shared by all rows (P may be 0);
-    index: the next slot to write (scalar, the same for all rows: rows are left-padded).
+    index: the next slot to write (scalar, the same for all rows: rows are left-padded); origin: the slot
+    where generation started (after the prompt), so `step_index` counts generated positions (docid heads).
     """
 
     index: Array
@@ -147,10 +153,19 @@ class LMCache:
     v: tuple[Array, ...]
     prefix_k: tuple[Array, ...]
     prefix_v: tuple[Array, ...]
+    origin: Array = 0
 
     @property
     def max_length(self) -> int:
         return self.k[0].shape[1]
+
+    @property
+    def step_index(self) -> Array:
+        return self.index - self.origin
+
+    def start_generation(self) -> "LMCache":
+        """Marks the current slot as where generated positions start (after a prompt's prefill)."""
+        return self.replace(origin=self.index)
 
     def _map_rows(self, fn) -> "LMCache":
         rows = (self.positions, self.key_mask, self.k, self.v)
@@ -289,15 +304,18 @@ class Llama(nn.Module):
             start = jnp.broadcast_to(prefix.positions[:1], (batch_size,))
         return LMCache(index=jnp.zeros((), jnp.int32), positions=start.astype(jnp.int32),
                        key_mask=jnp.zeros((batch_size, max_length), bool), k=zeros, v=zeros, prefix_k=pk,
-                       prefix_v=pv)
+                       prefix_v=pv, origin=jnp.zeros((), jnp.int32))
 
     def prefill_hidden(self, cache: LMCache, tokens_BxT: Array, token_mask_BxT: Optional[Array] = None):
-        """Feeds T tokens per row at cache slots index … index + T − 1 (causal among themselves, over the
+        return self.prefill_embedded(cache, self.embed(tokens_BxT), token_mask_BxT)
+
+    def prefill_embedded(self, cache: LMCache, x_BxTxD: Array, token_mask_BxT: Optional[Array] = None):
+        """Feeds T tokens (as input embeddings) per row at cache slots index … index + T − 1 (causal among themselves, over the
         row's earlier slots and the shared prefix). Masked tokens (left padding) take a slot but are never
         attended to and do not advance the row's position. Returns hidden [B, T, D] (final norm applied)
         and the cache advanced by T slots."""
         c = self.config
-        B, T = tokens_BxT.shape
+        B, T = x_BxTxD.shape[:2]
         if token_mask_BxT is None:
             token_mask_BxT = jnp.ones((B, T), bool)
         token_mask_BxT = token_mask_BxT.astype(bool)
@@ -309,7 +327,7 @@ class Llama(nn.Module):
         slots = jnp.arange(S)
         causal = slots[None, :] <= (index + jnp.arange(T))[:, None]  # [T, S]
         mask = causal[None] & key_mask[:, None, :]
-        x = self.embed(tokens_BxT)
+        x = x_BxTxD.astype(c.compute_dtype)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             prefix = (cache.prefix_k[i], cache.prefix_v[i])
@@ -329,6 +347,16 @@ class Llama(nn.Module):
         """One token per row at the next slot; returns logits [B, V] (float32) and the cache."""
         hidden, cache = self.prefill_hidden(cache, tokens_B[:, None])
         return self.logits(hidden[:, 0]), cache
+
+    def decode_step_embedded(self, cache: LMCache, x_BxD: Array) -> tuple[Array, LMCache]:
+        """One input embedding per row at the next slot; returns the hidden state [B, D] and the cache."""
+        hidden, cache = self.prefill_embedded(cache, x_BxD[:, None])
+        return hidden[:, 0], cache
+
+    def hidden_embedded(self, x_BxTxD: Array, mask_BxT: Optional[Array] = None) -> Array:
+        """Hidden states of whole sequences given as input embeddings (masked positions are padding)."""
+        cache = self.init_cache(x_BxTxD.shape[0], x_BxTxD.shape[1])
+        return self.prefill_embedded(cache, x_BxTxD, mask_BxT)[0]
 
     def hidden(self, tokens_BxT: Array, mask_BxT: Optional[Array] = None) -> Array:
         """Hidden states of whole sequences (a fresh cache of T slots; masked tokens are padding)."""

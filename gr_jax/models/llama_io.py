@@ -481,3 +481,80 @@ def tokenizer_from_gguf(f: GGUFFile) -> LMTokenizer:
     return LMTokenizer(backend, bos_id=int(meta.get("tokenizer.ggml.bos_token_id", 1)), eos_id=eos,
                        pad_id=int(meta.get("tokenizer.ggml.padding_token_id", eos)),
                        chat_template=meta.get("tokenizer.chat_template"))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The LM's tokenizer as the library's vocabulary (fine-tuning a decoder-only LM through the trainer)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def is_lm_spec(spec) -> bool:
+    """A named decoder-only model, a GGUF file, or an HF directory whose config.json is a Llama-family model."""
+    if spec is None:
+        return False
+    spec = str(spec)
+    p = Path(spec)
+    if spec == "smollm2_135m" or (p.is_file() and p.suffix == ".gguf"):
+        return True
+    try:
+        import json
+
+        meta = json.loads((p / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("model_type") in ("llama", "mistral")
+
+
+class LMVocabulary:
+    """A decoder-only LM's tokenizer behind the library's `Vocabulary` protocol. The library ends sequences
+    with id 1 and pads with id 0 (`vocab.EOS_ID`, `PAD_ID`); here those are the LM's own ids 0 and 1, which
+    must be special tokens (plain text never encodes to them; SmolLM2: <|endoftext|>, <|im_start|>) — a
+    vocabulary where they are ordinary tokens is refused. Fine-tuning teaches the LM to end a docid with id 1."""
+
+    pad_id = 0
+    eos_id = 1
+    unk_id = 0
+
+    def __init__(self, tokenizer: LMTokenizer, fingerprint: str, source: str):
+        specials = {i for i in (0, 1) if tokenizer.backend.id_to_token(i) is not None
+                    and tokenizer.decode([i], skip_special_tokens=True) == ""}
+        if specials != {0, 1}:
+            raise CheckpointError(f"{source}: token ids 0 and 1 of this vocabulary are ordinary tokens; the "
+                                  f"library uses them as padding and end of sequence")
+        self.tok = tokenizer
+        self._fingerprint = fingerprint
+
+    @property
+    def size(self) -> int:
+        return self.tok.vocab_size
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text)
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self.eos_id in ids:
+            ids = ids[: ids.index(self.eos_id)]
+        return self.tok.decode([i for i in ids if i != self.pad_id], skip_special_tokens=True)
+
+    def id_to_piece(self, i: int) -> str:
+        return self.tok.backend.id_to_token(int(i))
+
+    def piece_to_id(self, piece: str):
+        return self.tok.backend.token_to_id(piece)
+
+
+def lm_vocabulary(spec: str) -> LMVocabulary:
+    """The tokenizer of a decoder-only model spec (see `load_lm`) as a library vocabulary, without loading
+    the weights of a GGUF file."""
+    p = Path(spec)
+    if spec == "smollm2_135m" or p.is_file():
+        path = smollm2_path() if spec == "smollm2_135m" else p
+        f = GGUFFile(path)
+        return LMVocabulary(tokenizer_from_gguf(f), f"{path.name}:{file_digest(path)}", str(path))
+    _, _, tok, digest = load_lm(spec)
+    return LMVocabulary(tok, digest, spec)

@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 from gr_jax.decoding import rankers
 from gr_jax.decoding.beam_search import BeamResult
 from gr_jax.index.device import leaf_documents
-from gr_jax.models.search import Searcher, t5_cache
+from gr_jax.models.search import Searcher, share_encoder, t5_cache
 from gr_jax.models import t5
 from gr_jax.models.heads import TextHead
 
@@ -125,8 +125,13 @@ class GenerativeRetriever:
                 self._step, self._cache, start_token=self.config.decoder_start_token_id,
                 eos_id=self.config.eos_token_id, vocab_size=self.head.output_size(self.config),
                 num_beams=num_beams, score_mode=self.score_mode, length_penalty=self.length_penalty,
-                bonus_fn=self.bonus_fn)
+                bonus_fn=self.bonus_fn, tile_fn=self._tile)
         return self._searchers[num_beams]
+
+    @staticmethod
+    def _tile(cache, n: int):
+        """Beam tiling of the decode cache (T5: the encoder's keys/values stay once per query)."""
+        return share_encoder(cache, n)
 
     def predict(self, params, query_tokens_BxL, index, num_beams: int = 10) -> BeamResult:
         """Constrained beam search over `index` (a TrieIndex); every returned docid is in the index. With a

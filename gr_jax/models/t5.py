@@ -358,6 +358,11 @@ class DecodeCache:
     def max_length(self) -> int:
         return self.self_k[0].shape[1]
 
+    @property
+    def step_index(self) -> Array:
+        """The decoding position (docid heads read it): here the decoder position itself."""
+        return self.index
+
     def _map_batch(self, fn) -> "DecodeCache":
         batched = (self.self_k, self.self_v, self.cross_k, self.cross_v, self.encoder_mask)
         sk, sv, ck, cv, m = jax.tree_util.tree_map(fn, batched)

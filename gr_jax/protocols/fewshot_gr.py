@@ -57,6 +57,7 @@ def restrict(dataset: Dataset, max_documents: int) -> Dataset:
 def build_bank(lm: fewshot.LMContext, corpus: Corpus, writer: fewshot.DocidWriter, path: Path,
                built_from: dict, progress: bool = True) -> fewshot.DocidBank:
     """Writes (or resumes, or reuses) the docid bank of `corpus` at `path`."""
+    built_from = json.loads(json.dumps(built_from))  # as the file holds it (tuples become lists)
     if path.exists():
         bank = fewshot.DocidBank.load(path)
         if bank.built_from != built_from:

