@@ -14,7 +14,6 @@ torch pinned to the same number of threads as the machine's cores:
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -55,6 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("--index_docs", type=int, default=32, help="documents for the indexing figure")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="batch 1 only, no indexing figure")
+    parser.add_argument("--no_index", action="store_true", help="generation figures only")
     parser.add_argument("--no_write", action="store_true")
     args = parser.parse_args(argv)
     setup_logging()
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
              ours_tokens_per_s=round(B * N / a, 1), transformers_tokens_per_s=round(B * N / b, 1),
              speedup=round(b / a, 2))
 
-    if not args.quick:
+    if not (args.quick or args.no_index):
         lm = fewshot.LMContext(model, params, tok, "smollm2_135m")
         writer = fewshot.DocidWriter(num_docids=10, min_tokens=3, max_tokens=15, inputs="document", batch_size=16)
         texts = list(corpus.texts[:args.index_docs])
@@ -152,17 +152,12 @@ def main(argv=None) -> int:
              ours_demo_corpus_minutes=round(a / len(texts) * len(corpus) / 60, 1))
     if not args.no_write:
         command = "python tools/bench_lm.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        lines = [f"\n## bench_lm — {datetime.date.today().isoformat()}\n",
-                 f"- device: {jax.devices()[0].platform.upper()}, {threads} CPU threads for both; command: "
-                 f"`{command.strip()}`\n"]
-        for fig in dict.fromkeys(r["figure"] for r in ROWS):
-            rows = [r for r in ROWS if r["figure"] == fig]
-            keys = [k for k in rows[0] if k != "figure"]
-            lines += [f"**{fig}**\n", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-            lines += ["| " + " | ".join(str(r.get(k)) for k in keys) + " |" for r in rows]
-            lines.append("")
+        from gr_jax.evaluation.report import benchmark_section
+
+        header = (f"device: {jax.devices()[0].platform.upper()}, {threads} CPU threads for both; command: "
+                  f"`{command.strip()}`")
         with (ROOT / "BENCHMARKS.md").open("a") as fh:
-            fh.write("\n".join(lines) + "\n")
+            fh.write(benchmark_section("bench_lm", header, ROWS))
     return 0
 
 

@@ -25,7 +25,6 @@ over to other hardware.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
@@ -216,17 +215,11 @@ def _search_errors(model, params, tokens, index, k) -> dict:
 
 
 def _write(command: str, path: Path):
-    lines = [f"\n## bench_pag — {datetime.date.today().isoformat()}\n",
-             f"- device: {jax.devices()[0].platform.upper()}, {jax.device_count()} device(s); "
-             f"command: `{command}`\n"]
-    for fig in dict.fromkeys(r["figure"] for r in ROWS):
-        rows = [r for r in ROWS if r["figure"] == fig]
-        keys = [k for k in rows[0] if k != "figure"]
-        lines += [f"**{fig}**\n", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        lines += ["| " + " | ".join(str(r.get(k)) for k in keys) + " |" for r in rows]
-        lines.append("")
+    from gr_jax.evaluation.report import benchmark_section
+
+    header = f"device: {jax.devices()[0].platform.upper()}, {jax.device_count()} device(s); command: `{command}`"
     with path.open("a") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write(benchmark_section("bench_pag", header, ROWS))
 
 
 def main(argv=None) -> int:

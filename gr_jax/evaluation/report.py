@@ -75,3 +75,18 @@ def plot_curves(curves: Mapping[str, Sequence[Mapping]], metric: str, path, titl
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def benchmark_section(name: str, header: str, rows: Sequence[Mapping]) -> str:
+    """A BENCHMARKS.md section of a `tools/bench_*.py` run: a dated title, a header line (device, command),
+    then one table per figure (rows carry a "figure" key; columns in first-row order)."""
+    import datetime
+
+    lines = [f"\n## {name} — {datetime.date.today().isoformat()}\n", f"- {header}\n"]
+    for fig in dict.fromkeys(r["figure"] for r in rows):
+        part = [r for r in rows if r["figure"] == fig]
+        keys = [k for k in part[0] if k != "figure"]
+        lines += [f"**{fig}**\n", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        lines += ["| " + " | ".join(str(r.get(k)) for k in keys) + " |" for r in part]
+        lines.append("")
+    return "\n".join(lines) + "\n"

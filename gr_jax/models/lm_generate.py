@@ -41,8 +41,8 @@ def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temp
     variables = {"params": params}
     B, T = ids.shape
     cache = model.apply(variables, B, T + max_new_tokens, prefix, method=llama.Llama.init_cache)
-    logits, cache = model.apply(variables, cache, ids, mask, method=llama.Llama.prefill)
-    last = logits[:, -1]
+    hidden, cache = model.apply(variables, cache, ids, mask, method=llama.Llama.prefill_hidden)
+    last = model.apply(variables, hidden[:, -1], method=llama.Llama.logits)  # the prompt's last position only
     if num_samples > 1:
         cache = cache.repeat(num_samples)
         last = jnp.repeat(last, num_samples, axis=0)

@@ -18,16 +18,11 @@ from tests.models.test_llama_io import _llama_cpp_rows
 
 def _tiny_lm_gguf(path):
     gguf = require("gguf")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tests.models.lm_helpers import train_byte_bpe
 
     d = demo.generate(num_docs=200, seed=0)
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    backend.train_from_iterator(list(d.corpus.texts) + [q for qs in d.queries.values() for q in qs.texts]
-                                + list(d.corpus.urls), trainer)
+    backend = train_byte_bpe(list(d.corpus.texts) + [q for qs in d.queries.values() for q in qs.texts]
+                             + list(d.corpus.urls), 600)
     vocab = backend.get_vocab()
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     merges = json.loads(backend.to_str())["model"]["merges"]

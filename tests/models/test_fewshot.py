@@ -18,15 +18,11 @@ from gr_jax.protocols import fewshot_gr
 
 @pytest.fixture(scope="module")
 def lm():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tests.models.lm_helpers import train_byte_bpe
 
     d = demo.generate(num_docs=80, seed=1)
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=["<|endoftext|>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    backend.train_from_iterator(list(d.corpus.texts) + [fewshot.FewShotPrompt().prefix()], trainer)
+    backend = train_byte_bpe(list(d.corpus.texts) + [fewshot.FewShotPrompt().prefix()], 420,
+                             ("<|endoftext|>", "<s>", "</s>"))
     tok = llama_io.LMTokenizer(backend, bos_id=1, eos_id=2, pad_id=2)
     config = llama.get_config("llama_tiny", vocab_size=tok.vocab_size, pad_token_id=2)
     params = llama.init_params(config, seed=7)
