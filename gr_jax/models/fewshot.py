@@ -171,7 +171,8 @@ class DocidWriter:
         return body + t + [lm.newline_id] + lm.encode(self.prompt.docid_label)
 
     def pseudo_queries(self, lm: LMContext, texts: Sequence[str], seed: int, progress=None) -> list[list[str]]:
-        """n sampled pseudo-queries per text."""
+        """n sampled pseudo-queries per text (a generation that decodes to nothing but whitespace is replaced
+        by the text's first 80 characters, so every docid prompt has a query)."""
         qg = self.query_generator
         prefix = lm.prefix_cache(qg.prefix())
         out: list[list[str]] = []
