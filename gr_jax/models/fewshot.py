@@ -125,10 +125,6 @@ def _batches(n: int, size: int):
         yield start, min(n, start + size)
 
 
-def _bucket(length: int, step: int = 16) -> int:
-    return -(-max(length, 1) // step) * step  # few padded lengths → few compilations
-
-
 @gin.configurable
 @dataclasses.dataclass
 class DocidWriter:
@@ -150,7 +146,8 @@ class DocidWriter:
         if self.inputs not in ("pseudo_queries", "document"):
             raise ValueError(f"DocidWriter.inputs must be 'pseudo_queries' or 'document', got {self.inputs!r}")
         if not 1 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"DocidWriter needs 1 ≤ min_tokens ≤ max_tokens, got {self.min_tokens}, {self.max_tokens}")
+            raise ValueError(f"DocidWriter needs 1 ≤ min_tokens ≤ max_tokens, got {self.min_tokens}, "
+                             f"{self.max_tokens}")
         if self.num_docids < 1 or self.batch_size < 1:
             raise ValueError("DocidWriter.num_docids and batch_size must be ≥ 1")
 
@@ -182,8 +179,7 @@ class DocidWriter:
             gen = lm_generate.generate(lm.model, lm.params, prompts, max_new_tokens=qg.max_query_tokens,
                                        min_new_tokens=2, stop_ids=lm.line_stops, num_samples=self.num_docids,
                                        greedy=False, temperature=qg.temperature, top_k=qg.top_k,
-                                       seed=seed + start, prefix=prefix,
-                                       pad_length=_bucket(max(len(p) for p in prompts)))
+                                       seed=seed + start, prefix=prefix)
             n = self.num_docids
             out += [[lm.tok.decode(g).strip() or texts[start + i][:80] for g in gen[i * n:(i + 1) * n]]
                     for i in range(end - start)]
@@ -203,8 +199,8 @@ class DocidWriter:
             for start, end in _batches(len(texts), self.batch_size):
                 prompts = [self._docid_prompt_tokens(lm, t, self.max_document_tokens) for t in texts[start:end]]
                 gen = lm_generate.generate(lm.model, lm.params, prompts, num_samples=n, greedy=False,
-                                           temperature=self.temperature, top_k=self.top_k, seed=self.seed + start,
-                                           pad_length=_bucket(max(len(p) for p in prompts)), **kw)
+                                           temperature=self.temperature, top_k=self.top_k,
+                                           seed=self.seed + start, **kw)
                 docids += [gen[i * n:(i + 1) * n] for i in range(end - start)]
                 if progress is not None:
                     progress.update(end - start)
@@ -214,8 +210,7 @@ class DocidWriter:
         gen: list[list[int]] = []
         for start, end in _batches(len(flat), self.batch_size * n):
             prompts = [self._docid_prompt_tokens(lm, q) for q in flat[start:end]]
-            gen += lm_generate.generate(lm.model, lm.params, prompts, greedy=True,
-                                        pad_length=_bucket(max(len(p) for p in prompts)), **kw)
+            gen += lm_generate.generate(lm.model, lm.params, prompts, greedy=True, **kw)
         return [gen[i * n:(i + 1) * n] for i in range(len(texts))], sources
 
 
@@ -353,11 +348,7 @@ class FewShotRetriever:
         for t in texts:
             body = self.lm.encode(_clean(t))[:self.max_query_tokens]
             rows.append(self.lm.encode(f"{self.prompt.query_label} ") + body + [self.lm.newline_id] + self._tail)
-        width = _bucket(max(len(r) for r in rows))
-        out = np.full((len(rows), width), -1, np.int32)
-        for i, r in enumerate(rows):
-            out[i, width - len(r):] = r
-        return out
+        return lm_generate.left_pad(rows, -1)[0]  # −1 marks padding (`_cache` masks it)
 
     def _cache(self, params, query_tokens, max_length: int):
         model = self.lm.model

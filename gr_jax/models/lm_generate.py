@@ -20,9 +20,15 @@ from gr_jax.models import llama
 NEG = -1e30
 
 
+def bucket_length(length: int, step: int = 16) -> int:
+    """`length` rounded up to a multiple of `step`: few padded widths, so few compilations over many batches."""
+    return -(-max(length, 1) // step) * step
+
+
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, length: Optional[int] = None):
-    """(ids [B, T] int32, mask [B, T] bool) with every row right-aligned (T = the longest, or `length`)."""
-    T = max([len(s) for s in sequences] + [1]) if length is None else length
+    """(ids [B, T] int32, mask [B, T] bool) with every row right-aligned (T = the longest rounded up by
+    `bucket_length`, or `length`)."""
+    T = bucket_length(max([len(s) for s in sequences] + [1])) if length is None else length
     ids = np.full((len(sequences), T), pad_id, np.int32)
     mask = np.zeros((len(sequences), T), bool)
     for i, s in enumerate(sequences):
@@ -86,12 +92,13 @@ def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temp
 
 def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              stop_ids: Sequence[int], num_samples: int = 1, min_new_tokens: int = 0, greedy: bool = True,
-             temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, seed: int = 0, prefix: Optional[llama.LMCache] = None,
+             temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, seed: int = 0,
+             prefix: Optional[llama.LMCache] = None,
              pad_length: Optional[int] = None) -> list[list[int]]:
     """Continuations of token-id prompts, each cut before its stop token: a list of B · num_samples token lists
     (the samples of prompt b at rows b·n … b·n + n − 1). Sampling (greedy=False) draws from the `top_k` most
     likely tokens at `temperature`, cut to the nucleus `top_p`. With `prefix`, every prompt continues it.
-    `pad_length` fixes the padded prompt length (fewer compilations over many batches)."""
+    `pad_length` fixes the padded prompt length (default: the longest, rounded up by `bucket_length`)."""
     if not stop_ids:
         raise ValueError("generate needs at least one stop id (e.g. the tokenizer's EOS)")
     ids, mask = left_pad(prompts, model.config.pad_token_id, pad_length)
@@ -131,7 +138,7 @@ def sequence_log_probs(model: llama.Llama, params, sequences: Sequence[Sequence[
     out = np.zeros(len(sequences), np.float64)
     for start in range(0, len(sequences), batch_size):
         part = [context + [int(t) for t in s] for s in sequences[start:start + batch_size]]
-        T = -(-max(len(p) for p in part) // 16) * 16
+        T = bucket_length(max(len(p) for p in part))
         ids = np.full((batch_size, T), model.config.pad_token_id, np.int32)
         mask = np.zeros((batch_size, T), bool)
         scored = np.zeros((batch_size, T), bool)
