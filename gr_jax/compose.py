@@ -44,7 +44,7 @@ from gr_jax.data.trec import Run, check_finite, write_run
 from gr_jax.docids.atomic import AtomicDocids
 from gr_jax.docids.base import DocidTable, FitContext, load_scheme_state, save_scheme, scheme_params
 from gr_jax.docids.embed import TfidfSvdEmbedder
-from gr_jax.docids.pseudo_query import queries_by_document
+from gr_jax.docids.pseudo_query import queries_by_document, read_queries_file
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.io_utils import atomic_dir, write_text
 from gr_jax.models import convert, llama_io, t5
@@ -72,6 +72,7 @@ class Objectives:
     retrieval_rate: float = 1.0
     pseudo_query_rate: float = 0.0
     pseudo_query_split: str = "pseudo"
+    pseudo_queries_file: Optional[str] = None  # generated queries (doc → queries) instead of the split
     index_with_title: bool = False
     all_docids: bool = False  # multi-docid schemes (pseudo-query, n-gram): one pair per docid, not per document
     scheme_pairs_rate: float = 0.0  # the scheme's own pairs (MDGR: chunk → its docid), `training_pairs()`
@@ -89,11 +90,18 @@ class Objectives:
                                                 dataset.corpus, restrict_rows=rows))
             rates.append(self.retrieval_rate)
         if self.pseudo_query_rate > 0:
-            split = self.pseudo_query_split
-            if split not in dataset.queries:
-                raise ValueError(f"pseudo_query_rate > 0 but the dataset has no split {split!r}")
-            parts.append(dsi_pairs.query_pairs(dataset.queries[split], dataset.qrels[split], dataset.corpus,
-                                                name="pseudo-query", restrict_rows=rows))
+            if self.pseudo_queries_file:
+                parts.append(dsi_pairs.document_query_pairs(read_queries_file(self.pseudo_queries_file),
+                                                            dataset.corpus, name="pseudo-query",
+                                                            restrict_rows=rows, source=self.pseudo_queries_file))
+            else:
+                split = self.pseudo_query_split
+                if split not in dataset.queries:
+                    raise ValueError(f"pseudo_query_rate > 0 but the dataset has no split {split!r}; bind "
+                                     f"Objectives.pseudo_queries_file to generated queries "
+                                     f"(python -m gr_jax.pseudo_queries)")
+                parts.append(dsi_pairs.query_pairs(dataset.queries[split], dataset.qrels[split], dataset.corpus,
+                                                    name="pseudo-query", restrict_rows=rows))
             rates.append(self.pseudo_query_rate)
         if not parts and self.scheme_pairs_rate <= 0:
             raise ValueError("every objective rate is 0: nothing to train on")

@@ -76,3 +76,28 @@ def query_pairs(queries: QuerySet, qrels: Qrels, corpus: Corpus, min_grade: int 
             rows.append(row)
             qids.append(qid)
     return Pairs(name, texts, np.asarray(rows, dtype=np.int64), qids)
+
+
+def document_query_pairs(queries_of: dict, corpus: Corpus, name: str = "pseudo-query",
+                         restrict_rows: Optional[Sequence[int]] = None, source: str = "") -> Pairs:
+    """Generated query → the document it was generated from (`queries_of`: doc_id → query texts). Pairs come in
+    document-id order, a document's queries in file order; a document missing from the corpus is an error
+    naming `source`; with `restrict_rows`, documents outside those rows are left out. Query ids are
+    "<doc_id>#<k>"."""
+    unknown = sorted(d for d in queries_of if d not in corpus)
+    if unknown:
+        raise DataError(f"{source or name}: {len(unknown)} document(s) not in the corpus, e.g. {unknown[:3]}; "
+                        f"the queries were generated for another corpus")
+    allowed = None if restrict_rows is None else set(int(r) for r in restrict_rows)
+    texts, rows, qids = [], [], []
+    for doc in sorted(queries_of):
+        row = corpus.index_of(doc)
+        if allowed is not None and row not in allowed:
+            continue
+        for k, text in enumerate(queries_of[doc]):
+            texts.append(text)
+            rows.append(row)
+            qids.append(f"{doc}#{k}")
+    if not texts:
+        raise DataError(f"{source or name}: no generated query for the documents trained on")
+    return Pairs(name, texts, np.asarray(rows, dtype=np.int64), qids)

@@ -5,7 +5,8 @@ docid (the training target); all of them go into the prefix tree, so generating 
 Where the queries come from (`source`):
 * "train" — the judged queries of the dataset's training split (`prepare` passes them to `fit`);
 * "file"  — `queries_file`: TSV `doc_id<TAB>query` lines, or JSONL lines `{"doc_id": ..., "query": ...}` /
-  `{"doc_id": ..., "queries": [...]}` (generated queries, e.g. written by an LLM or a doc2query model).
+  `{"doc_id": ..., "queries": [...]}` (generated queries, e.g. written by an LLM or a doc2query model; the
+  file of `python -m gr_jax.pseudo_queries` is one, its first line the provenance).
 
 Documents without a query (new documents of a dynamic corpus, or documents the source does not cover) get
 the leading `max_tokens` tokens of their text when `fallback="leading"`, or an error with `fallback="error"`.
@@ -68,6 +69,8 @@ def read_queries_file(path: str | Path) -> dict[str, list[str]]:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise DataError(f"{path}:{n}: not JSON ({e.msg})") from None
+                if n == 1 and isinstance(obj, dict) and "built_from" in obj and "doc_id" not in obj:
+                    continue  # the provenance line of `python -m gr_jax.pseudo_queries`
                 if not isinstance(obj, dict) or "doc_id" not in obj or not ("query" in obj or "queries" in obj):
                     raise DataError(f"{path}:{n}: expected an object with 'doc_id' and 'query' or 'queries'")
                 doc, texts = str(obj["doc_id"]), obj.get("queries", [obj.get("query")])

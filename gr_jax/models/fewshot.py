@@ -83,8 +83,9 @@ class FewShotPrompt:
 @dataclasses.dataclass(frozen=True)
 class PseudoQueryGenerator:
     """InPars-style pseudo-queries: three demonstrations "Document: … / Relevant query: …", then the document;
-    n queries sampled per document (top-k / temperature), ended by a newline. Feeds Few-Shot GR's indexing and
-    can write the pseudo-queries of `PseudoQueryDocids` or MDGR's synthetic-query objective."""
+    n queries sampled per document (top-k / temperature), ended by a newline. Feeds Few-Shot GR's indexing, and
+    `python -m gr_jax.pseudo_queries` writes its queries to a file for `PseudoQueryDocids(source='file')` and
+    the pseudo-query objective (`Objectives.pseudo_queries_file`)."""
 
     demonstrations: tuple = QG_DEMONSTRATIONS
     max_document_tokens: int = 160
@@ -94,6 +95,28 @@ class PseudoQueryGenerator:
 
     def prefix(self) -> str:
         return "".join(f"Document: {d}\nRelevant query: {q}\n\n" for d, q in self.demonstrations)
+
+    def generate(self, lm: "LMContext", texts: Sequence[str], num_queries: int, seed: int, batch_size: int = 16,
+                 progress=None) -> list[list[str]]:
+        """`num_queries` sampled queries per text, `batch_size` texts a batch (the batch that starts at text i
+        samples with seed `seed + i`: the same texts, seed and batch size give the same queries). A generation
+        that decodes to nothing but whitespace is replaced by the text's first 80 characters, so every text has
+        its queries."""
+        prefix = lm.prefix_cache(self.prefix())
+        out: list[list[str]] = []
+        for start, end in _batches(len(texts), batch_size):
+            prompts = [lm.encode("Document: ") + lm.encode(_clean(t))[:self.max_document_tokens] + [lm.newline_id]
+                       + lm.encode("Relevant query:") for t in texts[start:end]]
+            gen = lm_generate.generate(lm.model, lm.params, prompts, max_new_tokens=self.max_query_tokens,
+                                       min_new_tokens=2, stop_ids=lm.line_stops, num_samples=num_queries,
+                                       greedy=False, temperature=self.temperature, top_k=self.top_k,
+                                       seed=seed + start, prefix=prefix)
+            n = num_queries
+            out += [[lm.tok.decode(g).strip() or texts[start + i][:80] for g in gen[i * n:(i + 1) * n]]
+                    for i in range(end - start)]
+            if progress is not None:
+                progress.update(end - start)
+        return out
 
 
 class LMContext:
@@ -168,24 +191,8 @@ class DocidWriter:
         return body + t + [lm.newline_id] + lm.encode(self.prompt.docid_label)
 
     def pseudo_queries(self, lm: LMContext, texts: Sequence[str], seed: int, progress=None) -> list[list[str]]:
-        """n sampled pseudo-queries per text (a generation that decodes to nothing but whitespace is replaced
-        by the text's first 80 characters, so every docid prompt has a query)."""
-        qg = self.query_generator
-        prefix = lm.prefix_cache(qg.prefix())
-        out: list[list[str]] = []
-        for start, end in _batches(len(texts), self.batch_size):
-            prompts = [lm.encode("Document: ") + lm.encode(_clean(t))[:qg.max_document_tokens] + [lm.newline_id]
-                       + lm.encode("Relevant query:") for t in texts[start:end]]
-            gen = lm_generate.generate(lm.model, lm.params, prompts, max_new_tokens=qg.max_query_tokens,
-                                       min_new_tokens=2, stop_ids=lm.line_stops, num_samples=self.num_docids,
-                                       greedy=False, temperature=qg.temperature, top_k=qg.top_k,
-                                       seed=seed + start, prefix=prefix)
-            n = self.num_docids
-            out += [[lm.tok.decode(g).strip() or texts[start + i][:80] for g in gen[i * n:(i + 1) * n]]
-                    for i in range(end - start)]
-            if progress is not None:
-                progress.update(end - start)
-        return out
+        """n sampled pseudo-queries per text (`PseudoQueryGenerator.generate`)."""
+        return self.query_generator.generate(lm, texts, self.num_docids, seed, self.batch_size, progress)
 
     def write(self, lm: LMContext, texts: Sequence[str], progress=None) -> tuple[list[list[list[int]]], list]:
         """(docid token lists per text — n each, repeats possible —, the inputs they were written from)."""

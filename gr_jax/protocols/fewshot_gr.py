@@ -53,6 +53,29 @@ def restrict(dataset: Dataset, max_documents: int) -> Dataset:
     return Dataset(corpus, queries, qrels, dataset.extras)
 
 
+def batch_seed(seed: int, batch: int) -> int:
+    """The sampling seed of batch `batch` of a corpus written in document-id order."""
+    return seed + 1000003 * batch
+
+
+def pending_batches(corpus: Corpus, batch_size: int, done: set, path: Path) -> list[tuple[int, list[int]]]:
+    """(batch number, rows) of the batches still to write: the corpus in document-id order, cut every
+    `batch_size` documents — so batches (and their seeds) do not depend on the corpus order or on where a
+    run was interrupted. `done`: the document ids already in the file at `path`; a batch is written whole or
+    not at all, so a partly written one means the file was edited (an error)."""
+    order = sorted(range(len(corpus)), key=lambda r: corpus.doc_ids[r])
+    todo = []
+    for b, start in enumerate(range(0, len(order), batch_size)):
+        rows = order[start:start + batch_size]
+        written = sum(corpus.doc_ids[r] in done for r in rows)
+        if written == len(rows):
+            continue
+        if written:
+            raise ValueError(f"{path}: batch {b} is partly written; delete the file to write it again")
+        todo.append((b, rows))
+    return todo
+
+
 def build_bank(lm: fewshot.LMContext, corpus: Corpus, writer: fewshot.DocidWriter, path: Path,
                built_from: dict, progress: bool = True) -> fewshot.DocidBank:
     """Writes (or resumes, or reuses) the docid bank of `corpus` at `path`."""
@@ -67,10 +90,7 @@ def build_bank(lm: fewshot.LMContext, corpus: Corpus, writer: fewshot.DocidWrite
                              f"the file to write it again")
     else:
         bank = fewshot.DocidBank(built_from=built_from)
-    done = set(bank.documents())
-    order = sorted(range(len(corpus)), key=lambda r: corpus.doc_ids[r])
-    batches = [order[i:i + writer.batch_size] for i in range(0, len(order), writer.batch_size)]
-    todo = [(b, rows) for b, rows in enumerate(batches) if not {corpus.doc_ids[r] for r in rows} <= done]
+    todo = pending_batches(corpus, writer.batch_size, set(bank.documents()), path)
     if not todo:
         return bank
     from tqdm.auto import tqdm
@@ -79,10 +99,7 @@ def build_bank(lm: fewshot.LMContext, corpus: Corpus, writer: fewshot.DocidWrite
                unit="doc", disable=not progress, mininterval=5.0)
     t0 = time.time()
     for b, rows in todo:
-        part = [r for r in rows if corpus.doc_ids[r] not in done]  # a batch is written whole or not at all
-        if len(part) != len(rows):
-            raise ValueError(f"{path}: batch {b} is partly written; delete the file to write the bank again")
-        w = dataclasses.replace(writer, seed=writer.seed + 1000003 * b)
+        w = dataclasses.replace(writer, seed=batch_seed(writer.seed, b))
         t = time.time()
         docids, srcs = w.write(lm, [corpus.texts[r] for r in rows])
         bank.add([corpus.doc_ids[r] for r in rows], docids, lm.tok.decode, srcs)

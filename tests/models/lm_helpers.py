@@ -14,3 +14,21 @@ def train_byte_bpe(texts, vocab_size: int, specials=("<|endoftext|>", "<|im_star
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     backend.train_from_iterator(list(texts), trainer)
     return backend
+
+
+def tiny_lm_context(num_docs: int = 80, seed: int = 1):
+    """(LMContext of a tiny random Llama with a byte-level BPE tokenizer trained on the demo corpus and the
+    few-shot prompt, the demo dataset it was trained on). Weights scaled up so that the logits spread."""
+    import jax
+
+    from gr_jax.data import demo
+    from gr_jax.models import fewshot, llama, llama_io
+
+    d = demo.generate(num_docs=num_docs, seed=seed)
+    backend = train_byte_bpe(list(d.corpus.texts) + [fewshot.FewShotPrompt().prefix()], 420,
+                             ("<|endoftext|>", "<s>", "</s>"))
+    tok = llama_io.LMTokenizer(backend, bos_id=1, eos_id=2, pad_id=2)
+    config = llama.get_config("llama_tiny", vocab_size=tok.vocab_size, pad_token_id=2)
+    params = llama.init_params(config, seed=7)
+    params = jax.tree_util.tree_map(lambda p: p * 6.0 if p.ndim == 2 else p, params)
+    return fewshot.LMContext(llama.Llama(config), params, tok, name="tiny"), d

@@ -1,33 +1,25 @@
 """Few-Shot GR: the docid bank (dedup policies, add/remove, order independence, resume), the writer's length
 limits, and retrieval checked against an oracle that scores every bank docid with the full forward pass (no
 cache, no shared prefix, no beam search). A tiny random Llama with a small byte-level BPE tokenizer trained
-here stands in for the pretrained LM (tests/models/test_smollm2.py uses the real one)."""
+on the demo corpus (lm_helpers.tiny_lm_context) stands in for the pretrained LM (tests/models/test_smollm2.py uses the real one)."""
 
 import json
 
 import numpy as np
 import pytest
 
-import jax
 import jax.numpy as jnp
 
 from gr_jax.data import demo
-from gr_jax.models import fewshot, llama, llama_io
+from gr_jax.models import fewshot
 from gr_jax.protocols import fewshot_gr
 
 
 @pytest.fixture(scope="module")
 def lm():
-    from tests.models.lm_helpers import train_byte_bpe
+    from tests.models.lm_helpers import tiny_lm_context
 
-    d = demo.generate(num_docs=80, seed=1)
-    backend = train_byte_bpe(list(d.corpus.texts) + [fewshot.FewShotPrompt().prefix()], 420,
-                             ("<|endoftext|>", "<s>", "</s>"))
-    tok = llama_io.LMTokenizer(backend, bos_id=1, eos_id=2, pad_id=2)
-    config = llama.get_config("llama_tiny", vocab_size=tok.vocab_size, pad_token_id=2)
-    params = llama.init_params(config, seed=7)
-    params = jax.tree_util.tree_map(lambda p: p * 6.0 if p.ndim == 2 else p, params)  # spread the logits
-    return fewshot.LMContext(llama.Llama(config), params, tok, name="tiny"), d
+    return tiny_lm_context()
 
 
 def test_bank_dedup_policies_by_hand():
