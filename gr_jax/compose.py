@@ -277,17 +277,23 @@ class EvalConfig:
 
 
 def retrieve(model, params, query_tokens: np.ndarray, qids: Sequence[str], index, doc_ids: Sequence[str],
-             num_beams: int, batch_size: int) -> Run:
+             num_beams: int, batch_size: int, plan_tokens: Optional[np.ndarray] = None) -> Run:
     """Constrained beam search for every query → a run holding the ranker's scores. The beams' documents are
     gathered on the device and ranked as arrays (`model.rank`); documents with equal scores (a docid shared
     by several documents, equal MDGR scores) are ordered by document id when the run is read, as trec_eval
-    orders them — never by corpus row, so the run does not depend on the corpus order."""
+    orders them — never by corpus row, so the run does not depend on the corpus order. With `plan_tokens`
+    (a planning model, row by row with the queries), each query is searched under the plan of its row there
+    (`model.rank_with_plan`)."""
     run: Run = {}
     ids = np.asarray(doc_ids, dtype=object)
     qids = [str(q) for q in qids]
     done = 0
-    for batch, mask in eval_batches(ExampleStore({"inputs": query_tokens}), batch_size):  # one compiled shape
-        q, d, s = model.rank(params, batch["inputs"], index, num_beams)
+    store = {"inputs": query_tokens} if plan_tokens is None else {"inputs": query_tokens, "plan": plan_tokens}
+    for batch, mask in eval_batches(ExampleStore(store), batch_size):  # one compiled shape
+        if plan_tokens is None:
+            q, d, s = model.rank(params, batch["inputs"], index, num_beams)
+        else:
+            q, d, s = model.rank_with_plan(params, batch["inputs"], batch["plan"], index, num_beams)
         o = np.argsort(q, kind="stable")  # grouped by query (the library's rankers already are)
         q, names, scores = np.asarray(q)[o], ids[np.asarray(d)[o]], np.asarray(s, np.float64)[o].tolist()
         bounds = np.searchsorted(q, np.arange(len(mask) + 1))

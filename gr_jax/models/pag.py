@@ -510,6 +510,29 @@ class PagRetriever(GenerativeRetriever):
         docs, valid, final = jax.device_get((docs, valid, final))
         return self.ranker(docs, valid, final)
 
+    # -- diagnostics (the robustness protocol's plan probes) ------------------------------------------------
+    def planner_tokens(self, params, query_tokens_BxL, ell: int) -> list[list[int]]:
+        """P_ℓ(q) of 004 Eq. 8: per query, its top-ℓ planning-vocabulary ids (below the docid tokens) by the
+        planner's weight rep_q[v], heaviest first, ties by smaller id; only ids with positive weight (a query
+        that fires fewer than ℓ tokens has a smaller set, so unrelated zero-weight ids never count as shared)."""
+        rep = self.lexical_rep(params, self._queries(query_tokens_BxL))
+        limit = getattr(self, "docid_base", rep.shape[1])
+        fn = self._jits.setdefault(("tokens", ell, limit), jax.jit(lambda r: jax.lax.top_k(r[:, :limit], ell)))
+        vals, ids = jax.device_get(fn(rep))
+        return [[int(i) for i, v in zip(ri, rv) if v > 0] for ri, rv in zip(ids, vals)]
+
+    def rank_with_plan(self, params, query_tokens_BxL, plan_tokens_BxL, index, num_beams: int = 10):
+        """Guided search of each query under the plan of another query (row by row): the counterfactual plan
+        swap of 004 Eq. 10 (PlanSwapDrop decodes q̃ with the clean query's plan). The final scores add the
+        look-ahead of that plan, as `rank` adds the query's own."""
+        q, pq = self._queries(query_tokens_BxL), self._queries(plan_tokens_BxL)
+        state = self.query_state(params, pq, index)
+        res = self.searcher(num_beams, guided=True).search(params, q, index.device(), query_state=state)
+        final = self.final_scores(res, state)
+        docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
+        docs, valid, final = jax.device_get((docs, valid, final))
+        return self.ranker(docs, valid, final)
+
     # -- training ---------------------------------------------------------------------------------------
     def token_log_probs(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
         """log-softmax of the raw step logits at the docid tokens (decoder input [query, start, prefix]) —

@@ -250,3 +250,25 @@ def test_a_tie_across_the_planning_boundary_takes_the_exact_path():
     keys = dict(zip(doc_ids, pag_docids.order_keys(doc_ids)))
     winner = max((doc_ids[a], doc_ids[b]), key=lambda d: keys[d])
     assert planned_doc["rows"] == planned_doc["reversed"] == winner
+
+
+def test_plan_probes_for_the_robustness_protocol():
+    """planner_tokens = the top-ℓ positive planner weights below the docid tokens (ties by smaller id), checked
+    in numpy; searching a query under its own plan is `rank`; under another query's plan it differs."""
+    model, params, _, index, _ = pag_parity.fixture_setup(FIXTURE)
+    with np.load(FIXTURE / "inputs.npz") as z:
+        q = z["query_input_ids"].astype(np.int32)
+    rep = np.asarray(model.lexical_rep(params, q))[:, :model.docid_base]
+    got = model.planner_tokens(params, q, 7)
+    for row, ids in zip(rep, got):
+        order = sorted((i for i in range(len(row)) if row[i] > 0), key=lambda i: (-row[i], i))[:7]
+        assert ids == order and all(i < model.docid_base for i in ids)
+    assert len(model.planner_tokens(params, q, 100)[0]) <= 100
+    model.mode = "pag"
+    own = model.rank(params, q, index, num_beams=4)
+    same = model.rank_with_plan(params, q, q, index, num_beams=4)
+    for a, b in zip(own, same):
+        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-6)
+    other = model.rank_with_plan(params, q, q[::-1], index, num_beams=4)
+    assert not (len(other[1]) == len(own[1]) and np.array_equal(other[1], own[1])
+                and np.allclose(other[2], own[2]))

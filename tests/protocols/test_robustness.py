@@ -1,0 +1,144 @@
+"""The robustness protocol: one condition's diagnostics by hand (a PAG-like system with hand-made runs and
+planner tokens), the command end to end for BM25 (tables, plots, shared variations reused, a second run
+identical, bad settings refused with exit code 2) and for a small trained PAG (SimulOnly, PAG and plan-swap
+runs, TokJaccard)."""
+
+import json
+import textwrap
+
+import gin
+import pytest
+
+from gr_jax import robustness as entry
+from gr_jax.protocols import robustness as R
+
+
+class _Pag:
+    primary, planning = "pag", "simul_only"
+
+
+class _Plain:
+    primary, planning = "gr", None
+
+
+def test_condition_diagnostics_by_hand():
+    qrels = {"q1": {"d1": 1}, "q2": {"d9": 1}}
+    clean = R.Probe({"simul_only": {"q1": {"d1": 3.0, "d2": 2.0}, "q2": {"d9": 5.0, "d8": 1.0}},
+                     "pag": {"q1": {"d1": 9.0}, "q2": {"d8": 2.0, "d9": 1.0}}},
+                    tokens={"q1": [4, 5, 6], "q2": [7, 8]})
+    varied = R.Probe({"simul_only": {"q1": {"d2": 3.0, "d3": 2.0}, "q2": {"d9": 5.0, "d8": 4.0}},
+                      "pag": {"q1": {"d3": 9.0, "d1": 8.0}, "q2": {"d9": 2.0}}},
+                     tokens={"q1": [4, 9, 10], "q2": [8, 7]})
+    swapped = {"q1": {"d1": 1.0}, "q2": {"d9": 1.0}}
+    out = R.condition_diagnostics(_Pag(), clean, varied, swapped, qrels, ["MRR@10"], "MRR@10", 1, k=2, ell=3,
+                                  percentile=50, delta=0.05, sweep_percentiles=(50,), sweep_deltas=(0.05,))
+    pq = out["per_query"]
+    # SimulOnly MRR: clean q1 1, q2 1; varied q1 0 (d1 gone), q2 1. PAG: clean q1 1, q2 1/2; varied q1 1/2, q2 1
+    assert pq["cand_overlap"] == {"q1": 0.5, "q2": 1.0}  # {d1,d2}∩{d2,d3}; {d9,d8}∩{d9,d8}
+    assert pq["tok_jaccard"] == {"q1": pytest.approx(1 / 5), "q2": 1.0}
+    assert pq["delta_planning"] == {"q1": -1.0, "q2": 0.0}  # ΔM_SimulOnly = M(q̃) − M(q)
+    assert pq["degradation/pag"] == {"q1": 0.5, "q2": -0.5}  # Δ = M(q) − M(q̃)
+    assert pq["seq_gain"] == {"q1": 0.5, "q2": 0.0}  # M_PAG(q̃) − M_SimulOnly(q̃)
+    assert pq["plan_swap_drop"] == {"q1": -0.5, "q2": 0.0}  # M_PAG(q̃) − M_PAG(q̃; swapped)
+    # τ = p50 of {0.5, 1.0} = 0.75: q1 unstable (0.5) and dropped by 1 → collapsed; q2 stable
+    assert out["tau"] == 0.75 and pq["collapsed"] == {"q1": 1.0, "q2": 0.0}
+    assert out["metrics"]["pag/MRR@10"] == 0.75 and out["metrics"]["simul_only/MRR@10"] == 0.5
+    # without a planner: the overlap of the final ranking and its own end-to-end change
+    plain = R.condition_diagnostics(_Plain(), R.Probe({"gr": clean.runs["pag"]}), R.Probe({"gr": varied.runs["pag"]}),
+                                    None, qrels, ["MRR@10"], "MRR@10", 1, 2, 3, 50, 0.05, (50,), (0.05,))
+    assert plain["per_query"]["cand_overlap"] == {"q1": 0.5, "q2": 0.5}
+    assert plain["per_query"]["tok_jaccard"] is None and "seq_gain" not in plain["per_query"]
+    assert plain["per_query"]["delta_planning"] == {"q1": -0.5, "q2": 0.5}
+
+
+BM25_ARGS = ["--gin_file=experiments/demo/robustness_bm25.gin", "--gin.run_robustness.max_queries=10",
+             "--gin.run_robustness.seeds=[5, 27]", "--gin.run_robustness.generators={}"]
+
+
+def test_bm25_command_writes_tables_and_plots_and_reruns_identically(tmp_path, capsys):
+    args = BM25_ARGS + [f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'", f"--gin.VARIATIONS_DIR='{tmp_path / 'var'}'"]
+    assert entry.main(args) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "Table 6 shape" in printed and "CandOverlap@100" in printed and "collapse rate" in printed
+    out = tmp_path / "out"
+    result = json.loads((out / "robustness.json").read_text())
+    split = result["splits"]["test"]
+    assert split["queries"] == 10 and set(split["variations"]) == {"misspelling", "reordering", "synonym",
+                                                                    "paraphrase", "naturality"}
+    assert split["variations"]["reordering"]["diagnostics"]["cand_overlap"]["mean"] == 1.0  # a bag of words
+    assert (out / "cand_overlap_test.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (out / "tok_jaccard_test.png").exists()  # no planner
+    assert len(list((tmp_path / "var").glob("test.*.jsonl"))) == 10
+    assert len(list((out / "runs").glob("test.*.bm25.run"))) == 11
+    before = {p.name: p.read_bytes() for p in (tmp_path / "var").iterdir()}
+    gin.clear_config()
+    assert entry.main(args) == 0
+    assert {p.name: p.read_bytes() for p in (tmp_path / "var").iterdir()} == before
+    assert not list(tmp_path.rglob("*.prev-*"))  # the same results: nothing set aside
+    gin.clear_config()
+    capsys.readouterr()
+    assert entry.main(args + ["--gin.run_robustness.variations=['typos']"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown ['typos']" in err and "Traceback" not in err
+    gin.clear_config()
+    assert entry.main(args + ["--gin.Misspeller.max_edits=1"]) == 2  # the saved misspellings were made with 2
+    err = capsys.readouterr().err
+    assert "test.misspelling.5.jsonl: the variations were made from another settings" in err
+
+
+PAG = """
+include 'runs/train.gin'
+include 'models/t5_tiny.gin'
+MIXTURE_OR_TASK_NAME = 'demo'
+load_dataset.demo_docs = 40
+BATCH_SIZE = 8
+TASK_FEATURE_LENGTHS = {'inputs': 24, 'targets': 3}
+TRAIN_STEPS = 4
+prepare.vocab_size = 300
+prepare.docid_scheme = @PagDocids()
+PagDocids.levels = 3
+PagDocids.k = 8
+PagDocids.set_size = 6
+prepare.embedder = @TfidfSvdEmbedder()
+TfidfSvdEmbedder.dim = 8
+prepare.model_fn = @PagRetriever
+prepare.score_mode = 'raw'
+PagRetriever.planning_size = 12
+PagRetriever.objective = @PagObjective()
+prepare.objectives_config = @PagObjectives()
+t5.get_config.dropout_rate = 0.0
+make_optimizer.learning_rate = 3e-3
+train.optimizer = @make_optimizer()
+train.progress = False
+train.checkpoint_period = 4
+train.final_eval = False
+"""
+
+
+@pytest.mark.slow
+def test_trained_pag_command(tmp_path, capsys):
+    from gr_jax import compose, gin_utils
+
+    exp = tmp_path / "pag.gin"
+    exp.write_text(textwrap.dedent(PAG))
+    gin.clear_config()
+    gin_utils.parse([str(exp)], [f"MODEL_DIR = '{tmp_path / 'm'}'"])
+    compose.train()
+    gin.clear_config()
+    args = [f"--gin_file={exp}", "--gin_file=runs/robustness.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
+            "--gin.run_robustness.max_queries=6", "--gin.run_robustness.seeds=[5, 27]",
+            "--gin.run_robustness.variations=['misspelling', 'reordering']", "--gin.run_robustness.num_beams=4",
+            "--gin.run_robustness.k=10", "--gin.run_robustness.ell=20"]
+    assert entry.main(args) == 0, capsys.readouterr().err
+    out = tmp_path / "m" / "robustness"
+    result = json.loads((out / "robustness.json").read_text())
+    assert result["system_runs"] == {"primary": "pag", "planning": "simul_only"}
+    d = result["splits"]["test"]["variations"]["reordering"]["diagnostics"]
+    assert {"cand_overlap", "tok_jaccard", "seq_gain", "plan_swap_drop", "collapsed"} <= set(d)
+    assert 0.0 <= d["tok_jaccard"]["mean"] <= 1.0
+    assert (out / "tok_jaccard_test.png").exists() and (out / "cand_overlap_test.png").exists()
+    assert len(list((out / "runs").glob("test.*.swapped.run"))) == 4
+    gin.clear_config()
+    capsys.readouterr()
+    assert entry.main(args + ["--gin.PagRetriever.mode='seq_only'"]) == 2
+    assert "runs PAG in its mode 'pag'" in capsys.readouterr().err
