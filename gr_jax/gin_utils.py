@@ -47,7 +47,7 @@ def register_configurables() -> None:
     from gr_jax.docids import pag as pag_docids  # noqa: F401
     from gr_jax.baselines import dense  # noqa: F401
     from gr_jax.models import decoder_only, embed as model_embed, fewshot, glen, heads, pag, retriever, t5  # noqa: F401
-    from gr_jax.protocols import dynamic_corpora, fewshot_gr, pseudo_queries, robustness  # noqa: F401
+    from gr_jax.protocols import cross_lingual, dynamic_corpora, fewshot_gr, pseudo_queries, robustness  # noqa: F401
     from gr_jax.models import paraphrase  # noqa: F401
     from gr_jax.data import variations  # noqa: F401
     from gr_jax.training import glen as glen_training, pag as pag_training, partitioning, trainer  # noqa: F401

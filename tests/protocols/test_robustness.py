@@ -115,22 +115,31 @@ train.final_eval = False
 """
 
 
-@pytest.mark.slow
-def test_trained_pag_command(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def tiny_pag(tmp_path_factory):
+    """A small PAG trained for 4 steps on 40 demo documents: (experiment file, MODEL_DIR)."""
     from gr_jax import compose, gin_utils
 
-    exp = tmp_path / "pag.gin"
+    root = tmp_path_factory.mktemp("pag")
+    exp = root / "pag.gin"
     exp.write_text(textwrap.dedent(PAG))
     gin.clear_config()
-    gin_utils.parse([str(exp)], [f"MODEL_DIR = '{tmp_path / 'm'}'"])
+    gin_utils.parse([str(exp)], [f"MODEL_DIR = '{root / 'm'}'"])
     compose.train()
     gin.clear_config()
-    args = [f"--gin_file={exp}", "--gin_file=runs/robustness.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
+    return exp, root / "m"
+
+
+@pytest.mark.slow
+def test_trained_pag_command(tiny_pag, tmp_path, capsys):
+    exp, model_dir = tiny_pag
+    args = [f"--gin_file={exp}", "--gin_file=runs/robustness.gin", f"--gin.MODEL_DIR='{model_dir}'",
+            f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'",
             "--gin.run_robustness.max_queries=6", "--gin.run_robustness.seeds=[5, 27]",
             "--gin.run_robustness.variations=['misspelling', 'reordering']", "--gin.run_robustness.num_beams=4",
             "--gin.run_robustness.k=10", "--gin.run_robustness.ell=20"]
     assert entry.main(args) == 0, capsys.readouterr().err
-    out = tmp_path / "m" / "robustness"
+    out = tmp_path / "out"
     result = json.loads((out / "robustness.json").read_text())
     assert result["system_runs"] == {"primary": "pag", "planning": "simul_only"}
     d = result["splits"]["test"]["variations"]["reordering"]["diagnostics"]
@@ -142,3 +151,57 @@ def test_trained_pag_command(tmp_path, capsys):
     capsys.readouterr()
     assert entry.main(args + ["--gin.PagRetriever.mode='seq_only'"]) == 2
     assert "runs PAG in its mode 'pag'" in capsys.readouterr().err
+
+
+def _foreign(text: str) -> str:
+    """A constructed stand-in for another language: every word spelt backwards (same intent, other surface)."""
+    return " ".join(w[::-1] for w in text.split())
+
+
+@pytest.mark.slow
+def test_cross_lingual_settings_and_alignment(tiny_pag, tmp_path, capsys):
+    from gr_jax import align_planner as align_entry
+    from gr_jax import cross_lingual as xl_entry
+    from gr_jax import gin_utils
+    from gr_jax.data import sources
+
+    exp, model_dir = tiny_pag
+    gin_utils.parse([str(exp)], [f"MODEL_DIR = '{model_dir}'"])
+    ds = sources.load_dataset("demo")
+    gin.clear_config()
+
+    def write(name, split, fn):
+        qs = ds.queries[split]
+        (tmp_path / name).write_text("".join(f"{q}\t{fn(t)}\n" for q, t in zip(qs.qids, qs.texts)))
+        return str(tmp_path / name)
+
+    de_dev, de_train = write("de.dev.tsv", "dev", _foreign), write("de.train.tsv", "train", _foreign)
+    english_dev = write("en.dev.tsv", "dev", lambda t: t)  # a perfect translator
+    assert align_entry.main([f"--gin_file={exp}", "--gin_file=runs/align_planner.gin", f"--gin.MODEL_DIR='{model_dir}'",
+                             "--gin.ALIGN_LANGUAGE='de'", f"--gin.ALIGN_TRAIN_FILE='{de_train}'",
+                             f"--gin.ALIGN_DEV_FILE='{de_dev}'", "--gin.align_planner.epochs=2",
+                             "--gin.align_planner.learning_rate=1e-3", "--gin.align_planner.batch_size=8",
+                             "--gin.align_planner.ell=20"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    gin.clear_config()
+    args = [f"--gin_file={exp}", "--gin_file=runs/cross_lingual.gin", f"--gin.MODEL_DIR='{model_dir}'",
+            f"--gin.CROSS_LINGUAL_QUERIES={{'de': '{de_dev}'}}", f"--gin.OUTPUT_DIR='{tmp_path / 'xl'}'",
+            "--gin.run_cross_lingual.settings=['naive', 'seq_only', 'translate', 'aligned']",
+            "--gin.run_cross_lingual.translator=@FileTranslator()", f"--gin.FileTranslator.files={{'de': '{english_dev}'}}",
+            f"--gin.run_cross_lingual.aligned_dirs={{'de': '{model_dir / 'aligned' / 'de'}'}}",
+            "--gin.run_cross_lingual.num_beams=4", "--gin.run_cross_lingual.k=10", "--gin.run_cross_lingual.ell=20"]
+    assert xl_entry.main(args) == 0, capsys.readouterr().err
+    assert "Table 9 shape" in capsys.readouterr().out
+    result = json.loads((tmp_path / "xl" / "cross_lingual.json").read_text())
+    rows = result["languages"]["de"]["settings"]
+    assert set(rows) == {"english", "naive", "seq_only", "translate", "aligned"}
+    # the perfect translator gives back the English queries: the same plans and the same effectiveness
+    assert rows["translate"]["tok_jaccard"] == 1.0 and rows["translate"]["cand_overlap"] == 1.0
+    assert rows["translate"]["metrics"] == rows["english"]["metrics"]
+    assert rows["naive"]["tok_jaccard"] < 1.0 and "seq_only/MRR@10" in rows["seq_only"]["metrics"]
+    assert 0.0 <= rows["aligned"]["tok_jaccard"] <= 1.0
+    assert (tmp_path / "xl" / "cross_lingual.png").read_bytes()[:4] == b"\x89PNG"
+    gin.clear_config()
+    capsys.readouterr()
+    assert xl_entry.main(args[:5] + ["--gin.run_cross_lingual.settings=['translate']"]) == 2
+    assert "needs run_cross_lingual.translator" in capsys.readouterr().err

@@ -252,7 +252,9 @@ def test_configuration_errors_name_what_to_set(tmp_path, capsys):
 def test_every_shipped_gin_file_parses(path):
     bindings = ["MODEL_DIR = 'm'", "DATA_DIR = 'd'", "VOCABULARY = 'v'", "TRAIN_STEPS = 1", "BATCH_SIZE = 8",
                 "INITIAL_CHECKPOINT_PATH = 'i'", "SEQUENTIAL_DOCIDS = 's'", "SET_DOCIDS = 't'",
-                "PSEUDO_QUERIES = 'p'", "OUTPUT_DIR = 'o'",
+                "PSEUDO_QUERIES = 'p'", "OUTPUT_DIR = 'o'", "CROSS_LINGUAL_QUERIES = {'de': 'q'}",
+                "MMARCO_TRANSLATIONS = {'de': 't'}", "ALIGNED_DIRS = {'de': 'a'}", "ALIGN_LANGUAGE = 'de'",
+                "ALIGN_TRAIN_FILE = 'a'", "ALIGN_DEV_FILE = 'b'",
                 "TASK_FEATURE_LENGTHS = {'inputs': 8, 'targets': 4}", "MIXTURE_OR_TASK_NAME = 'demo'"]
     gin_utils.parse([path], bindings, ignore_unused_macros=[b.split(" = ")[0] for b in bindings])
     assert gin.config_str()
