@@ -41,7 +41,7 @@ import gin
 import numpy as np
 
 from gr_jax.data.readers import DataError, QuerySet, fingerprint
-from gr_jax.io_utils import package_data, write_text
+from gr_jax.io_utils import differing_keys, package_data, write_text
 
 log = logging.getLogger(__name__)
 
@@ -441,7 +441,7 @@ def variation_set(path: Path, generator: Generator, queries: QuerySet, seed: int
         except (OSError, IndexError, KeyError, TypeError, json.JSONDecodeError) as e:
             raise DataError(f"{path}: not a query-variation file ({e}); delete it to generate it again") from None
         if held != built_from:
-            differs = sorted(k for k in set(held) | set(built_from) if held.get(k) != built_from.get(k))
+            differs = differing_keys(held, built_from)
             raise DataError(f"{path}: the variations were made from another {', '.join(differs)}; use a new "
                             f"output directory or delete the file to generate them again")
         return QuerySet(qids, texts)

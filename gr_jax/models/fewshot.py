@@ -134,6 +134,14 @@ class LMContext:
         self.line_stops = sorted({i for t, i in vocab.items() if "Ċ" in t or "\n" in t} | {tokenizer.eos_id})
         self._prefixes: dict[str, llama.LMCache] = {}
 
+    @classmethod
+    def load(cls, spec: str) -> tuple["LMContext", str]:
+        """(context, weight digest) of a named LM, a GGUF file or an HF Llama directory (`llama_io.load_lm`)."""
+        from gr_jax.models import llama_io
+
+        config, params, tok, digest = llama_io.load_lm(spec)
+        return cls(llama.Llama(config), params, tok, name=spec), digest
+
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text)
 

@@ -44,10 +44,8 @@ class LMParaphraser:
 
     def _context(self) -> fewshot.LMContext:
         if not hasattr(self, "_ctx"):
-            from gr_jax.models import llama, llama_io
-
-            config, params, tok, digest = llama_io.load_lm(self.lm)
-            object.__setattr__(self, "_ctx", fewshot.LMContext(llama.Llama(config), params, tok, name=self.lm))
+            ctx, digest = fewshot.LMContext.load(self.lm)
+            object.__setattr__(self, "_ctx", ctx)
             object.__setattr__(self, "_digest", digest)
         return self._ctx
 

@@ -97,10 +97,10 @@ class LMTranslator:
 
     def _context(self):
         if not hasattr(self, "_ctx"):
-            from gr_jax.models import fewshot, llama, llama_io
+            from gr_jax.models.fewshot import LMContext
 
-            config, params, tok, digest = llama_io.load_lm(self.lm)
-            object.__setattr__(self, "_ctx", fewshot.LMContext(llama.Llama(config), params, tok, name=self.lm))
+            ctx, digest = LMContext.load(self.lm)
+            object.__setattr__(self, "_ctx", ctx)
             object.__setattr__(self, "_digest", digest)
         return self._ctx
 

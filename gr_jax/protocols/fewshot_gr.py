@@ -28,8 +28,8 @@ from gr_jax.data.readers import Corpus, Dataset
 from gr_jax.data.trec import write_run
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.report import markdown_table
-from gr_jax.io_utils import write_text
-from gr_jax.models import fewshot, llama, llama_io
+from gr_jax.io_utils import differing_keys, write_text
+from gr_jax.models import fewshot
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +83,7 @@ def build_bank(lm: fewshot.LMContext, corpus: Corpus, writer: fewshot.DocidWrite
     if path.exists():
         bank = fewshot.DocidBank.load(path)
         if bank.built_from != built_from:
-            differs = sorted(k for k in set(bank.built_from) | set(built_from)
-                             if bank.built_from.get(k) != built_from.get(k))
+            differs = differing_keys(bank.built_from, built_from)
             raise ValueError(f"{path}: the docid bank was written with another {', '.join(differs)}; use the "
                              f"settings it was built with (MODEL_DIR/config.gin), a new MODEL_DIR, or delete "
                              f"the file to write it again")
@@ -130,8 +129,7 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
     dataset = restrict(sources.load_dataset(task), max_documents)
     if split not in dataset.queries:
         raise ValueError(f"split {split!r} not in the dataset (it has {sorted(dataset.queries)})")
-    config, params, tok, lm_digest = llama_io.load_lm(lm)
-    ctx = fewshot.LMContext(llama.Llama(config), params, tok, name=lm)
+    ctx, lm_digest = fewshot.LMContext.load(lm)
     retriever = fewshot.FewShotRetriever(ctx, writer.prompt, max_query_tokens=max_query_tokens)
     gin_checks.check_bindings_used(("run_fewshot",))
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -159,7 +157,7 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
     timing = {"bank_generation_seconds": bank.stats.get("generation_seconds"),
               "bank_seconds_this_run": round(index_seconds, 1), "ms_per_query": {}}
     for n in sizes:
-        index, report = bank.index(rows, config.vocab_size, ctx.newline_id, policy=policy, per_document=n)
+        index, report = bank.index(rows, ctx.model.config.vocab_size, ctx.newline_id, policy=policy, per_document=n)
         report["documents_without_docid"] = len(report["documents_without_docid"])
         retriever.rank(retriever.params, tokens[:batch_size], index, num_beams)  # compile, not timed
         t = time.time()

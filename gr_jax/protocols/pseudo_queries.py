@@ -27,8 +27,8 @@ import gin
 from gr_jax import gin_checks, validation
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus, DataError
-from gr_jax.io_utils import write_text
-from gr_jax.models import fewshot, llama, llama_io
+from gr_jax.io_utils import differing_keys, write_text
+from gr_jax.models import fewshot
 from gr_jax.protocols.fewshot_gr import batch_seed, pending_batches, restrict
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,7 @@ def generate_for_corpus(lm: fewshot.LMContext, corpus: Corpus, generator: fewsho
     if path.exists():
         held = GeneratedQueries.load(path)
         if held.built_from != built_from:
-            differs = sorted(k for k in set(held.built_from) | set(built_from)
-                             if held.built_from.get(k) != built_from.get(k))
+            differs = differing_keys(held.built_from, built_from)
             raise ValueError(f"{path}: the pseudo-queries were written with another {', '.join(differs)}; use "
                              f"the settings they were built with (MODEL_DIR/config.gin), a new MODEL_DIR, or "
                              f"delete the file to write them again")
@@ -112,8 +111,7 @@ def write_pseudo_queries(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED
         validation.integer(f"write_pseudo_queries.{name}", v)
     model_dir = Path(model_dir)
     corpus = restrict(sources.load_dataset(task), max_documents).corpus
-    config, params, tok, lm_digest = llama_io.load_lm(lm)
-    ctx = fewshot.LMContext(llama.Llama(config), params, tok, name=lm)
+    ctx, lm_digest = fewshot.LMContext.load(lm)
     gin_checks.check_bindings_used(("write_pseudo_queries",))
     model_dir.mkdir(parents=True, exist_ok=True)
     write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True)

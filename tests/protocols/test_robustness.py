@@ -11,6 +11,7 @@ import pytest
 
 from gr_jax import robustness as entry
 from gr_jax.protocols import robustness as R
+from tests.training.test_pag_run import TRAIN
 
 
 class _Pag:
@@ -86,30 +87,10 @@ def test_bm25_command_writes_tables_and_plots_and_reruns_identically(tmp_path, c
     assert "test.misspelling.5.jsonl: the variations were made from another settings" in err
 
 
-PAG = """
-include 'runs/train.gin'
-include 'models/t5_tiny.gin'
-MIXTURE_OR_TASK_NAME = 'demo'
-load_dataset.demo_docs = 40
-BATCH_SIZE = 8
-TASK_FEATURE_LENGTHS = {'inputs': 24, 'targets': 3}
+# the small PAG of tests/training/test_pag_run.py, 4 steps, no final evaluation (later bindings win in gin)
+PAG = TRAIN + """
 TRAIN_STEPS = 4
-prepare.vocab_size = 300
-prepare.docid_scheme = @PagDocids()
-PagDocids.levels = 3
-PagDocids.k = 8
-PagDocids.set_size = 6
-prepare.embedder = @TfidfSvdEmbedder()
-TfidfSvdEmbedder.dim = 8
-prepare.model_fn = @PagRetriever
-prepare.score_mode = 'raw'
 PagRetriever.planning_size = 12
-PagRetriever.objective = @PagObjective()
-prepare.objectives_config = @PagObjectives()
-t5.get_config.dropout_rate = 0.0
-make_optimizer.learning_rate = 3e-3
-train.optimizer = @make_optimizer()
-train.progress = False
 train.checkpoint_period = 4
 train.final_eval = False
 """
