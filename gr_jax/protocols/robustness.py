@@ -192,6 +192,12 @@ def condition_diagnostics(system, clean: Probe, varied: Probe, swapped: Optional
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _ordered(variations: Mapping) -> list:
+    """(variation, values) in the taxonomy's order (a result read back from JSON has its keys sorted)."""
+    rank = {v: i for i, v in enumerate(V.VARIATIONS)}
+    return sorted(variations.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+
+
 def _pm(s: Mapping) -> str:
     return f"{fmt(s['mean'], 3)} ± {fmt(s['std'], 3)}" if s and not math.isnan(s["mean"]) else "–"
 
@@ -343,7 +349,7 @@ def tables_markdown(result: Mapping) -> str:
     for split, s in result["splits"].items():
         rows.append([split, CLEAN] + [fmt(s["clean"].get(f"{n}/{m}", math.nan), 3) for n in run_names
                                       for m in metric_names])
-        for variation, v in s["variations"].items():
+        for variation, v in _ordered(s["variations"]):
             cells = []
             for n in run_names:
                 for m in metric_names:
@@ -359,7 +365,7 @@ def tables_markdown(result: Mapping) -> str:
               "Δ end to end"]
     rows = []
     for split, s in result["splits"].items():
-        for variation, v in s["variations"].items():
+        for variation, v in _ordered(s["variations"]):
             d = v["diagnostics"]
             rows.append([split, variation, _pm(d.get("cand_overlap")), _pm(d.get("tok_jaccard")),
                          _pm(d.get("seq_gain")), _pm(d.get("plan_swap_drop")), _pm(d.get(f"degradation/{primary}"))])
@@ -372,7 +378,7 @@ def tables_markdown(result: Mapping) -> str:
     header = ["split", "variation", "diagnostic", "p10", "p25", "p50", "p75", "p90"]
     rows = []
     for split, s in result["splits"].items():
-        for variation, v in s["variations"].items():
+        for variation, v in _ordered(s["variations"]):
             for name in ("cand_overlap", "tok_jaccard"):
                 d = v["diagnostics"].get(name)
                 if d:
@@ -383,14 +389,14 @@ def tables_markdown(result: Mapping) -> str:
     header = ["split", "variation", "collapse rate (%)", "E[τ]"]
     rows = [[split, variation, f"{fmt(100 * v['diagnostics']['collapsed']['mean'], 1)} ± "
              f"{fmt(100 * v['diagnostics']['collapsed']['std'], 1)}", fmt(v["tau_mean"], 3)]
-            for split, s in result["splits"].items() for variation, v in s["variations"].items()]
+            for split, s in result["splits"].items() for variation, v in _ordered(s["variations"])]
     parts.append(f"\n## Plan collapse (Eq. 12: δ = {result['delta']}, τ = p{fmt(result['percentile'], 0)} of "
                  f"CandOverlap@{k} per split × variation × seed; Table 8 shape)\n")
     parts.append(markdown_table(header, rows))
     header = ["split", "variation", "percentile", "δ", "collapse rate (%)"]
     rows = [[split, variation, fmt(r["percentile"], 0), fmt(r["delta"], 3),
              f"{fmt(100 * r['rate_mean'], 1)} ± {fmt(100 * r['rate_std'], 1)}"]
-            for split, s in result["splits"].items() for variation, v in s["variations"].items() for r in v["sweep"]]
+            for split, s in result["splits"].items() for variation, v in _ordered(s["variations"]) for r in v["sweep"]]
     parts.append("\n## Collapse sweep over the percentile of τ and δ\n")
     parts.append(markdown_table(header, rows))
     return "\n".join(parts) + "\n"
@@ -401,8 +407,8 @@ def plot(result: Mapping, out_dir: Path, var_dir: Path) -> None:
         for name, label in (("cand_overlap", f"CandOverlap@{result['k']}"),
                             ("tok_jaccard", f"TokJaccard@{result['ell']}")):
             groups = {variation: {int(seed): vals for seed, vals in v["per_seed_per_query"][name].items()}
-                      for variation, v in s["variations"].items() if name in v["per_seed_per_query"]}
+                      for variation, v in _ordered(s["variations"]) if name in v["per_seed_per_query"]}
             if groups:
                 drift.plot_boxes(groups, out_dir / f"{name}_{split}.png", label,
-                                 f"{result['system']} — {split}; whiskers p10–p90, box p25–p75, ◆ mean ± std "
-                                 f"over seeds")
+                                 f"{result['system'].split('(')[0]} — {split}\nwhiskers p10–p90, box p25–p75, "
+                                 f"◆ mean ± std over seeds")
