@@ -450,7 +450,10 @@ def variation_set(path: Path, generator: Generator, queries: QuerySet, seed: int
         raise ValueError(f"{type(generator).__name__} returned {len(texts)} texts for {len(queries)} queries "
                          f"(or an empty one)")
     changed = sum(a != b for a, b in zip(queries.texts, texts))
-    head = {"built_from": built_from, "stats": {"queries": len(texts), "changed": changed}}
+    stats = {"queries": len(texts), "changed": changed}
+    if getattr(generator, "fallbacks", None) is not None:  # the LM paraphraser: queries given the rule-based one
+        stats["fallbacks"] = int(generator.fallbacks)
+    head = {"built_from": built_from, "stats": stats}
     lines = [json.dumps(head, sort_keys=True)]
     lines += [json.dumps({"qid": q, "text": t, "source": s}, ensure_ascii=False)
               for q, t, s in zip(queries.qids, texts, queries.texts)]

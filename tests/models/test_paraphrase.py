@@ -43,3 +43,15 @@ def test_lm_paraphrases_are_order_independent(paraphraser):
     again = p.vary(texts[::-1], qids[::-1], 2026)
     assert dict(zip(qids[::-1], again)) == dict(zip(qids, out))
     assert p.settings()["lm"] == "tiny" and p.settings()["samples"] == 2
+
+
+def test_saved_paraphrases_record_the_fallbacks(paraphraser, tmp_path):
+    import json
+
+    from gr_jax.data.readers import QuerySet
+
+    p, d = paraphraser
+    qs = d.queries["test"]
+    V.variation_set(tmp_path / "p.jsonl", p, QuerySet(list(qs.qids[:5]), list(qs.texts[:5])), 5, "paraphrase")
+    stats = json.loads((tmp_path / "p.jsonl").read_text().splitlines()[0])["stats"]
+    assert stats["fallbacks"] == p.fallbacks and 0 <= stats["fallbacks"] <= 5
