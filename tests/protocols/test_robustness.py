@@ -186,3 +186,18 @@ def test_cross_lingual_settings_and_alignment(tiny_pag, tmp_path, capsys):
     capsys.readouterr()
     assert xl_entry.main(args[:5] + ["--gin.run_cross_lingual.settings=['translate']"]) == 2
     assert "needs run_cross_lingual.translator" in capsys.readouterr().err
+
+
+def test_dense_system_is_order_invariant_under_a_bag_of_words_embedder(tmp_path):
+    """A TF-IDF + SVD embedder ignores word order: reordered queries retrieve the same top-K with the same
+    effectiveness (overlap 1, degradation 0), while misspellings move them."""
+    from gr_jax.docids.embed import TfidfSvdEmbedder
+
+    result = R.run_robustness(task="demo", system="dense", output_dir=str(tmp_path / "out"), max_queries=12,
+                              seeds=(5,), variations=("reordering", "misspelling"), embedder=TfidfSvdEmbedder(dim=16),
+                              k=20, depth=20, progress=False)
+    v = result["splits"]["test"]["variations"]
+    assert v["reordering"]["diagnostics"]["cand_overlap"]["mean"] == pytest.approx(1.0)
+    assert v["reordering"]["diagnostics"]["degradation/dense"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert v["misspelling"]["diagnostics"]["cand_overlap"]["mean"] < 1.0
+    assert result["system_runs"] == {"primary": "dense", "planning": None}
