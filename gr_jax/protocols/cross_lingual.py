@@ -190,26 +190,28 @@ def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str
     if ("seq_only" in settings or "aligned" in settings) and not system.is_pag:
         raise ValueError("settings 'seq_only' and 'aligned' are PAG's (a model in mode 'pag')")
     out_dir = Path(output_dir) if output_dir else Path(model_dir) / "cross_lingual"
-    gin_checks.check_bindings_used(("run_cross_lingual",))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_text(out_dir / "config.gin", gin.config_str(), keep_previous=True)
-
     ds = setup.dataset
     if split not in ds.queries:
         raise ValueError(f"split {split!r} not in the dataset (it has {sorted(ds.queries)})")
     qrels_all = ds.qrels[split]
     english_text = dict(zip(ds.queries[split].qids, ds.queries[split].texts))
-    result: dict[str, Any] = {"system": f"{setup.model.describe()} step {step}", "split": split, "k": k, "ell": ell,
-                              "primary_metric": primary_metric, "languages": {}}
-    for lang, path in sorted(languages.items()):
+    foreign_sets = {}
+    for lang, path in sorted(languages.items()):  # every file read before anything is written
         foreign, _ = read_mmarco_queries(path, qrels_all)
         qids = sorted(q for q in foreign.qids if q in english_text)
         if not qids:
             raise DataError(f"{path}: none of its judged query ids are in the English {split!r} queries")
-        if max_queries:
-            qids = qids[:max_queries]
+        qids = qids[:max_queries] if max_queries else qids
         text_of = dict(zip(foreign.qids, foreign.texts))
-        q_l = QuerySet(qids, [text_of[q] for q in qids])
+        foreign_sets[lang] = QuerySet(qids, [text_of[q] for q in qids])
+    gin_checks.check_bindings_used(("run_cross_lingual",))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_text(out_dir / "config.gin", gin.config_str(), keep_previous=True)
+
+    result: dict[str, Any] = {"system": f"{setup.model.describe()} step {step}", "split": split, "k": k, "ell": ell,
+                              "primary_metric": primary_metric, "languages": {}}
+    for lang, q_l in foreign_sets.items():
+        qids = q_l.qids
         q_en = QuerySet(qids, [english_text[q] for q in qids])
         qrels = {q: qrels_all[q] for q in qids}
         reference = system.probe(q_en, ell)

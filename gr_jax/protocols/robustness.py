@@ -254,6 +254,10 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
     if out_dir is None:
         raise ValueError("run_robustness needs OUTPUT_DIR (or MODEL_DIR)")
     var_dir = Path(variations_dir) if variations_dir else out_dir / "variations"
+    missing = [s for s in splits if s not in dataset.queries]
+    if missing or not splits:
+        raise ValueError(f"run_robustness.splits: {missing or 'none'} not in the dataset (it has "
+                         f"{sorted(dataset.queries)})")
     generators = {v: generators.get(v) or V.generator_for(v) for v in variations}  # built before the check of
     gin_checks.check_bindings_used(("run_robustness",))                              # unused bindings
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -266,8 +270,6 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
     result: dict[str, Any] = {"system": described, "splits": {}, "k": k, "ell": ell, "percentile": percentile,
                               "delta": delta, "seeds": list(seeds)}
     for split in splits:
-        if split not in dataset.queries:
-            raise ValueError(f"split {split!r} not in the dataset (it has {sorted(dataset.queries)})")
         qrels_all = dataset.qrels[split]
         metric = per_split(primary_metric, split)
         threshold = int(per_split(rel_threshold, split) or 1)

@@ -82,6 +82,11 @@ def test_bm25_command_writes_tables_and_plots_and_reruns_identically(tmp_path, c
     err = capsys.readouterr().err
     assert "unknown ['typos']" in err and "Traceback" not in err
     gin.clear_config()
+    assert entry.main(args[:-2] + [f"--gin.OUTPUT_DIR='{tmp_path / 'new'}'", "--gin.run_robustness.splits=['tst']",
+                                   f"--gin.VARIATIONS_DIR='{tmp_path / 'var'}'"]) == 2
+    assert "['tst'] not in the dataset" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()  # refused before anything was written
+    gin.clear_config()
     assert entry.main(args + ["--gin.Misspeller.max_edits=1"]) == 2  # the saved misspellings were made with 2
     err = capsys.readouterr().err
     assert "test.misspelling.5.jsonl: the variations were made from another settings" in err
