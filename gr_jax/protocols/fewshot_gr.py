@@ -25,7 +25,7 @@ from gr_jax import gin_checks, validation
 from gr_jax.baselines.bm25 import BM25
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus, Dataset
-from gr_jax.data.trec import write_run
+from gr_jax.data.trec import write_qrels, write_run
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.report import markdown_table
 from gr_jax.io_utils import differing_keys, write_text
@@ -173,6 +173,9 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
         bm25 = BM25.build(list(dataset.corpus.doc_ids), list(dataset.corpus.texts))
         bm25_run = bm25.search(qids, [text_of[q] for q in qids], k=max(10, num_beams))
         results["bm25_metrics"] = evaluate(bm25_run, sub, list(metrics), 1, missing_as_zero=True)
+    # the qrels of the evaluated queries: any other system's run compares on the same queries with
+    # python -m gr_jax.eval --run RUN --qrels MODEL_DIR/runs/<split>.qrels --msmarco_official
+    write_qrels(model_dir / "runs" / f"{split}.qrels", sub)
     write_text(model_dir / "fewshot.json", json.dumps(results, indent=1), keep_previous=True)
     write_text(model_dir / "fewshot.md", tables_markdown(results) + "\n", keep_previous=True)
     write_text(model_dir / "timing.json", json.dumps(timing, indent=1))  # a measurement of this run only

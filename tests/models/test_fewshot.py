@@ -216,6 +216,10 @@ def test_fewshot_command_runs_reuses_its_bank_and_refuses_another(lm, tmp_path, 
     assert "Few-Shot GR, n = 1" in out and "Few-Shot GR, n = 2" in out and "BM25" in out
     result = json.loads((tmp_path / "run" / "fewshot.json").read_text())
     assert set(result["bank_sizes"]) == {"1", "2"} and result["documents"] == 6
+    from gr_jax.data.trec import read_qrels
+
+    qrels = read_qrels(tmp_path / "run" / "runs" / "test.qrels")  # the evaluated queries, for other systems
+    assert len(qrels) == result["queries"] and all(qrels.values())
     bank_file = tmp_path / "run" / "docid_bank.jsonl"
     first = bank_file.read_text()
     assert len(first.splitlines()) == 1 + 6 * 2
