@@ -189,6 +189,9 @@ def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str
     system = TrainedSystem(setup, params, num_beams, batch_size)
     if ("seq_only" in settings or "aligned" in settings) and not system.is_pag:
         raise ValueError("settings 'seq_only' and 'aligned' are PAG's (a model in mode 'pag')")
+    if system.is_pag and k > setup.model.planning_size:
+        raise ValueError(f"run_cross_lingual.k = {k} exceeds PagRetriever.planning_size = "
+                         f"{setup.model.planning_size}: lower k or raise the planning size")
     out_dir = Path(output_dir) if output_dir else Path(model_dir) / "cross_lingual"
     ds = setup.dataset
     if split not in ds.queries:

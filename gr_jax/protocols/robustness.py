@@ -235,6 +235,10 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
         setup, params, step = restore(model_dir)
         dataset = setup.dataset
         sut = TrainedSystem(setup, params, num_beams, batch_size)
+        if sut.is_pag and k > setup.model.planning_size:  # D_K is a truncation of the planning set D_n
+            raise ValueError(f"run_robustness.k = {k} exceeds PagRetriever.planning_size = "
+                             f"{setup.model.planning_size}: CandOverlap@K compares the top K of the planned "
+                             f"candidates; lower k or raise the planning size")
         described = f"{setup.model.describe()} step {step}"
     elif system in ("bm25", "dense"):
         if not task:

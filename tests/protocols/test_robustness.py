@@ -137,6 +137,9 @@ def test_trained_pag_command(tiny_pag, tmp_path, capsys):
     capsys.readouterr()
     assert entry.main(args + ["--gin.PagRetriever.mode='seq_only'"]) == 2
     assert "runs PAG in its mode 'pag'" in capsys.readouterr().err
+    gin.clear_config()
+    assert entry.main(args + ["--gin.run_robustness.k=50"]) == 2  # planning set of 12 documents
+    assert "k = 50 exceeds PagRetriever.planning_size = 12" in capsys.readouterr().err
 
 
 def _foreign(text: str) -> str:
@@ -191,6 +194,9 @@ def test_cross_lingual_settings_and_alignment(tiny_pag, tmp_path, capsys):
     capsys.readouterr()
     assert xl_entry.main(args[:5] + ["--gin.run_cross_lingual.settings=['translate']"]) == 2
     assert "needs run_cross_lingual.translator" in capsys.readouterr().err
+    gin.clear_config()
+    assert xl_entry.main(args + ["--gin.run_cross_lingual.k=50"]) == 2
+    assert "k = 50 exceeds PagRetriever.planning_size = 12" in capsys.readouterr().err
 
 
 def test_dense_system_is_order_invariant_under_a_bag_of_words_embedder(tmp_path):
