@@ -60,24 +60,25 @@ class _Extras:
 def _as_padded(sequences, vocab_size: int, eos_id: Optional[int], append_eos: bool, source: str):
     """Validates docid token sequences and returns (int32 [M, D] padded with -1, lengths [M])."""
     if isinstance(sequences, np.ndarray) and sequences.ndim == 2:
-        arr = sequences.astype(np.int64, copy=False)
-        lengths = np.full(len(arr), arr.shape[1], np.int64)
+        arr = sequences
         if append_eos:
             if eos_id is None:
                 raise ValueError(f"{source}: append_eos needs eos_id")
-            arr = np.concatenate([arr, np.full((len(arr), 1), eos_id, np.int64)], axis=1)
-            lengths += 1
+            arr = np.concatenate([arr, np.full((len(arr), 1), eos_id, arr.dtype)], axis=1)
+        lengths = np.full(len(arr), arr.shape[1], np.int64)
         if arr.shape[1] == 0 and len(arr):
             raise ValueError(f"{source}: empty docid sequences (length 0)")
-        bad = (arr < 0) | (arr >= vocab_size)
-        if bad.any():
-            row, col = np.argwhere(bad)[0]
+        if arr.dtype.kind not in "iu":
+            raise ValueError(f"{source}: docid tokens must be integers, got dtype {arr.dtype}")
+        # two reductions instead of a mask over every token; the mask only when something is out of range
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= vocab_size):
+            row, col = np.argwhere((arr < 0) | (arr >= vocab_size))[0]
             raise ValueError(f"{source}: token {arr[row, col]} at sequence {row}, position {col} is outside the "
                              f"vocabulary [0, {vocab_size})")
         if eos_id is not None and arr.shape[1] > 1 and (arr[:, :-1] == eos_id).any():
             row, col = np.argwhere(arr[:, :-1] == eos_id)[0]
             raise ValueError(f"{source}: EOS ({eos_id}) inside sequence {row} at position {col}")
-        return arr.astype(np.int32), lengths
+        return arr.astype(np.int32, copy=False), lengths
     seqs = [list(map(int, s)) for s in sequences]
     if append_eos:
         if eos_id is None:
@@ -105,39 +106,76 @@ def _as_padded(sequences, vocab_size: int, eos_id: Optional[int], append_eos: bo
 
 
 def _check_doc_ids(docs: np.ndarray, source: str) -> None:
-    bad = (docs < 0) | (docs >= 1 << 32)
-    if bad.any():
-        i = int(np.argmax(bad))
+    if len(docs) and (int(docs.min()) < 0 or int(docs.max()) >= 1 << 32):
+        i = int(np.argmax((docs < 0) | (docs >= 1 << 32)))
         raise ValueError(f"{source}: document id {docs[i]} (row {i}) must be in [0, 2**32)")
 
 
-def _lexsort_rows(arr: np.ndarray, vocab_size: int, *extra_minor_keys: np.ndarray) -> np.ndarray:
-    """Row order sorting `arr` lexicographically (padding -1 first), ties broken by the extra keys.
+class _PackedRows:
+    """Rows of a padded token array packed into int64 sort keys, most significant first: several tokens per
+    key (each shifted by one, so the padding -1 is 0 and sorts first), `bits` bits each. Comparing the keys in
+    order compares the rows lexicographically, so sorting the keys sorts the rows, and a column of the sorted
+    rows is read back from the sorted keys — the [M, D] rows themselves are never gathered."""
 
-    Columns are packed several to an int64 key (each shifted by one so the padding is 0), which cuts the
-    number of sort passes from D to about D / (62 // bits per token)."""
-    bits = int(np.ceil(np.log2(vocab_size + 1)))
-    per_key = max(1, 62 // bits)
-    packed = []
-    for start in range(0, arr.shape[1], per_key):
-        key = np.zeros(len(arr), np.int64)
-        for j in range(start, min(start + per_key, arr.shape[1])):
-            key = (key << bits) | (arr[:, j].astype(np.int64) + 1)
-        packed.append(key)
-    keys = list(extra_minor_keys) + packed[::-1]
-    return np.lexsort(keys) if keys else np.arange(len(arr))
+    def __init__(self, arr: np.ndarray, vocab_size: int):
+        self.D = arr.shape[1]
+        self.bits = max(1, int(vocab_size).bit_length())  # token + 1 lies in [0, vocab_size]
+        self.per_key = max(1, 62 // self.bits)
+        self.keys = []
+        for start in range(0, self.D, self.per_key):
+            key = np.zeros(len(arr), np.int64)
+            for j in range(start, min(start + self.per_key, self.D)):
+                key <<= self.bits
+                key |= arr[:, j] + 1
+            self.keys.append(key)
 
+    def _place(self, j: int) -> tuple[int, int]:
+        q, r = divmod(j, self.per_key)
+        width = min(self.per_key, self.D - q * self.per_key)
+        return q, self.bits * (width - 1 - r)
 
-def _first_difference(arr: np.ndarray) -> np.ndarray:
-    """fd[i] = first column where row i differs from row i-1 (D if equal); fd[0] = 0."""
-    M, D = arr.shape
-    fd = np.zeros(M, np.int64)
-    if M > 1:
-        fd[1:] = D
-        for j in range(D - 1, -1, -1):  # column by column keeps memory at O(M)
-            differs = arr[1:, j] != arr[:-1, j]
-            fd[1:][differs] = j
-    return fd
+    def column(self, j: int, rows: Optional[np.ndarray] = None) -> np.ndarray:
+        """Token column j (int64, -1 for padding), of every row or of the given rows."""
+        q, shift = self._place(j)
+        key = self.keys[q] if rows is None else self.keys[q][rows]
+        col = key >> shift  # a new array: the in-place steps below never touch the keys
+        col &= (1 << self.bits) - 1
+        col -= 1
+        return col
+
+    def argsort(self, minor: np.ndarray) -> np.ndarray:
+        """Row order by (row, minor). One unstable argsort of the first key (most rows of a large index differ
+        there), then a lexsort of only the rows that tie on it, by the remaining keys and `minor`: the result
+        is the full order whatever the argsort did with ties, so it is deterministic."""
+        order = np.argsort(self.keys[0])
+        first = self.keys[0][order]
+        eq = first[1:] == first[:-1]
+        if eq.any():
+            tie = np.zeros(len(order), bool)
+            tie[1:] = eq
+            tie[:-1] |= eq
+            pos = np.flatnonzero(tie)
+            sub = order[pos]
+            # the tied rows stay at their positions: their first key is the primary (already sorted) key
+            order[pos] = sub[np.lexsort([minor[sub], *(k[sub] for k in self.keys[:0:-1]), first[pos]])]
+        return order
+
+    def take(self, order: np.ndarray) -> None:
+        self.keys = [k[order] for k in self.keys]
+
+    def keep(self, mask: np.ndarray) -> None:
+        self.keys = [k[mask] for k in self.keys]
+
+    def first_difference(self) -> np.ndarray:
+        """fd[i] = first column where row i differs from row i-1 (D if equal); fd[0] = 0."""
+        M = len(self.keys[0]) if self.keys else 0
+        fd = np.zeros(M, np.int64)
+        if M > 1:
+            fd[1:] = self.D
+            for j in range(self.D - 1, -1, -1):  # column by column keeps memory at O(M)
+                col = self.column(j)
+                fd[1:][col[1:] != col[:-1]] = j
+        return fd
 
 
 class TrieIndex:
@@ -192,69 +230,99 @@ class TrieIndex:
         _check_doc_ids(docs, source)
         if M == 0:
             raise ValueError(f"{source}: no docids to index")
-        order = _lexsort_rows(arr, vocab_size, docs)
-        arr, lengths, docs = arr[order], lengths[order], docs[order]
-        fd = _first_difference(arr)
         D = arr.shape[1]
+        ragged = bool(lengths.min() != lengths.max())
+        rows = _PackedRows(arr, vocab_size)
+        order = rows.argsort(docs)
+        rows.take(order)
+        docs = docs[order]
+        if ragged:
+            lengths = lengths[order]
+        del order
+        fd = rows.first_difference()
         same_seq = fd == D
         same_seq[0] = False
-        keep = ~(same_seq & np.r_[False, docs[1:] == docs[:-1]])  # drop duplicate (sequence, doc) pairs
-        arr, lengths, docs, fd, same_seq = arr[keep], lengths[keep], docs[keep], fd[keep], same_seq[keep]
+        dup = same_seq & np.r_[False, docs[1:] == docs[:-1]]  # duplicate (sequence, doc) pairs
+        if dup.any():
+            keep = ~dup
+            rows.keep(keep)
+            docs, lengths, fd, same_seq = docs[keep], lengths[keep] if ragged else lengths[:int(keep.sum())], \
+                fd[keep], same_seq[keep]
         uniq = ~same_seq
-        u_arr, u_len, u_fd = arr[uniq], lengths[uniq], fd[uniq]
-        U = len(u_arr)
+        collisions = not uniq.all()
+        if collisions:  # several documents share a sequence: the tree is built over the distinct sequences
+            rows.keep(uniq)
+            u_len, u_fd = lengths[uniq], fd[uniq]
+        else:
+            u_len, u_fd = lengths, fd
+        del fd
+        U = len(u_fd)
+
+        def row(i):
+            return [int(rows.column(j, np.array([i]))[0]) for j in range(int(u_len[i]))]
+
         # A docid that is a strict prefix of the next one (sorted order puts extensions right after it).
-        if U > 1:
+        if U > 1 and ragged:
             prefix = u_fd[1:] >= u_len[:-1]
             if prefix.any():
                 i = int(np.argmax(prefix))
-                raise ValueError(f"{source}: docid {u_arr[i, :u_len[i]].tolist()} is a strict prefix of "
-                                 f"{u_arr[i + 1, :u_len[i + 1]].tolist()}; end lexical docids with EOS")
+                raise ValueError(f"{source}: docid {row(i)} is a strict prefix of {row(i + 1)}; end lexical docids "
+                                 f"with EOS")
         offsets, tokens, leaf_rank, leaf_all = [], [np.zeros(0, np.int32)], [None], [False]
         tok_dtype = np.int16 if vocab_size <= np.iinfo(np.int16).max else np.int32
-        node_prev = np.zeros(U, np.int64)  # depth-0 node (root) of every unique row
-        n_prev = 1
+        count_dtype = np.int32 if U < np.iinfo(np.int32).max else np.int64
+        first_prev = np.zeros(1, np.int64)  # first row of each depth-(d-1) node (depth 0: the root, row 0)
         leaf_count = 0
-        leaf_of_row = np.full(U, -1, np.int64)
+        leaf_of_row = None if not ragged else np.full(U, -1, np.int64)
         for d in range(1, D + 1):
-            has = u_len >= d
-            new = has & (u_fd < d)
-            node_d = np.cumsum(new) - 1
-            n_d = int(new.sum())
-            parents = node_prev[new]
-            counts = np.bincount(parents, minlength=n_prev)
+            new = (u_fd < d) & (u_len >= d) if ragged else u_fd < d  # rows that start a depth-d node
+            first = np.flatnonzero(new)
+            n_d = len(first)
+            upto = np.cumsum(new, dtype=count_dtype)  # depth-d nodes started at or before each row
+            # children of the depth-(d-1) node p are the depth-d nodes started in [first_prev[p], first_prev[p+1])
             off_dtype = np.int32 if n_d < np.iinfo(np.int32).max else np.int64
-            offsets.append(np.concatenate([[0], np.cumsum(counts)]).astype(off_dtype))
-            tokens.append(u_arr[new, d - 1].astype(tok_dtype))
-            ends = u_len == d
-            n_leaves_d = int(ends.sum())
-            if n_leaves_d == n_d and n_d > 0:
+            offsets.append(np.append(upto[first_prev] - new[first_prev], n_d).astype(off_dtype))
+            tokens.append(rows.column(d - 1, None if n_d == U else first).astype(tok_dtype))
+            if not ragged:  # every docid ends at depth D, where each row is its own node
+                n_leaves_d = n_d if d == D else 0
                 leaf_rank.append(None)
-                leaf_all.append(True)
-                leaf_of_row[ends] = leaf_count + node_d[ends]
-            elif n_leaves_d:
-                rank = np.full(n_d, -1, np.int32)
-                rank[node_d[ends]] = np.arange(n_leaves_d, dtype=np.int32)
-                leaf_rank.append(rank)
-                leaf_all.append(False)
-                leaf_of_row[ends] = leaf_count + rank[node_d[ends]]
+                leaf_all.append(d == D)
             else:
-                leaf_rank.append(None)
-                leaf_all.append(False)
+                ends = np.flatnonzero(u_len == d)
+                n_leaves_d = len(ends)
+                node_of_end = upto[ends] - 1
+                if n_leaves_d == n_d and n_d > 0:
+                    leaf_rank.append(None)
+                    leaf_all.append(True)
+                    leaf_of_row[ends] = leaf_count + node_of_end
+                elif n_leaves_d:
+                    rank = np.full(n_d, -1, np.int32)
+                    rank[node_of_end] = np.arange(n_leaves_d, dtype=np.int32)
+                    leaf_rank.append(rank)
+                    leaf_all.append(False)
+                    leaf_of_row[ends] = leaf_count + rank[node_of_end]
+                else:
+                    leaf_rank.append(None)
+                    leaf_all.append(False)
             leaf_count += n_leaves_d
-            node_prev = np.where(has, node_d, -1)
-            n_prev = n_d
+            first_prev = first
+            del new, upto
         # Payload in leaf order: pair p belongs to unique row (cumsum of uniq) - 1.
-        row_of_pair = np.cumsum(uniq) - 1
-        leaf_of_pair = leaf_of_row[row_of_pair]
-        if not np.all(leaf_of_pair[1:] >= leaf_of_pair[:-1]):
-            o = np.argsort(leaf_of_pair, kind="stable")
-            leaf_of_pair, docs = leaf_of_pair[o], docs[o]
-        doc_offsets = np.concatenate([[0], np.cumsum(np.bincount(leaf_of_pair, minlength=leaf_count))])
+        if not ragged:  # leaves are the rows in order
+            leaf_of_pair = np.cumsum(uniq) - 1 if collisions else None
+        else:
+            leaf_of_pair = leaf_of_row[np.cumsum(uniq) - 1] if collisions else leaf_of_row
+            if not np.all(leaf_of_pair[1:] >= leaf_of_pair[:-1]):
+                o = np.argsort(leaf_of_pair, kind="stable")
+                leaf_of_pair, docs = leaf_of_pair[o], docs[o]
+        if len(docs) == leaf_count:  # one document per leaf
+            doc_offsets = np.arange(leaf_count + 1, dtype=np.int64)
+        else:
+            doc_offsets = np.concatenate([[0], np.cumsum(np.bincount(leaf_of_pair, minlength=leaf_count))])
         index = cls(vocab_size=vocab_size, eos_id=eos_id, offsets=offsets, tokens=tokens, leaf_rank=leaf_rank,
                     leaf_all=leaf_all, doc_offsets=doc_offsets.astype(np.int64), doc_ids=docs,
                     dense_budget_bytes=dense_budget_bytes)
-        log.info("built trie: %d docids, %d documents, depth %d, %.1f MB", U, len(np.unique(docs)), D,
+        log.info("built trie: %d docids, %d (docid, document) pairs, depth %d, %.1f MB", U, len(docs), D,
                  index.nbytes / 2**20)
         return index
 

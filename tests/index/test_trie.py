@@ -178,3 +178,53 @@ def test_corrupt_saved_index(tmp_path):
         TrieIndex.load(tmp_path / "idx")
     with pytest.raises(ValueError, match="not a saved TrieIndex"):
         TrieIndex.load(tmp_path / "nothing")
+
+
+def _prefix_oracle(seqs, docs):
+    """The layout from its definition, in plain Python: the depth-d nodes are the distinct length-d prefixes in
+    lexicographic order, a node's children are its one-token extensions, a leaf is a whole docid (numbered by
+    depth, then node), and a leaf's documents are sorted."""
+    seqs = [tuple(s) for s in seqs]
+    D = max(map(len, seqs))
+    nodes = [[()]] + [sorted({s[:d] for s in seqs if len(s) >= d}) for d in range(1, D + 1)]
+    offsets = []
+    for d in range(D):
+        counts = [sum(1 for c in nodes[d + 1] if c[:d] == p) for p in nodes[d]]
+        offsets.append([0] + list(np.cumsum(counts)))
+    tokens = [[c[-1] for c in nodes[d]] for d in range(1, D + 1)]
+    whole = set(seqs)
+    leaves = [p for d in range(1, D + 1) for p in nodes[d] if p in whole]
+    payload = [sorted({doc for s, doc in zip(seqs, docs) if s == leaf}) for leaf in leaves]
+    return offsets, tokens, leaves, payload
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_layout_equals_the_prefix_oracle_with_several_sort_keys(data):
+    """A vocabulary of 40000 packs three tokens per sort key, so docids of up to 8 tokens span three keys; the
+    few distinct tokens make rows tie on the first key and differ in later ones (the build's tie path), and
+    repeated sequences make collisions and duplicate pairs. The input order must not matter."""
+    big_v = 40000
+    ragged = data.draw(st.booleans())
+    alphabet = st.sampled_from([2, 3, 17, 39999])
+    n = data.draw(st.integers(1, 30))
+    if ragged:
+        seqs = data.draw(st.lists(st.lists(alphabet, min_size=1, max_size=7), min_size=n, max_size=n))
+        seqs = [s + [EOS] for s in seqs]
+    else:
+        L = data.draw(st.integers(1, 8))
+        seqs = data.draw(st.lists(st.lists(alphabet, min_size=L, max_size=L), min_size=n, max_size=n))
+    docs = data.draw(st.lists(st.integers(0, 2**32 - 1) | st.integers(0, 5), min_size=n, max_size=n))
+    build = lambda s, d: TrieIndex.build(s if ragged else np.array(s), d, vocab_size=big_v,  # noqa: E731
+                                         eos_id=EOS if ragged else None, dense_budget_bytes=0)
+    t = build(seqs, docs)
+    offsets, tokens, leaves, payload = _prefix_oracle(seqs, docs)
+    assert [o.tolist() for o in t.offsets] == offsets
+    assert [x.tolist() for x in t.tokens[1:]] == tokens
+    assert [t.documents(i).tolist() for i in range(t.num_leaves)] == payload
+    assert [int(i) for i in t.lookup([list(x) for x in leaves])] == list(range(len(leaves)))
+    perm = data.draw(st.permutations(range(n)))
+    u = build([seqs[i] for i in perm], [docs[i] for i in perm])
+    a, b = t._arrays(), u._arrays()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
