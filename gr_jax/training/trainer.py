@@ -32,7 +32,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from gr_jax import validation
+from gr_jax import host_memory, validation
 from gr_jax.errors import UserError
 from gr_jax.training import partitioning
 
@@ -140,6 +140,12 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation):
         return new_state, {**sums, "grad_norm": (grad_norm, jnp.ones((), jnp.float32))}
 
     return step
+
+
+@jax.jit
+def _accumulate(acc, sums):
+    """Running (sum, count) pairs: one dispatch per step instead of one small op per metric."""
+    return jax.tree_util.tree_map(jnp.add, acc, sums)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -320,36 +326,39 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=train_steps, initial=step, desc=name, unit="step", mininterval=1.0)
-    while step < train_steps:
-        batch = jax.device_put(next(iterator), b_shard)
-        state, sums = step_fn(state, batch, dropout_key)
-        step += 1
-        steps_since += 1
-        acc = sums if not acc else jax.tree_util.tree_map(jnp.add, acc, sums)
-        if step_callback is not None:
-            step_callback(step)
-        if refresh is not None and refresh_period and step % refresh_period == 0 and step < train_steps:
-            refresh(step, state["params"])
-        if step % log_period == 0 or step == train_steps:
-            host = jax.device_get(acc)
-            if int(state["nonfinite"]) > 0:
-                raise TrainingError(_nonfinite_message(model_dir, step - steps_since, step, saved_steps,
-                                                       initial_checkpoint_path))
-            scalars = {k: float(s) / max(float(c), 1e-12) for k, (s, c) in host.items()}
-            scalars.update(steps_per_s=steps_since / (time.time() - t_log), epoch=float(np.mean(iterator.epochs())))
-            writer.write(step, scalars)
+    # The step's temporaries are allocated afresh on every call: keep the freed blocks (host_memory).
+    with host_memory.reuse_freed_memory():
+        while step < train_steps:
+            batch = jax.device_put(next(iterator), b_shard)
+            state, sums = step_fn(state, batch, dropout_key)
+            step += 1
+            steps_since += 1
+            acc = sums if not acc else _accumulate(acc, sums)
+            if step_callback is not None:
+                step_callback(step)
+            if refresh is not None and refresh_period and step % refresh_period == 0 and step < train_steps:
+                refresh(step, state["params"])
+            if step % log_period == 0 or step == train_steps:
+                host = jax.device_get(acc)
+                if int(state["nonfinite"]) > 0:
+                    raise TrainingError(_nonfinite_message(model_dir, step - steps_since, step, saved_steps,
+                                                           initial_checkpoint_path))
+                scalars = {k: float(s) / max(float(c), 1e-12) for k, (s, c) in host.items()}
+                scalars.update(steps_per_s=steps_since / (time.time() - t_log),
+                               epoch=float(np.mean(iterator.epochs())))
+                writer.write(step, scalars)
+                if bar is not None:
+                    shown = sorted(host, key=lambda k: (k != "loss", k))[:3]  # the loss first, if there is one
+                    bar.set_postfix({k: f"{scalars[k]:.3f}" for k in shown})
+                acc, t_log, steps_since = {}, time.time(), 0
             if bar is not None:
-                shown = sorted(host, key=lambda k: (k != "loss", k))[:3]  # the loss first, when the objective has one
-                bar.set_postfix({k: f"{scalars[k]:.3f}" for k in shown})
-            acc, t_log, steps_since = {}, time.time(), 0
-        if bar is not None:
-            bar.update(1)
-        if eval_writer is not None and step % eval_period == 0 and step < train_steps:
-            metrics = evaluate(state["params"])
-            eval_writer.write(step, metrics)
-            log.info("step %d: %s", step, metrics)
-        if step % checkpoint_period == 0 or step == train_steps:
-            save(step)
+                bar.update(1)
+            if eval_writer is not None and step % eval_period == 0 and step < train_steps:
+                metrics = evaluate(state["params"])
+                eval_writer.write(step, metrics)
+                log.info("step %d: %s", step, metrics)
+            if step % checkpoint_period == 0 or step == train_steps:
+                save(step)
     if bar is not None:
         bar.close()
     writer.close()

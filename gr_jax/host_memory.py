@@ -1,0 +1,91 @@
+"""Host memory for jitted programs on the CPU: keep freed blocks for reuse instead of returning them to the OS.
+
+XLA's CPU runtime allocates the temporaries of every execution afresh and frees them when it returns. With
+glibc's defaults a block above the mmap threshold (dynamic, at most 32 MiB) is mapped from the OS on every
+call and unmapped afterwards, and a freed heap top above the trim threshold is given back: either way every
+page of the temporaries is faulted in — and zeroed by the kernel — again on every step. The tiny T5 train step
+(44 MiB of temporaries: batch 32, 64 + 8 tokens) took about 10,600 page faults a step and spent a third of its
+time in them (BENCHMARKS.md, bench_train).
+
+`reuse_freed_memory()` raises glibc's mmap threshold, trim threshold and top pad while its block runs, so such
+blocks come from the heap and stay there from one step to the next; on leaving, it sets them to the values
+glibc adapts to by itself after freeing a large block (mmap 32 MiB, trim 64 MiB, top pad 128 KiB). Blocks
+allocated by XLA's worker threads beyond their arena's 64 MiB heaps are still mapped per call (no threshold
+reaches them); they matter little next to the compute of the models that need them (t5_small: ~3% of a step).
+Memory freed inside the block stays with the process until a later trim, which is the point: the next step
+needs it again. Elsewhere than glibc (macOS, musl) this is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import platform
+import threading
+
+log = logging.getLogger(__name__)
+
+# mallopt(3) parameters
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+_KEEP = {M_MMAP_THRESHOLD: 1 << 30, M_TRIM_THRESHOLD: 1 << 30, M_TOP_PAD: 64 << 20}
+_ADAPTED = {M_MMAP_THRESHOLD: 32 << 20, M_TRIM_THRESHOLD: 64 << 20, M_TOP_PAD: 128 << 10}
+
+_lock = threading.Lock()
+_depth = 0
+_libc = None
+_ever_set = False
+
+
+def _mallopt():
+    global _libc
+    if _libc is None:
+        _libc = False
+        if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+            try:
+                _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+                _libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+            except (OSError, AttributeError):
+                _libc = False
+    return _libc.mallopt if _libc else None
+
+
+def _set(values: dict) -> bool:
+    global _ever_set
+    mallopt = _mallopt()
+    if mallopt is None:
+        return False
+    _ever_set = True
+    ok = all(mallopt(k, v) == 1 for k, v in values.items())
+    if not ok:
+        log.debug("glibc refused one of the malloc settings %s", values)
+    return ok
+
+
+@contextlib.contextmanager
+def reuse_freed_memory():
+    """Within the block, glibc keeps freed memory for reuse (see the module docstring). Re-entrant: nested
+    blocks (an evaluation inside training) leave the settings to the outermost one."""
+    global _depth
+    with _lock:
+        _depth += 1
+        if _depth == 1:
+            _set(_KEEP)
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                _set(_ADAPTED)
+
+
+def active() -> bool:
+    """Whether the settings are in force (inside a block, on glibc)."""
+    return _depth > 0 and _mallopt() is not None
+
+
+def ever_set() -> bool:
+    """Whether this process has changed glibc's settings (they cannot be put back to glibc's adaptive start)."""
+    return _ever_set
