@@ -9,9 +9,11 @@ time in them (BENCHMARKS.md, bench_train).
 
 `reuse_freed_memory()` raises glibc's mmap threshold, trim threshold and top pad while its block runs, so such
 blocks come from the heap and stay there from one step to the next; on leaving, it sets them to the values
-glibc adapts to by itself after freeing a large block (mmap 32 MiB, trim 64 MiB, top pad 128 KiB). Blocks
-allocated by XLA's worker threads beyond their arena's 64 MiB heaps are still mapped per call (no threshold
-reaches them); they matter little next to the compute of the models that need them (t5_small: ~3% of a step).
+glibc adapts to by itself after freeing a large block (mmap 32 MiB, trim 64 MiB, top pad 128 KiB). What it
+does not reach: a single temporary of tens of MiB that XLA's dispatch thread allocates is larger than a thread
+arena's heap can hold (glibc caps those at 64 MiB), so glibc maps it per call whatever the thresholds (a 64 MiB
+cumsum: the same ~16k faults a call inside the block); such buffers come with programs whose compute dwarfs
+the faults (t5_small's train step: ~35k faults in a 1.2 s step).
 Memory freed inside the block stays with the process until a later trim, which is the point: the next step
 needs it again. Elsewhere than glibc (macOS, musl) this is a no-op.
 """

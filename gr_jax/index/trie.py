@@ -8,8 +8,9 @@ Layout (STATIC-style, extended):
 * Children of a node at depth d are a contiguous range of depth-(d+1) nodes, sorted by token:
   `offsets[d][n] .. offsets[d][n+1]` (CSR), with `tokens[d+1]` the token on the edge into each node and
   `max_children[d]` the branching factor K gathered per beam at that depth.
-* Where `n_d × V × 4` bytes fit `dense_budget_bytes`, depth d also gets a dense `[n_d, V]` child table
-  (the top 1–2 levels of a large numeric index), so the beam step reads one row instead of K slots.
+* Where `n_d × V × 4` bytes fit `dense_budget_bytes` and the nodes have at least V / 4 children at most
+  (`DENSE_MAX_SLOTS_PER_CHILD`), depth d also gets a dense `[n_d, V]` child table (the top 1–2 levels of a
+  large numeric index), so the beam step reads one row instead of gathering K slots.
 * Leaves (the end of a docid) may sit at any depth (ragged, EOS-terminated lexical docids). Leaf ids are
   numbered by (depth, node): `leaf_base[d] + rank`; a depth whose nodes are all leaves stores no rank array.
 * Payload: leaf → documents in CSR (`doc_offsets`, `doc_ids`): several documents per docid (collisions) and
@@ -37,6 +38,10 @@ from gr_jax.io_utils import atomic_dir
 log = logging.getLogger(__name__)
 
 FORMAT_TAG = "gr_jax.trie.v1"
+# A depth gets a dense child table only if its rows are at most this many times the K CSR slots (V ≤ 4·K): the
+# search ranks every slot of a beam's row, so a dense row of V slots over nodes of K ≪ V children costs V / K
+# times the scoring and top-k work (tiny T5, 10k docids over V 512: level 1 had K 40 and a 512-wide table).
+DENSE_MAX_SLOTS_PER_CHILD = 4
 _PAD = -1  # padding of ragged sequences inside this module (never a valid token)
 
 
@@ -340,7 +345,9 @@ class TrieIndex:
         self.dense = []
         for d, off in enumerate(self.offsets):
             n = len(off) - 1
-            if n * self.vocab_size * 4 <= self.dense_budget_bytes and n > 0:
+            # a dense row makes every beam score V slots instead of K: worth it only when K is near V
+            if n > 0 and n * self.vocab_size * 4 <= self.dense_budget_bytes \
+                    and self.max_children[d] * DENSE_MAX_SLOTS_PER_CHILD >= self.vocab_size:
                 table = np.full((n, self.vocab_size), -1, np.int32)
                 parent = np.repeat(np.arange(n), np.diff(off))
                 table[parent, self.tokens[d + 1].astype(np.int64)] = np.arange(len(parent), dtype=np.int32)

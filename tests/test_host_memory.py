@@ -1,0 +1,59 @@
+"""host_memory.reuse_freed_memory: a jitted program's temporaries are no longer faulted in afresh on every call."""
+
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gr_jax import host_memory
+
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+PROBE = textwrap.dedent("""
+    import resource
+    import jax, jax.numpy as jnp
+    from gr_jax import host_memory
+
+    # Executions on the calling thread, whose allocations glibc serves from its main arena: which of XLA's
+    # threads allocates a buffer otherwise depends on timing, and a thread arena's heap has other limits.
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    # cumsum materialises a 16 MiB temporary: above glibc's initial mmap threshold, so by default it is
+    # mapped and unmapped (and its pages faulted in) on every call
+    f = jax.jit(lambda x: (jnp.cumsum(x)[::-1] * 2.0).sum())
+    x = jnp.ones((1 << 22,), jnp.float32)
+
+    def faults_per_call(n=5):
+        jax.block_until_ready(f(x))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(n):
+            jax.block_until_ready(f(x))
+        return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / n
+
+    default = faults_per_call()
+    with host_memory.reuse_freed_memory():
+        inside = faults_per_call()
+        assert host_memory.active()
+    assert not host_memory.active()
+    print(default, inside)
+""")
+
+
+@pytest.mark.skipif(not GLIBC, reason="the settings are glibc's; elsewhere reuse_freed_memory is a no-op")
+def test_temporaries_are_reused_inside_the_block():
+    # a fresh process: glibc's adaptive defaults cannot be restored once a test has changed them
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    default, inside = map(float, out.stdout.split())
+    assert default >= 2000  # 16 MiB = 4096 pages: the probe does hit the per-call faults without the block
+    assert inside <= default / 10
+
+
+def test_blocks_nest_and_the_outermost_restores():
+    assert not host_memory.active()
+    with host_memory.reuse_freed_memory():
+        with host_memory.reuse_freed_memory():
+            assert host_memory.active() == GLIBC
+        assert host_memory.active() == GLIBC  # the inner block left the settings to the outer one
+    assert not host_memory.active()
