@@ -18,14 +18,14 @@ from gr_jax.index.device import DeviceTrie, level_candidates
 
 
 @functools.lru_cache(maxsize=None)
-def _without_params(step_fn):
-    return lambda params, cache, tokens: step_fn(cache, tokens)
+def _without_params(fn):
+    return None if fn is None else (lambda params, *args: fn(*args))
 
 
 @functools.partial(jax.jit, static_argnames=("step_fn", "batch_size", "score_mode", "length_penalty", "start_token",
-                                             "tile_fn"))
+                                             "tile_fn", "project_fn"))
 def _score_chunk(step_fn, step_params, cache, trie: DeviceTrie, seqs_MxT, lengths_M, nodes_MxT, *,
-                 batch_size: int, score_mode: str, length_penalty: float, start_token: int, tile_fn):
+                 batch_size: int, score_mode: str, length_penalty: float, start_token: int, tile_fn, project_fn):
     B = batch_size
     M, T = seqs_MxT.shape
     # row b*M + m: query b, docid m
@@ -42,7 +42,9 @@ def _score_chunk(step_fn, step_params, cache, trie: DeviceTrie, seqs_MxT, length
         active = t < lengths_M
         slot_is_target = valid & (tokens == target[:, None])
         step = _token_scores(logits, jnp.broadcast_to(tokens, (B, *tokens.shape)),
-                             jnp.broadcast_to(valid, (B, *valid.shape)), score_mode)
+                             jnp.broadcast_to(valid, (B, *valid.shape)), score_mode,
+                             None if project_fn is None else functools.partial(project_fn, step_params),
+                             trie.vocab_size)
         s = jnp.max(jnp.where(slot_is_target[None], step, -jnp.inf), axis=-1)
         total = total + jnp.where(active[None], s, 0.0)
         last = jnp.broadcast_to(jnp.where(active, target, start_token), (B, M)).reshape(-1)
@@ -51,14 +53,16 @@ def _score_chunk(step_fn, step_params, cache, trie: DeviceTrie, seqs_MxT, length
 
 def exhaustive_scores(step_fn, cache, index, *, batch_size: int, score_mode: str = "log_softmax",
                       length_penalty: float = 0.0, start_token: int = 0, chunk_size: int = 512,
-                      step_params=None, tile_fn=None) -> np.ndarray:
+                      step_params=None, tile_fn=None, project_fn=None) -> np.ndarray:
     """Scores [B, num_leaves] of every docid (column = leaf id) for each query; `cache` has B rows.
 
     `step_fn(cache, tokens)`, or `step_fn(step_params, cache, tokens)` when `step_params` is given (model
     parameters then travel as jit arguments rather than constants). `step_fn` is a static jit argument:
-    pass the same object across calls so each chunk shape compiles once.
+    pass the same object across calls so each chunk shape compiles once. With `project_fn(hidden, tokens)` (or
+    `project_fn(step_params, hidden, tokens)`), `step_fn` returns hidden states, as in `beam_search`.
     """
     fn = _without_params(step_fn) if step_params is None else step_fn
+    project = _without_params(project_fn) if step_params is None else project_fn
     seqs, lengths = index.leaf_sequences()
     nodes = index.path_nodes(seqs, lengths)[:, :-1]  # the node each position chooses a child of
     trie = index.device()
@@ -72,7 +76,8 @@ def exhaustive_scores(step_fn, cache, index, *, batch_size: int, score_mode: str
         s = np.where(s < 0, 0, s)
         scores = _score_chunk(fn, step_params, cache, trie, jnp.asarray(s, jnp.int32), jnp.asarray(ln, jnp.int32),
                               jnp.asarray(nd, jnp.int32), batch_size=batch_size, score_mode=score_mode,
-                              length_penalty=float(length_penalty), start_token=start_token, tile_fn=tile_fn)
+                              length_penalty=float(length_penalty), start_token=start_token, tile_fn=tile_fn,
+                              project_fn=project)
         out.append(np.asarray(scores)[:, : hi - lo])
     return np.concatenate(out, axis=1)
 

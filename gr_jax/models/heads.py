@@ -9,8 +9,14 @@
 
 A head is a small frozen dataclass of functions over `(network, params, ...)`; `params` is the retriever's
 tree `{"network": network params, "head": head params}`. The network is a T5 or a decoder-only Llama: heads call
-its methods by name (`embed`, `logits`, `decode_step`, `decode_step_embedded`), which both define, and read the
-decoding position from `cache.step_index` (T5: the decoder position; Llama: positions after the prompt).
+its methods by name (`embed`, `logits`, `token_logits`, `decode_step`, `decode_step_hidden`,
+`decode_step_embedded`), which both define, and read the decoding position from `cache.step_index` (T5: the
+decoder position; Llama: positions after the prompt).
+
+`candidate_logits` declares whether the head can score a beam's allowed tokens alone (`step_hidden` +
+`project`, used by the search in the score modes "renormalized" and "raw"): the text head can — a token's logit
+is one column of the output projection —, the codebook head's step reads its position's table from the cache,
+so it keeps full logits (its V is a codebook's size).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ def _apply(network, params, *args, method, **kwargs):
 @dataclasses.dataclass(frozen=True)
 class TextHead:
     kind = "text"
+    candidate_logits = True
 
     def init_params(self, config: t5.T5Config, key) -> dict:
         return {}
@@ -52,6 +59,13 @@ class TextHead:
     def step(self, network, params, cache, tokens_B):
         return _apply(network, params, cache, tokens_B, method="decode_step")
 
+    def step_hidden(self, network, params, cache, tokens_B):
+        return _apply(network, params, cache, tokens_B, method="decode_step_hidden")
+
+    def project(self, network, params, hidden, tokens=None):
+        """Logits of the given tokens (or of all with None) from `step_hidden`'s states."""
+        return _apply(network, params, hidden, tokens, method="token_logits")
+
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +74,7 @@ class CodebookHead:
     codes: int = 256  # V codes per position
     init_std: float = 1.0
     kind = "codebook"
+    candidate_logits = False
 
     def init_params(self, config: t5.T5Config, key) -> dict:
         table = self.init_std * jax.random.normal(key, (self.length * self.codes, config.d_model), jnp.float32)

@@ -345,8 +345,26 @@ class Llama(nn.Module):
 
     def decode_step(self, cache: LMCache, tokens_B: Array) -> tuple[Array, LMCache]:
         """One token per row at the next slot; returns logits [B, V] (float32) and the cache."""
+        hidden, cache = self.decode_step_hidden(cache, tokens_B)
+        return self.logits(hidden), cache
+
+    def decode_step_hidden(self, cache: LMCache, tokens_B: Array) -> tuple[Array, LMCache]:
+        """One token per row at the next slot; returns the hidden state [B, D] and the cache."""
         hidden, cache = self.prefill_hidden(cache, tokens_B[:, None])
-        return self.logits(hidden[:, 0]), cache
+        return hidden[:, 0], cache
+
+    def token_logits(self, hidden_BxNxD: Array, tokens_BxNxC: Optional[Array] = None) -> Array:
+        """Logits of the given tokens only, [B, N, C] float32 (C · D multiply-adds per row instead of V · D);
+        `tokens` None: every token (`logits`)."""
+        if tokens_BxNxC is None:
+            return self.logits(hidden_BxNxD)
+        c = self.config
+        if c.tie_word_embeddings:
+            rows = jnp.take(self.embedding, tokens_BxNxC, axis=0)
+        else:
+            rows = jnp.take(self.lm_head.variables["params"]["kernel"].T, tokens_BxNxC, axis=0)
+        return jnp.einsum("bnd,bncd->bnc", hidden_BxNxD.astype(c.compute_dtype), rows.astype(c.compute_dtype),
+                          preferred_element_type=jnp.float32).astype(jnp.float32)
 
     def decode_step_embedded(self, cache: LMCache, x_BxD: Array) -> tuple[Array, LMCache]:
         """One input embedding per row at the next slot; returns the hidden state [B, D] and the cache."""

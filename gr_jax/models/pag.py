@@ -120,8 +120,17 @@ def pag_cache(network: t5.T5, net_params, query_BxL, max_length: int):
 
 
 def pag_step(network: t5.T5, net_params, cache, tokens_R):
-    hidden, cache = network.apply({"params": net_params}, cache, tokens_R, method=t5.T5.decode_step_hidden)
+    hidden, cache = pag_step_hidden(network, net_params, cache, tokens_R)
     return raw_logits(network, net_params, hidden), cache
+
+
+def pag_step_hidden(network: t5.T5, net_params, cache, tokens_R):
+    return network.apply({"params": net_params}, cache, tokens_R, method=t5.T5.decode_step_hidden)
+
+
+def pag_project(network: t5.T5, net_params, hidden, tokens=None):
+    """`raw_logits` of the given tokens only (the search's candidate slots), or of all with None."""
+    return network.apply({"params": net_params}, hidden, tokens, False, method=t5.T5.token_logits)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -437,6 +446,12 @@ class PagRetriever(GenerativeRetriever):
     def _step(self, params, cache, tokens):
         return pag_step(self.network, params["network"], cache, tokens)
 
+    def _step_hidden(self, params, cache, tokens):
+        return pag_step_hidden(self.network, params["network"], cache, tokens)
+
+    def _project(self, params, hidden, tokens=None):
+        return pag_project(self.network, params["network"], hidden, tokens)
+
     def searcher(self, num_beams: int, guided: Optional[bool] = None) -> Searcher:
         """mode "seq_only": plain raw-score search; otherwise the planning-set search, selected with the bonus
         (`guided`, default: mode "pag") or without."""
@@ -446,9 +461,10 @@ class PagRetriever(GenerativeRetriever):
         if key not in self._searchers:
             bonus = (node_bonus if guided else pruning_only) if plan else None
             self._searchers[key] = Searcher(
-                self._step, self._cache, start_token=self.config.decoder_start_token_id,
+                self._step_hidden, self._cache, start_token=self.config.decoder_start_token_id,
                 eos_id=self.config.eos_token_id, vocab_size=self.config.vocab_size, num_beams=num_beams,
-                score_mode="raw", bonus_fn=bonus, tile_fn=share_encoder, accumulate_bonus=False)
+                score_mode="raw", bonus_fn=bonus, tile_fn=share_encoder, accumulate_bonus=False,
+                project_fn=self._project)
         return self._searchers[key]
 
     def query_state(self, params, query_tokens_BxL, index, n: Optional[int] = None):
@@ -471,10 +487,11 @@ class PagRetriever(GenerativeRetriever):
         rep = lexical_rep_from_hidden(self.network, net, hidden, mask)
         rows, scores, tie = top_n_fast(simul_scores(rep, set_ids, self.simul_chunk), n)
         state = bonus_tables(paths, leaves, rows, scores, dense_sizes)
-        res = bs.beam_search(functools.partial(pag_step, self.network, net), cache, trie, batch_size=q.shape[0],
-                             num_beams=num_beams, score_mode="raw", bonus_fn=node_bonus if guided else pruning_only,
-                             query_state=state, start_token=self.config.decoder_start_token_id,
-                             tile_fn=share_encoder, accumulate_bonus=False)
+        res = bs.beam_search(functools.partial(pag_step_hidden, self.network, net), cache, trie,
+                             batch_size=q.shape[0], num_beams=num_beams, score_mode="raw",
+                             bonus_fn=node_bonus if guided else pruning_only, query_state=state,
+                             start_token=self.config.decoder_start_token_id, tile_fn=share_encoder,
+                             accumulate_bonus=False, project_fn=functools.partial(pag_project, self.network, net))
         return res, state, tie
 
     def beams_and_state(self, params, query_tokens_BxL, index, num_beams: int, guided: Optional[bool] = None):

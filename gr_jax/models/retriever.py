@@ -119,13 +119,22 @@ class GenerativeRetriever:
     def _cache(self, params, query_tokens, max_length: int):
         return t5_cache(self.network, params["network"], query_tokens, max_length)
 
+    def _step_hidden(self, params, cache, tokens):
+        return self.head.step_hidden(self.network, params, cache, tokens)
+
+    def _project(self, params, hidden, tokens=None):
+        return self.head.project(self.network, params, hidden, tokens)
+
     def searcher(self, num_beams: int) -> Searcher:
         if num_beams not in self._searchers:
+            # a head that scores candidate tokens alone lets "renormalized" / "raw" skip the full projection
+            split = self.head.candidate_logits
             self._searchers[num_beams] = Searcher(
-                self._step, self._cache, start_token=self.config.decoder_start_token_id,
-                eos_id=self.config.eos_token_id, vocab_size=self.head.output_size(self.config),
-                num_beams=num_beams, score_mode=self.score_mode, length_penalty=self.length_penalty,
-                bonus_fn=self.bonus_fn, tile_fn=self._tile)
+                self._step_hidden if split else self._step, self._cache,
+                start_token=self.config.decoder_start_token_id, eos_id=self.config.eos_token_id,
+                vocab_size=self.head.output_size(self.config), num_beams=num_beams, score_mode=self.score_mode,
+                length_penalty=self.length_penalty, bonus_fn=self.bonus_fn, tile_fn=self._tile,
+                project_fn=self._project if split else None)
         return self._searchers[num_beams]
 
     @staticmethod

@@ -5,7 +5,11 @@ models so that `decoding/` imports no model code.
 `Searcher` takes two functions, so any docid head plugs in:
     cache_fn(params, query_tokens, max_length) -> decode cache (batch axis first)
     step_fn(params, cache, tokens_B) -> (logits_BxV, cache)
-`T5Searcher(model, ...)` is the Searcher of a plain Flax T5 (docids in its text vocabulary).
+and optionally a third, which lets the score modes "renormalized" and "raw" compute the logits of a beam's K
+allowed children only (`decoding.beam_search._token_scores`):
+    project_fn(params, hidden_BxNxD, tokens_BxNxC or None) -> logits [B, N, C] (or [B, N, V])
+with `step_fn` then returning (hidden_BxD, cache). `T5Searcher(model, ...)` is the Searcher of a plain Flax T5
+(docids in its text vocabulary).
 """
 
 from __future__ import annotations
@@ -32,10 +36,26 @@ def t5_step(model: t5.T5, params, cache, tokens):
     return model.apply({"params": params}, cache, tokens, method=t5.T5.decode_step)
 
 
+def t5_step_hidden(model: t5.T5, params, cache, tokens):
+    return model.apply({"params": params}, cache, tokens, method=t5.T5.decode_step_hidden)
+
+
+def t5_project(model: t5.T5, params, hidden, tokens=None):
+    return model.apply({"params": params}, hidden, tokens, method=t5.T5.token_logits)
+
+
 def t5_cache(model: t5.T5, params, query_tokens, max_length: int):
     mask = query_tokens != model.config.pad_token_id
     encoded = model.apply({"params": params}, query_tokens, mask, method=t5.T5.encode)
     return model.apply({"params": params}, encoded, mask, max_length, method=t5.T5.init_cache)
+
+
+def _int32(tokens):
+    """Token ids as int32 for a jitted call: host arrays converted on the host (`jnp.asarray` of an int64 numpy
+    array runs an eager device conversion first, about 0.1 ms a call on the CPU), device arrays as they are."""
+    if isinstance(tokens, jax.Array):
+        return tokens if tokens.dtype == jnp.int32 else tokens.astype(jnp.int32)
+    return np.asarray(tokens, dtype=np.int32)
 
 
 class Searcher:
@@ -47,8 +67,9 @@ class Searcher:
     def __init__(self, step_fn: Callable, cache_fn: Callable, *, start_token: int, eos_id: int, vocab_size: int,
                  num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
                  bonus_fn: Optional[bs.BonusFn] = None, tile_fn: Callable = share_encoder,
-                 accumulate_bonus: bool = True):
+                 accumulate_bonus: bool = True, project_fn: Optional[Callable] = None):
         self.step_fn = step_fn  # one object: exhaustive scoring compiles once
+        self.project_fn = project_fn
         self.cache_fn = cache_fn
         self.start_token = start_token
         self.eos_id = eos_id
@@ -69,21 +90,28 @@ class Searcher:
                               batch_size=query_tokens.shape[0], num_beams=self.num_beams,
                               score_mode=self.score_mode, length_penalty=self.length_penalty,
                               bonus_fn=self.bonus_fn, query_state=query_state, start_token=self.start_token,
-                              tile_fn=self.tile_fn, accumulate_bonus=self.accumulate_bonus)
+                              tile_fn=self.tile_fn, accumulate_bonus=self.accumulate_bonus,
+                              project_fn=None if self.project_fn is None
+                              else functools.partial(self.project_fn, params))
+
+    def _full_step(self, params, cache, tokens):
+        """(logits over the whole vocabulary, cache), whether `step_fn` returns logits or hidden states."""
+        out, cache = self.step_fn(params, cache, tokens)
+        return (out if self.project_fn is None else self.project_fn(params, out, None)), cache
 
     def _unconstrained_impl(self, params, query_tokens, max_length: int):
         cache = self.cache_fn(params, query_tokens, max_length)
-        return bs.beam_search_unconstrained(functools.partial(self.step_fn, params), cache,
+        return bs.beam_search_unconstrained(functools.partial(self._full_step, params), cache,
                                             batch_size=query_tokens.shape[0], num_beams=self.num_beams,
                                             max_length=max_length, eos_id=self.eos_id, vocab_size=self.vocab_size,
                                             score_mode=self.score_mode, length_penalty=self.length_penalty,
                                             start_token=self.start_token, tile_fn=self.tile_fn)
 
     def search(self, params, query_tokens, trie: DeviceTrie, query_state=None) -> bs.BeamResult:
-        return self._search(params, jnp.asarray(query_tokens), trie, query_state)
+        return self._search(params, _int32(query_tokens), trie, query_state)
 
     def search_unconstrained(self, params, query_tokens, max_length: int) -> bs.BeamResult:
-        return self._unconstrained(params, jnp.asarray(query_tokens), max_length=max_length)
+        return self._unconstrained(params, _int32(query_tokens), max_length=max_length)
 
     def exhaustive_scores(self, params, query_tokens, index, chunk_size: int = 512) -> np.ndarray:
         """Exact scores [B, num_docids] under the same score mode and length penalty."""
@@ -92,7 +120,7 @@ class Searcher:
         return exhaustive.exhaustive_scores(self.step_fn, cache, index, batch_size=query_tokens.shape[0],
                                             score_mode=self.score_mode, length_penalty=self.length_penalty,
                                             start_token=self.start_token, chunk_size=chunk_size,
-                                            step_params=params, tile_fn=self.tile_fn)
+                                            step_params=params, tile_fn=self.tile_fn, project_fn=self.project_fn)
 
 
 class T5Searcher(Searcher):
@@ -101,8 +129,8 @@ class T5Searcher(Searcher):
     def __init__(self, model: t5.T5, num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
                  bonus_fn: Optional[bs.BonusFn] = None):
         c = model.config
-        super().__init__(functools.partial(t5_step, model), functools.partial(t5_cache, model),
+        super().__init__(functools.partial(t5_step_hidden, model), functools.partial(t5_cache, model),
                          start_token=c.decoder_start_token_id, eos_id=c.eos_token_id, vocab_size=c.vocab_size,
                          num_beams=num_beams, score_mode=score_mode, length_penalty=length_penalty,
-                         bonus_fn=bonus_fn)
+                         bonus_fn=bonus_fn, project_fn=functools.partial(t5_project, model))
         self.model = model

@@ -223,22 +223,39 @@ class RelativePositionBias(nn.Module):
         return jnp.transpose(bias_TxTxH, (2, 0, 1))[None]
 
 
+def _pairwise_sum_last(x: Array) -> Array:
+    """Sum over the last axis by halving (x[..., :n/2] + x[..., n/2:], log2 n times): elementwise adds that
+    XLA fuses into the loop producing x, where a reduce op of a few elements per output became a library
+    call of its own on the CPU backend."""
+    while x.shape[-1] > 1:
+        n = x.shape[-1]
+        if n % 2:
+            x = jnp.concatenate([x, jnp.zeros_like(x[..., :1])], axis=-1)
+            n += 1
+        x = x[..., : n // 2] + x[..., n // 2:]
+    return x[..., 0]
+
+
 def _attend_one(q_BxHxQ: Array, k_BxSxHxQ: Array, v_BxSxHxQ: Array, bias: Optional[Array], mask: Array,
                 dtype) -> Array:
     """Attention of one query position (an incremental decoding step) as products and sums in the cache's own
     [B, S, H, Q] layout. As a dot, XLA's CPU backend first transposed every layer's whole key and value caches
-    to put B and H first and then ran B·H matrix-vector products of 1 × Q by Q × S: with 100 beams per query
-    that was a third of a constrained search's time. Same float32 arithmetic, same result up to the order of
-    the Q- and S-sums."""
+    to put B and H first, then ran B·H matrix-vector products of 1 × Q by Q × S; this reads each cache once
+    (a decoding step over the cache is bound by memory, not by its B·S·H·Q multiply-adds). Same float32
+    arithmetic as the dot up to the order of the sums over Q and S."""
     f32 = jnp.float32
-    scores_BxSxH = jnp.sum(k_BxSxHxQ.astype(f32) * q_BxHxQ.astype(f32)[:, None], axis=-1)
+    scores_BxSxH = _pairwise_sum_last(k_BxSxHxQ.astype(f32) * q_BxHxQ.astype(f32)[:, None])
     if bias is not None:  # [1, H, 1, S]
         scores_BxSxH = scores_BxSxH + jnp.transpose(bias[:, :, 0].astype(f32), (0, 2, 1))
     mask_BxSxH = jnp.transpose(jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], 1, mask.shape[3]))[:, :, 0],
                                (0, 2, 1))
     scores_BxSxH = jnp.where(mask_BxSxH, scores_BxSxH, jnp.finfo(f32).min)
-    probs = jax.nn.softmax(scores_BxSxH, axis=1)
-    return jnp.sum(probs[..., None] * v_BxSxHxQ.astype(f32), axis=1).astype(dtype)[:, None]
+    probs_BxSxHx1 = jax.nn.softmax(scores_BxSxH, axis=1)[..., None]
+    v = v_BxSxHxQ.astype(f32)
+    out_BxHxQ = probs_BxSxHx1[:, 0] * v[:, 0]
+    for s in range(1, v.shape[1]):  # S is the (short) decode length: adds fused into one loop
+        out_BxHxQ = out_BxHxQ + probs_BxSxHx1[:, s] * v[:, s]
+    return out_BxHxQ.astype(dtype)[:, None]
 
 
 def _attend(q_BxTxHxQ: Array, k_BxSxHxQ: Array, v_BxSxHxQ: Array, bias: Optional[Array], mask: Array,
@@ -524,6 +541,25 @@ class T5(nn.Module):
         else:
             out = self.lm_head(h)
         return out.astype(jnp.float32)
+
+    def token_logits(self, hidden_BxNxD: Array, tokens_BxNxC: Optional[Array] = None,
+                     scale: Optional[bool] = None) -> Array:
+        """The logits of the given tokens only, [B, N, C] float32: the output projection's columns of those
+        tokens against each row's hidden state (what `logits` computes for them, C · D multiply-adds per row
+        instead of V · D). `tokens` None: every token (`logits`)."""
+        if tokens_BxNxC is None:
+            return self.logits(hidden_BxNxD, scale)
+        c = self.config
+        h = hidden_BxNxD
+        if c.scale_decoder_outputs if scale is None else scale:
+            h = h * (c.d_model ** -0.5)
+        if c.tie_word_embeddings:
+            rows_BxNxCxD = jnp.take(self.embedding, tokens_BxNxC, axis=0)
+        else:
+            rows_BxNxCxD = jnp.take(self.lm_head.variables["params"]["kernel"].T, tokens_BxNxC, axis=0)
+        dt = c.compute_dtype
+        return jnp.einsum("bnd,bncd->bnc", h.astype(dt), rows_BxNxCxD.astype(dt),
+                          preferred_element_type=jnp.float32).astype(jnp.float32)
 
     def decode_hidden(self, encoded: Array, encoder_mask: Array, decoder_input_tokens: Array,
                       deterministic: bool = True) -> Array:

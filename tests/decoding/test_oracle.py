@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gr_jax.decoding import beam_search as bs_module
 from gr_jax.decoding.beam_search import beam_search
 from gr_jax.index.trie import TrieIndex
 
@@ -43,8 +44,21 @@ NEAR = 1e-4  # oracle scores closer than this may be ordered either way by float
 # ---------------------------------------------------------------------------------------------------------------
 
 def jax_step(cache, tokens):
+    h, cache = jax_step_hidden(cache, tokens)
+    return h @ jnp.asarray(U, jnp.float32), cache
+
+
+def jax_step_hidden(cache, tokens):
     h = jnp.tanh(cache["h"] @ jnp.asarray(W, jnp.float32) + jnp.asarray(E, jnp.float32)[tokens] + cache["q"])
-    return h @ jnp.asarray(U, jnp.float32), {"q": cache["q"], "h": h}
+    return h, {"q": cache["q"], "h": h}
+
+
+def jax_project(h_BxNxH, tokens_BxNxC):
+    """The candidates' logits alone: the output matrix's columns of those tokens (all columns for None)."""
+    u = jnp.asarray(U, jnp.float32)
+    if tokens_BxNxC is None:
+        return h_BxNxH @ u
+    return jnp.einsum("bnh,bnch->bnc", h_BxNxH, u.T[tokens_BxNxC])
 
 
 def oracle_logits(q: np.ndarray, prefix: tuple) -> np.ndarray:
@@ -127,11 +141,13 @@ def _docids(seed, ragged, n):
     return sorted(out)
 
 
-def _run(index, q, N, mode, lp):
+def _run(index, q, N, mode, lp, candidates=False):
     B = q.shape[0]
     cache = {"q": jnp.asarray(q, jnp.float32), "h": jnp.zeros((B, H), jnp.float32)}
-    res = jax.jit(lambda c, t: beam_search(jax_step, c, t, batch_size=B, num_beams=N, score_mode=mode,
-                                           length_penalty=lp, start_token=START))(cache, index.device())
+    step, project = (jax_step_hidden, jax_project) if candidates else (jax_step, None)
+    res = jax.jit(lambda c, t: beam_search(step, c, t, batch_size=B, num_beams=N, score_mode=mode,
+                                           length_penalty=lp, start_token=START, project_fn=project))(
+        cache, index.device())
     tokens, lengths, valid = (np.asarray(x) for x in (res.tokens, res.lengths, res.valid))
     out = []
     for b in range(B):
@@ -140,15 +156,19 @@ def _run(index, q, N, mode, lp):
     return out
 
 
+@pytest.mark.parametrize("candidates", [False, True])
 @pytest.mark.parametrize("ragged", [False, True])
 @pytest.mark.parametrize("mode", ["log_softmax", "renormalized", "raw"])
-def test_full_beam_equals_the_oracles_exhaustive_ranking(ragged, mode):
+def test_full_beam_equals_the_oracles_exhaustive_ranking(ragged, mode, candidates, monkeypatch):
+    """`candidates`: the step returns hidden states and the search asks for the logits it needs; the ratio set
+    to 1 makes every level with fewer slots than V take the candidates-only path ("renormalized", "raw")."""
+    monkeypatch.setattr(bs_module, "CANDIDATE_RATIO", 1)
     checked = 0
     for seed, lp in itertools.product(range(2), (0.0, 0.5)):
         docids = _docids(seed, ragged, n=14)
         q = np.random.default_rng(100 + seed).normal(size=(8, H))
         oracle = Oracle(docids, lambda b, p: oracle_logits(q[b], p))
-        got = _run(_index(docids, ragged), q, N=len(docids), mode=mode, lp=lp)
+        got = _run(_index(docids, ragged), q, N=len(docids), mode=mode, lp=lp, candidates=candidates)
         for b in range(len(q)):
             scores = oracle.exhaustive(b, mode, lp)
             exact = sorted(scores.items(), key=lambda x: -x[1])
@@ -161,14 +181,16 @@ def test_full_beam_equals_the_oracles_exhaustive_ranking(ragged, mode):
     assert checked >= 24
 
 
+@pytest.mark.parametrize("candidates", [False, True])
 @pytest.mark.parametrize("mode", ["log_softmax", "renormalized", "raw"])
-def test_small_beams_follow_the_canonical_algorithm(mode):
+def test_small_beams_follow_the_canonical_algorithm(mode, candidates, monkeypatch):
+    monkeypatch.setattr(bs_module, "CANDIDATE_RATIO", 1)
     checked = pruned = 0
     for seed, lp, N in itertools.product(range(2), (0.0, 1.0), (1, 3)):
         docids = _docids(seed, True, n=20)
         q = np.random.default_rng(200 + seed).normal(size=(8, H))
         oracle = Oracle(docids, lambda b, p: oracle_logits(q[b], p))
-        got = _run(_index(docids, True), q, N=N, mode=mode, lp=lp)
+        got = _run(_index(docids, True), q, N=N, mode=mode, lp=lp, candidates=candidates)
         for b in range(len(q)):
             want, near = oracle.beam(b, mode, lp, N)
             if near:
