@@ -16,6 +16,11 @@
     and small T5, N 10 and 100 (K = 2N); ms/query and whether the ranked lists are identical.
 (f) the beam → documents → run tail (device gather, array ranker, run dicts) vs the decoding it follows,
     tiny T5, batch 64, beam 100 (target: ≤ 10% of decoding), and the per-beam Python loop it replaced.
+(i) the same search (tiny T5, 16 queries) on one device and split over 2 host devices (a child process started
+    with `--xla_force_host_platform_device_count=2`): the scaling from 1 to 2 devices on this machine.
+(h) our search in each score mode (log_softmax, renormalized, raw) beside its matmul floor: the search's weight
+    matmuls alone, one dot each, in one jitted program, their rate applied to all its FLOPs; tiny T5 with V 512
+    and with T5's V 32128, beam 10 and 100.
 Speed claims are ratios measured side by side in this run; absolute times are only meaningful on a GPU.
 """
 
@@ -128,6 +133,123 @@ def bench_vs_transformers(model_name: str, n_docids: int, beams: list[int], n_qu
              speedup_constrained=hf_c / ours_c, same_docid_sets=same, same_ranking=same_order,
              ours_constrained_vs_their_unconstrained=ours_c / hf_u)
         emit(figure="b_constrained_vs_unconstrained", model=model_name, beam=k, ratio=ours_c / ours_u)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (h): distance to the matmul floor
+# ----------------------------------------------------------------------------------------------------------
+
+
+def decode_matmuls(config: t5.T5Config, trie, batch: int, beams: int, query_len: int, score_mode: str):
+    """The matrix products of one constrained T5 search, as the search runs them: [(rows, in, out, count)] for
+    the weight matmuls (encoder, cross-attention keys/values, every decoder step's projections and FFN, the
+    output projection — over V, or over a level's C candidate slots where `_token_scores` takes that path) and
+    the multiply-adds of the attention products, which are no weight matmuls (reported as FLOPs only)."""
+    D, F, HQ, V, L = config.d_model, config.d_ff, config.num_heads * config.d_kv, config.vocab_size, query_len
+    ff_in = 2 if config.is_gated else 1
+    mm = [(batch * L, D, HQ, 4 * config.num_layers), (batch * L, D, F, ff_in * config.num_layers),
+          (batch * L, F, D, config.num_layers), (batch * L, D, HQ, 2 * config.num_decoder_layers)]
+    attn_macs = 2 * batch * L * L * HQ * config.num_layers
+    T = trie.depth
+    for d, spec in enumerate(trie.specs):
+        R = batch if d == 0 else batch * beams
+        n = config.num_decoder_layers
+        mm += [(R, D, HQ, 6 * n), (R, D, F, ff_in * n), (R, F, D, n)]
+        attn_macs += R * HQ * (2 * T + 2 * L) * n  # self over the cache of T slots, cross over the L query states
+        C = spec.num_slots
+        if score_mode != "log_softmax" and not spec.dense and C * bs.CANDIDATE_RATIO <= V:
+            attn_macs += R * C * D  # candidate logits: a gathered row per slot, no weight matmul
+        else:
+            mm.append((R, D, V, 1))
+    return mm, attn_macs
+
+
+def matmul_floor(config: t5.T5Config, trie, batch: int, beams: int, query_len: int, score_mode: str) -> dict:
+    """The floor of one search on this machine: its weight matmuls and nothing else, one dot each (same shapes
+    and count, distinct operands, so nothing is shared or fused) in one jitted program, timed like the search;
+    that rate applied to all its FLOPs (the attention products are ~10% of them). ms per batch, GFLOP, and the
+    matmul rate reached."""
+    mm, attn_macs = decode_matmuls(config, trie, batch, beams, query_len, score_mode)
+    rng = np.random.default_rng(0)
+    xs, ws = [], []
+    for m, k, n, count in mm:
+        for _ in range(count):
+            xs.append(jnp.asarray(rng.normal(size=(m, k)).astype(np.float32)))
+            ws.append(jnp.asarray(rng.normal(size=(k, n)).astype(np.float32) / np.sqrt(k)))
+
+    @jax.jit
+    def run(xs, ws):
+        return [jnp.dot(x, w) for x, w in zip(xs, ws)]
+
+    t = timed(lambda: run(xs, ws), repeats=10)
+    weight_flops = 2.0 * sum(m * k * n * c for m, k, n, c in mm)
+    total = weight_flops + 2.0 * attn_macs
+    return {"floor_ms": 1e3 * t * total / weight_flops, "gflop": total / 1e9,
+            "matmul_gflop_per_s": weight_flops / t / 1e9}
+
+
+def bench_floor(model_name: str, n_docids: int, beams: list[int], n_queries: int, length: int, vocab: int):
+    """(h) Our search in each score mode beside its matmul floor (above), same model, trie and queries."""
+    config = t5.get_config(model_name, dropout_rate=0.0).replace(vocab_size=vocab)
+    params = t5.init_params(config, seed=0)
+    docids = random_docids(n_docids, length, vocab, seed=1)
+    docids = np.concatenate([docids, np.full((len(docids), 1), EOS, np.int32)], axis=1)
+    index = TrieIndex.build(docids, vocab_size=vocab, eos_id=EOS)
+    trie = index.device()
+    queries = np.random.default_rng(2).integers(3, vocab, (n_queries, 16)).astype(np.int32)
+    for k in beams:
+        for mode in ("log_softmax", "renormalized", "raw"):
+            searcher = T5Searcher(t5.T5(config), num_beams=k, score_mode=mode, length_penalty=1.0)
+            ours = timed(lambda: searcher.search(params, queries, trie).scores, repeats=10)
+            floor = matmul_floor(config, trie, n_queries, k, queries.shape[1], mode)
+            emit(figure="h_matmul_floor", model=model_name, vocab=vocab, docids=int(len(docids)), beam=k,
+                 queries=n_queries, score_mode=mode, slots_per_level=[s.num_slots for s in trie.specs],
+                 gflop_per_query=floor["gflop"] / n_queries, ours_ms_per_query=1e3 * ours / n_queries,
+                 floor_ms_per_query=floor["floor_ms"] / n_queries,
+                 matmul_gflop_per_s=floor["matmul_gflop_per_s"], over_floor=1e3 * ours / floor["floor_ms"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (i): the query batch over 1 and 2 devices
+# ----------------------------------------------------------------------------------------------------------
+
+
+def bench_devices_child(n_docids: int, beams: list[int], n_queries: int, length: int):
+    """Runs in a process started with 2 host devices: the same search on one device and split over both."""
+    from gr_jax.models.search import local_mesh
+
+    config = t5.get_config("tiny", dropout_rate=0.0)
+    params = t5.init_params(config, seed=0)
+    docids = random_docids(n_docids, length, config.vocab_size, seed=1)
+    docids = np.concatenate([docids, np.full((len(docids), 1), EOS, np.int32)], axis=1)
+    trie = TrieIndex.build(docids, vocab_size=config.vocab_size, eos_id=EOS).device()
+    queries = np.random.default_rng(2).integers(3, config.vocab_size, (n_queries, 16)).astype(np.int32)
+    mesh = local_mesh()
+    for k in beams:
+        times, results = {}, {}
+        for name, m in (("1", None), (str(mesh.shape["data"]), mesh)):
+            searcher = T5Searcher(t5.T5(config), num_beams=k, score_mode="log_softmax", length_penalty=1.0)
+            searcher._mesh_arg = m
+            times[name] = timed(lambda: searcher.search(params, queries, trie).scores, repeats=10)
+            results[name] = np.asarray(searcher.search(params, queries, trie).tokens)
+        n = str(mesh.shape["data"])
+        emit(figure="i_devices", model="tiny", docids=int(len(docids)), beam=k, queries=n_queries, devices=int(n),
+             ms_per_query_1_device=1e3 * times["1"] / n_queries, ms_per_query_n_devices=1e3 * times[n] / n_queries,
+             speedup=times["1"] / times[n], same_docids=float(np.array_equal(results["1"], results[n])))
+
+
+def bench_devices(n_docids: int, beams: list[int], n_queries: int, length: int, devices: int = 2):
+    """(i) XLA's host device count is fixed when JAX starts: the comparison runs in a child process."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+                                     f"--xla_force_host_platform_device_count={devices}".strip())
+    args = [sys.executable, __file__, "--child_devices", json.dumps([n_docids, beams, n_queries, length])]
+    out = subprocess.run(args, capture_output=True, text=True, env=env, check=True)
+    for line in out.stdout.splitlines():
+        row = json.loads(line)
+        emit(**row)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -344,11 +466,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
     parser.add_argument("--no_write", action="store_true", help="print JSON lines only, do not touch BENCHMARKS.md")
-    parser.add_argument("--only", choices=["a", "c", "d", "e", "f", "g"], action="append",
+    parser.add_argument("--only", choices=["a", "c", "d", "e", "f", "g", "h", "i"], action="append",
                         help="run only these parts")
+    parser.add_argument("--child_devices", help=argparse.SUPPRESS)  # (i)'s child process: its arguments as JSON
     args = parser.parse_args(argv)
     setup_logging()
-    parts = set(args.only or ["a", "c", "d", "e", "f", "g"])
+    if args.child_devices:
+        bench_devices_child(*json.loads(args.child_devices))
+        return 0
+    parts = set(args.only or ["a", "c", "d", "e", "f", "g", "h", "i"])
     if "a" in parts:
         try:
             import torch  # noqa: F401
@@ -377,6 +503,17 @@ def main(argv=None) -> int:
                     bench_glen(name, 10_000, [10, 100], n_queries=8)
         except ImportError:
             emit(figure="g_glen_vs_pytorch", skipped="torch/transformers not installed")
+    if "h" in parts:
+        if args.quick:
+            bench_floor("tiny", 2000, [10], n_queries=8, length=4, vocab=512)
+        else:
+            bench_floor("tiny", 10_000, [10, 100], n_queries=16, length=4, vocab=512)
+            bench_floor("tiny", 10_000, [10, 100], n_queries=16, length=4, vocab=32128)  # T5's vocabulary
+    if "i" in parts:
+        if jax.devices()[0].platform == "cpu":
+            bench_devices(2000 if args.quick else 10_000, [10] if args.quick else [10, 100], 16, 4)
+        else:
+            emit(figure="i_devices", skipped="host devices only: on an accelerator use the lent devices")
     if "e" in parts:
         if jax.devices()[0].platform == "gpu":
             bench_gpu()
