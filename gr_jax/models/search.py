@@ -46,9 +46,11 @@ def t5_project(model: t5.T5, params, hidden, tokens=None):
 
 
 def t5_cache(model: t5.T5, params, query_tokens, max_length: int):
+    """The search's decode cache: a growing one (`DecodeCache.growing`: each level attends to and reorders only
+    the positions decoded so far), since the searches unroll one Python step per level."""
     mask = query_tokens != model.config.pad_token_id
     encoded = model.apply({"params": params}, query_tokens, mask, method=t5.T5.encode)
-    return model.apply({"params": params}, encoded, mask, max_length, method=t5.T5.init_cache)
+    return model.apply({"params": params}, encoded, mask, max_length, True, method=t5.T5.init_cache)
 
 
 def _int32(tokens):

@@ -354,11 +354,16 @@ class DecoderLayer(nn.Module):
                  cross_kv: tuple[Array, Array], cross_mask: Array, deterministic: bool,
                  write_index: Optional[Array] = None):
         """One decoder layer. With `write_index`, the new keys/values are written into `self_kv` (the cache)
-        at that position and the updated cache is returned; otherwise `self_kv` is ignored."""
+        at that position — or appended to it with `write_index="append"` — and the updated cache is returned;
+        otherwise `self_kv` is ignored."""
         h = self.self_attention_norm(x)
         k_new, v_new = self.self_attention.project_kv(h)
         if write_index is None:
             k, v = k_new, v_new
+        elif isinstance(write_index, str):  # "append": a growing cache
+            k_cache, v_cache = self_kv
+            k = jnp.concatenate([k_cache, k_new.astype(k_cache.dtype)], axis=1)
+            v = jnp.concatenate([v_cache, v_new.astype(v_cache.dtype)], axis=1)
         else:
             k_cache, v_cache = self_kv
             start = (0, write_index, 0, 0)
@@ -383,6 +388,11 @@ class DecodeCache:
 
     self_k/self_v: per decoder layer [B, S, H, Q]; cross_k/cross_v: per layer [B, L, H, Q] (the projected
     encoder states, computed once); encoder_mask: [B, L]; index: the next position to write (scalar).
+
+    `growing` (static): S is the number of positions fed so far and every step appends its keys/values (a
+    new shape per step: for loops unrolled per position, as the constrained search's). A step then attends
+    to the positions that exist and beam reordering copies only those, instead of the whole [B, S_max, H, Q]
+    buffer of a fixed cache — at step d, d + 1 slots instead of the docid length.
     """
 
     index: Array
@@ -391,6 +401,7 @@ class DecodeCache:
     cross_k: tuple[Array, ...]
     cross_v: tuple[Array, ...]
     encoder_mask: Array
+    growing: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def max_length(self) -> int:
@@ -484,8 +495,10 @@ class Decoder(nn.Module):
         [B, T, D] and the cache with index advanced by T (T = 1: one incremental step)."""
         S, T = cache.max_length, x_BxTxD.shape[1]
         index = cache.index
-        positions = index + jnp.arange(T)
-        keys = jnp.arange(S)
+        if cache.growing:  # the cache holds exactly the S positions fed so far: the new ones follow
+            positions, keys, write = S + jnp.arange(T), jnp.arange(S + T), "append"
+        else:
+            positions, keys, write = index + jnp.arange(T), jnp.arange(S), index
         bias = self.relpos_bias(positions, keys)
         self_mask = (keys[None, :] <= positions[:, None])[None, None]
         cross_mask = cache.encoder_mask[:, None, None, :]
@@ -493,7 +506,7 @@ class Decoder(nn.Module):
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             x, (k, v) = layer(x, (cache.self_k[i], cache.self_v[i]), bias, self_mask,
-                              (cache.cross_k[i], cache.cross_v[i]), cross_mask, True, write_index=index)
+                              (cache.cross_k[i], cache.cross_v[i]), cross_mask, True, write_index=write)
             new_k.append(k)
             new_v.append(v)
         x = self.final_norm(x)
@@ -582,14 +595,17 @@ class T5(nn.Module):
         encoded = self.encode(encoder_input_tokens, encoder_mask, deterministic)
         return self.decode(encoded, encoder_mask, decoder_input_tokens, deterministic)
 
-    def init_cache(self, encoded: Array, encoder_mask: Array, max_decode_length: int) -> DecodeCache:
+    def init_cache(self, encoded: Array, encoder_mask: Array, max_decode_length: int,
+                   growing: bool = False) -> DecodeCache:
+        """A cache of `max_decode_length` positions, or with `growing` an empty one that each step extends
+        (`DecodeCache.growing`; `max_decode_length` is then not needed)."""
         c = self.config
         B = encoded.shape[0]
         ck, cv = self.decoder.cross_kv(encoded)
-        shape = (B, max_decode_length, c.num_heads, c.d_kv)
+        shape = (B, 0 if growing else max_decode_length, c.num_heads, c.d_kv)
         zeros = tuple(jnp.zeros(shape, c.compute_dtype) for _ in range(c.num_decoder_layers))
         return DecodeCache(index=jnp.zeros((), jnp.int32), self_k=zeros, self_v=zeros, cross_k=ck, cross_v=cv,
-                           encoder_mask=encoder_mask.astype(bool))
+                           encoder_mask=encoder_mask.astype(bool), growing=growing)
 
     def decode_step_hidden(self, cache: DecodeCache, tokens_B: Array) -> tuple[Array, DecodeCache]:
         hidden, cache = self.decoder.step(self.embed(tokens_B[:, None]), cache)
