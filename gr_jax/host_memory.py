@@ -10,10 +10,13 @@ time in them (BENCHMARKS.md, bench_train).
 `reuse_freed_memory()` raises glibc's mmap threshold, trim threshold and top pad while its block runs, so such
 blocks come from the heap and stay there from one step to the next; on leaving, it sets them to the values
 glibc adapts to by itself after freeing a large block (mmap 32 MiB, trim 64 MiB, top pad 128 KiB). What it
-does not reach: a single temporary of tens of MiB that XLA's dispatch thread allocates is larger than a thread
-arena's heap can hold (glibc caps those at 64 MiB), so glibc maps it per call whatever the thresholds (a 64 MiB
-cumsum: the same ~16k faults a call inside the block); such buffers come with programs whose compute dwarfs
-the faults (t5_small's train step: ~35k faults in a 1.2 s step).
+does not reach: a single temporary of tens of MiB or more that XLA's dispatch thread allocates is larger than a
+thread arena's heap can hold (glibc caps those at 64 MiB), so glibc maps it per call whatever the thresholds
+(t5_small's train step: ~230k faults, 0.9 GB of temporaries, in a 1.3 s step). Executions on the calling
+thread (`jax.config.update("jax_cpu_enable_async_dispatch", False)` before JAX's first computation) allocate
+from the main arena, where the thresholds apply: that step then took 1.07 s with no faults (`python
+tools/bench_train.py --configs t5_small --sync_dispatch --no_torch`), while the tiny step lost its overlap with
+the Python loop. The library leaves JAX's default (asynchronous) dispatch alone.
 Memory freed inside the block stays with the process until a later trim, which is the point: the next step
 needs it again. Elsewhere than glibc (macOS, musl) this is a no-op.
 """

@@ -156,7 +156,8 @@ def bench(config_name: str, batch: int, inputs: int, targets: int, dtype: str, s
            "faults_per_step_default_malloc": best["ours_default_malloc"][1] if default_first else None,
            "tokens_per_s": batch * (inputs + targets) / dt, "xla_gflop_per_step": ours.flops / 1e9,
            "mfu": (ours.flops / dt) / (peak * n_dev) if peak and ours.flops else None,
-           "device": f"{n_dev}× {jax.devices()[0].device_kind}", "threads": os.cpu_count()}
+           "device": f"{n_dev}× {jax.devices()[0].device_kind}", "threads": os.cpu_count(),
+           "dispatch": "async" if jax.config.read("jax_cpu_enable_async_dispatch") else "sync"}
     if theirs is not None:
         row.update(torch_ms_per_step=best["torch"][0] * 1e3, torch_faults_per_step=best["torch"][1],
                    speedup_vs_torch=best["torch"][0] / dt)
@@ -174,9 +175,15 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no_torch", action="store_true", help="skip the PyTorch step (e.g. on a GPU run)")
+    parser.add_argument("--sync_dispatch", action="store_true",
+                        help="CPU: run each step on the calling thread (jax_cpu_enable_async_dispatch off), so that "
+                             "glibc serves even temporaries of hundreds of MiB from the heap kept by host_memory; "
+                             "with --no_torch (PyTorch's step, alternating in the same heap, fragments it)")
     parser.add_argument("--no_write", action="store_true")
     args = parser.parse_args(argv)
     setup_logging()
+    if args.sync_dispatch:  # read when JAX creates its CPU client, i.e. before the first computation
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
     with_torch = not args.no_torch
     if with_torch:
         try:
