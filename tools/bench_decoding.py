@@ -270,7 +270,7 @@ def bench_index(sizes: list[int], length: int = 8, vocab: int = 2048, decode: bo
         build_s = time.perf_counter() - t0
         row = dict(figure="c_build", docids=int(n), length=length, vocab=vocab, build_s=build_s,
                    index_mb=index.nbytes / 2**20, nodes=int(index.num_nodes),
-                   dense_levels=[d for d in range(index.depth) if index.dense[d] is not None],
+                   dense_levels=[d for d in range(index.depth) if index.decode_dense[d]],
                    max_children=index.max_children, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         if decode:
             trie = index.device()

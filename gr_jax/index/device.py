@@ -52,7 +52,7 @@ def to_device(index) -> DeviceTrie:
     V = index.vocab_size
     for d in range(index.depth):
         arrays = {}
-        dense = index.dense[d] is not None
+        dense = index.decode_dense[d]
         if dense:
             arrays["dense"] = jnp.asarray(index.dense[d])
         elif index.max_children[d] > 0:

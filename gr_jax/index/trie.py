@@ -8,9 +8,10 @@ Layout (STATIC-style, extended):
 * Children of a node at depth d are a contiguous range of depth-(d+1) nodes, sorted by token:
   `offsets[d][n] .. offsets[d][n+1]` (CSR), with `tokens[d+1]` the token on the edge into each node and
   `max_children[d]` the branching factor K gathered per beam at that depth.
-* Where `n_d × V × 4` bytes fit `dense_budget_bytes` and the nodes have at least V / 4 children at most
-  (`DENSE_MAX_SLOTS_PER_CHILD`), depth d also gets a dense `[n_d, V]` child table (the top 1–2 levels of a
-  large numeric index), so the beam step reads one row instead of gathering K slots.
+* Where `n_d × V × 4` bytes fit `dense_budget_bytes`, depth d also gets a dense `[n_d, V]` child table (the top
+  1–2 levels of a large numeric index): host lookups (insert, lookup) read one entry instead of a binary search,
+  and where the nodes have at least V / 4 children at most (`DENSE_MAX_SLOTS_PER_CHILD`, `decode_dense`) the
+  beam step reads one row instead of gathering K slots.
 * Leaves (the end of a docid) may sit at any depth (ragged, EOS-terminated lexical docids). Leaf ids are
   numbered by (depth, node): `leaf_base[d] + rank`; a depth whose nodes are all leaves stores no rank array.
 * Payload: leaf → documents in CSR (`doc_offsets`, `doc_ids`): several documents per docid (collisions) and
@@ -38,9 +39,9 @@ from gr_jax.io_utils import atomic_dir
 log = logging.getLogger(__name__)
 
 FORMAT_TAG = "gr_jax.trie.v1"
-# A depth gets a dense child table only if its rows are at most this many times the K CSR slots (V ≤ 4·K): the
-# search ranks every slot of a beam's row, so a dense row of V slots over nodes of K ≪ V children costs V / K
-# times the scoring and top-k work (tiny T5, 10k docids over V 512: level 1 had K 40 and a 512-wide table).
+# Decoding reads a depth's dense child table only if its rows are at most this many times the K CSR slots
+# (V ≤ 4·K): the search ranks every slot of a beam's row, so a dense row of V slots over nodes of K ≪ V children
+# costs V / K times the scoring and top-k work (tiny T5, 10k docids over V 512: level 1 had K 32, a 512-wide row).
 DENSE_MAX_SLOTS_PER_CHILD = 4
 _PAD = -1  # padding of ragged sequences inside this module (never a valid token)
 
@@ -108,6 +109,13 @@ def _as_padded(sequences, vocab_size: int, eos_id: Optional[int], append_eos: bo
             row, col = np.argwhere(inner)[0]
             raise ValueError(f"{source}: EOS ({eos_id}) inside sequence {row} at position {col}")
     return arr.astype(np.int32), lengths
+
+
+def _sorted_unique(x: np.ndarray) -> np.ndarray:
+    """np.unique for int arrays by a sort: numpy 2's np.unique hashes integers, which was 70× slower on 880k
+    int64 keys here (0.37 s vs 5 ms)."""
+    s = np.sort(x)
+    return s[np.r_[True, s[1:] != s[:-1]]] if len(s) else s
 
 
 def _check_doc_ids(docs: np.ndarray, source: str) -> None:
@@ -345,15 +353,16 @@ class TrieIndex:
         self.dense = []
         for d, off in enumerate(self.offsets):
             n = len(off) - 1
-            # a dense row makes every beam score V slots instead of K: worth it only when K is near V
-            if n > 0 and n * self.vocab_size * 4 <= self.dense_budget_bytes \
-                    and self.max_children[d] * DENSE_MAX_SLOTS_PER_CHILD >= self.vocab_size:
+            if n > 0 and n * self.vocab_size * 4 <= self.dense_budget_bytes:
                 table = np.full((n, self.vocab_size), -1, np.int32)
                 parent = np.repeat(np.arange(n), np.diff(off))
                 table[parent, self.tokens[d + 1].astype(np.int64)] = np.arange(len(parent), dtype=np.int32)
                 self.dense.append(table)
             else:
                 self.dense.append(None)
+        # a dense row makes every beam score V slots instead of K: decoding reads it only where K is near V
+        self.decode_dense = [t is not None and k * DENSE_MAX_SLOTS_PER_CHILD >= self.vocab_size
+                             for t, k in zip(self.dense, self.max_children)]
 
     # ------------------------------------------------------------------------------------------------------
     # sizes
@@ -509,7 +518,8 @@ class TrieIndex:
     def _leaf_at(self, lengths: np.ndarray, node: np.ndarray) -> np.ndarray:
         """Leaf id of (depth, node) pairs, -1 where that node is not a leaf or does not exist."""
         out = np.full(len(node), -1, np.int64)
-        for d in np.unique(lengths):
+        depths = [int(lengths[0])] if len(lengths) and lengths.min() == lengths.max() else _sorted_unique(lengths)
+        for d in depths:
             sel = (lengths == d) & (node >= 0)
             if not sel.any():
                 continue
@@ -676,12 +686,13 @@ class TrieIndex:
             self.new_leaves = np.concatenate([self.new_leaves, end_depth])
             leaf[np.flatnonzero(new_end)] = new_leaf_ids[inverse]
         # Payload: skip pairs already present.
-        key = np.unique(leaf * (1 << 32) + docs)
+        key = _sorted_unique(leaf * (1 << 32) + docs)
         pairs = np.stack([key >> 32, key & ((1 << 32) - 1)], 1)
         add = pairs[~self._pairs_present(pairs)]
-        if len(add):
-            merged = np.concatenate([self.extra_pairs, add])
-            self.extra_pairs = merged[np.lexsort((merged[:, 1], merged[:, 0]))]
+        if len(add):  # both sorted by (leaf, doc): merged by position, O(existing + new)
+            old = self.extra_pairs
+            at = np.searchsorted(old[:, 0] * (1 << 32) + old[:, 1], add[:, 0] * (1 << 32) + add[:, 1])
+            self.extra_pairs = np.insert(old, at, add, axis=0)
         self._device = self._device_payload = None
         return {"pairs_added": int(len(add)), "docids_added": int(n_new_leaves), "nodes_added": int(nodes_added)}
 
@@ -733,6 +744,7 @@ class TrieIndex:
             self.new_nodes.append(0)
             self.max_children.append(0)
             self.dense.append(None)
+            self.decode_dense.append(False)
             self.extras.append(_Extras.empty())
             self.leaf_base.append(self.main_leaves)
 
