@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 import gin
 import gin.config
 
+from gr_jax import host_memory
 from gr_jax.errors import UserError
 from gr_jax.gin_checks import MACRO, GinConfigError, call_configured, command  # noqa: F401 (re-exported)
 
@@ -225,6 +226,15 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     return (UserError, ValueError, OSError)
 
 
+@gin.configurable
+def cpu_runtime(synchronous_dispatch: bool = True) -> None:
+    """How an entry point runs JAX computations on the CPU, set after parsing and before the first computation.
+    Synchronous dispatch by default: each step's temporaries then come from the heap that
+    `host_memory.reuse_freed_memory` keeps (the demo's train step 60 → 35 ms, t5_small's 1.29 → 1.07 s, on 2
+    cores); `cpu_runtime.synchronous_dispatch = False` gives JAX's asynchronous default back."""
+    host_memory.cpu_dispatch(synchronous_dispatch)
+
+
 def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = (), root: str | None = None,
               allow_unused: Sequence[str] = ()):
     """The body of a `python -m gr_jax.<command>` entry point: split the flags, parse gin, call the configured
@@ -238,6 +248,7 @@ def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = (), root
     try:
         with command(root, allow_unused):
             parse(files, [*extra_bindings, *bindings], paths, ignore_unused_macros=extra_macros)
+            cpu_runtime()
             return 0, call_configured(get_fn())
     except expected_errors() as e:
         log.debug("the error's traceback", exc_info=True)

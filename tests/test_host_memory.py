@@ -57,3 +57,40 @@ def test_blocks_nest_and_the_outermost_restores():
             assert host_memory.active() == GLIBC
         assert host_memory.active() == GLIBC  # the inner block left the settings to the outer one
     assert not host_memory.active()
+
+
+ENTRY = textwrap.dedent("""
+    import resource, sys
+    import jax, jax.numpy as jnp
+    from gr_jax import gin_utils, host_memory
+
+    def probe():  # what an entry point's configured function runs: a jitted step inside the kept heap
+        f = jax.jit(lambda x: (jnp.cumsum(x)[::-1] * 2.0).sum())
+        x = jnp.ones((1 << 24,), jnp.float32)  # a 64 MiB temporary: beyond a thread arena's reach
+        with host_memory.reuse_freed_memory():
+            jax.block_until_ready(f(x))
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            for _ in range(3):
+                jax.block_until_ready(f(x))
+            return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3
+
+    rc, faults = gin_utils.run_entry(sys.argv[1:], "usage", lambda: probe)
+    print(rc, faults)
+""")
+
+
+@pytest.mark.skipif(not GLIBC, reason="the settings are glibc's; elsewhere reuse_freed_memory is a no-op")
+def test_entry_points_dispatch_on_the_calling_thread(tmp_path):
+    """run_entry sets synchronous CPU dispatch before the first computation (gin_utils.cpu_runtime), so even a
+    temporary too large for a dispatch thread's arena comes from the kept heap; the binding turns it off."""
+    (tmp_path / "empty.gin").write_text("# nothing to bind\n")
+    got = {}
+    for name, extra in (("sync", []), ("async", ["--gin.cpu_runtime.synchronous_dispatch=False"])):
+        out = subprocess.run([sys.executable, "-c", ENTRY, f"--gin_file={tmp_path / 'empty.gin'}", *extra],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        rc, faults = out.stdout.split()
+        assert rc == "0"
+        got[name] = float(faults)
+    assert got["async"] >= 8000  # 64 MiB = 16384 pages, mapped afresh per call by the dispatch thread
+    assert got["sync"] <= got["async"] / 10

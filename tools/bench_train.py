@@ -1,14 +1,20 @@
 """Training-step benchmark: our real train step (GenerativeRetriever.loss_fn + AdamW with gradient clipping,
 jit, data-parallel mesh over the local devices) beside a plain transformers PyTorch `T5ForConditionalGeneration`
-step with `torch.optim.AdamW` and `clip_grad_norm_` on the same shapes, the same weights, in the same process:
-both warmed up, both on all CPU cores (XLA's thread pool and `torch.set_num_threads(os.cpu_count())`), timed in
-alternating rounds (best round of each), inside `host_memory.reuse_freed_memory()` as `trainer.fit` runs it.
-Also our step with glibc's default malloc settings (timed before, in the same process: the first config of a
-run only) and the page faults per step. On an
-accelerator: model-FLOPs utilisation (XLA's FLOP count / step time / the device's peak). Appends a section to
-BENCHMARKS.md.
+step with `torch.optim.AdamW` and `clip_grad_norm_` on the same shapes and the same weights.
+
+Each contender runs in a process of its own (so that none shares the other's heap or thread pools), all
+started by this one, all warmed up, on all CPU cores (XLA's thread pool; `torch.set_num_threads(os.cpu_count())`),
+timed in alternating rounds (best round of each):
+  ours              as `python -m gr_jax.train` runs it: synchronous CPU dispatch (`gin_utils.cpu_runtime`) and
+                    the loop inside `host_memory.reuse_freed_memory()` (`trainer.fit`);
+  ours_jax_default  the same step with JAX's asynchronous dispatch and glibc's default malloc (the library
+                    before issue 18);
+  torch             transformers' step.
+Page faults per step are reported for each. On an accelerator: model-FLOPs utilisation (XLA's FLOP count /
+step time / the device's peak). Appends a section to BENCHMARKS.md.
 
     python tools/bench_train.py                               # tiny and t5_small on CPU, vs PyTorch
+    python tools/bench_train.py --configs tiny --batch 64 --targets 16        # the demo's shapes
     python tools/bench_train.py --configs t5_base --dtype bfloat16 --batch 128 --no_torch   # a GPU run (MFU ≥ 40%)
 """
 
@@ -19,20 +25,13 @@ import datetime
 import json
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-
-from gr_jax import host_memory
-from gr_jax.cli import setup_logging
-from gr_jax.models import convert, t5
-from gr_jax.models.retriever import GenerativeRetriever
-from gr_jax.training import partitioning, trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,73 +39,79 @@ ROOT = Path(__file__).resolve().parents[1]
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v4": 275e12, "TPU v5e": 197e12}
 
 
-def peak_flops(device) -> float | None:
-    kind = getattr(device, "device_kind", "")
+def peak_flops(kind: str) -> float | None:
     for name, peak in PEAK_BF16.items():
         if name.lower() in kind.lower():
             return peak
     return None
 
 
-def _faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def _batch(vocab_size: int, batch: int, inputs: int, targets: int) -> dict:
+    rng = np.random.default_rng(0)
+    return {"inputs": rng.integers(3, vocab_size, (batch, inputs)).astype(np.int32),
+            "targets": rng.integers(3, vocab_size, (batch, targets)).astype(np.int32)}
 
 
-def _round(contender, steps: int) -> tuple[float, float]:
-    """(seconds per step, minor page faults per step) of `steps` steps back to back, then waiting for the
-    result (as `trainer.fit` runs them: it blocks only at log steps)."""
-    f0, t0 = _faults(), time.perf_counter()
-    for _ in range(steps):
-        contender()
-    contender.wait()
-    return (time.perf_counter() - t0) / steps, (_faults() - f0) / steps
+# ----------------------------------------------------------------------------------------------------------
+# the contenders (each in its own process)
+# ----------------------------------------------------------------------------------------------------------
 
 
 class Ours:
-    def __init__(self, config, batch: dict, lr: float):
+    def __init__(self, spec: dict):
+        import jax
+        import jax.numpy as jnp
+
+        from gr_jax.models import convert, t5
+        from gr_jax.models.retriever import GenerativeRetriever
+        from gr_jax.training import partitioning, trainer
+
+        self.jax = jax
+        config = t5.get_config(spec["config"], dtype=spec["dtype"], dropout_rate=0.0)
         model = GenerativeRetriever(config)
         mesh = partitioning.make_mesh(1)
         params = model.init_params(0)
-        # a copy: on the CPU device_get can return views of the device buffers, and a buffer with a view cannot
-        # be donated to the step (each step would then allocate the whole state afresh)
-        self.params_np = jax.tree_util.tree_map(lambda x: np.array(x, copy=True), params["network"])
+        if spec.get("hf_dir"):  # the weights for the PyTorch contender (copies: a view of a buffer blocks donation)
+            convert.save_hf(jax.tree_util.tree_map(np.array, params["network"]), config, spec["hf_dir"])
         params = jax.device_put(params, partitioning.param_shardings(model.param_axes(params), mesh))
-        tx = trainer.make_optimizer(learning_rate=lr)  # AdamW, weight decay 0.01, clip_norm 1.0
+        tx = trainer.make_optimizer(learning_rate=1e-4)  # AdamW, weight decay 0.01, clip_norm 1.0
         self.state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": jax.jit(tx.init)(params),
                       "nonfinite": jnp.zeros((), jnp.int32)}
-        self.batch = jax.device_put(batch, partitioning.batch_sharding(mesh))
+        data = _batch(config.vocab_size, spec["batch"], spec["inputs"], spec["targets"])
+        self.batch = jax.device_put(data, partitioning.batch_sharding(mesh))
         self.step = jax.jit(trainer.make_train_step(model.loss_fn, tx), donate_argnums=(0,))
         self.key = jax.random.PRNGKey(0)
         compiled = self.step.lower(self.state, self.batch, self.key).compile()
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        self.flops = float(cost.get("flops", 0.0)) if cost else 0.0
-        self.params_count = t5.param_count(params)
+        self.info = {"xla_gflop_per_step": float(cost.get("flops", 0.0)) / 1e9 if cost else 0.0,
+                     "params_m": t5.param_count(params) / 1e6, "device_kind": jax.devices()[0].device_kind,
+                     "devices": jax.device_count()}
 
     def __call__(self):
         self.state, _ = self.step(self.state, self.batch, self.key)
 
-    def wait(self):
-        jax.block_until_ready(self.state)
+    def wait(self):  # the trainer blocks only at log steps: steps are timed back to back
+        self.jax.block_until_ready(self.state)
 
 
 class Theirs:
     """transformers' T5 on the same weights, one optimizer step as a PyTorch training loop writes it."""
 
-    def __init__(self, config, params_np, batch: dict, lr: float):
+    def __init__(self, spec: dict):
         import torch
 
         from gr_jax.models.parity import load_torch_t5
 
         torch.set_num_threads(os.cpu_count() or 1)
-        with tempfile.TemporaryDirectory() as tmp:
-            convert.save_hf(params_np, config, Path(tmp) / "hf")
-            self.model = load_torch_t5(Path(tmp) / "hf")
+        self.model = load_torch_t5(spec["hf_dir"])
         self.model.train()
         self.torch = torch
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
-        self.inputs = torch.as_tensor(batch["inputs"], dtype=torch.long)
-        self.labels = torch.as_tensor(batch["targets"], dtype=torch.long)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.01)
+        data = _batch(self.model.config.vocab_size, spec["batch"], spec["inputs"], spec["targets"])
+        self.inputs = torch.as_tensor(data["inputs"], dtype=torch.long)
+        self.labels = torch.as_tensor(data["targets"], dtype=torch.long)
+        self.info = {}
 
     def __call__(self):
         self.opt.zero_grad(set_to_none=True)
@@ -119,48 +124,106 @@ class Theirs:
         pass
 
 
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _round(contender, steps: int) -> dict:
+    f0, t0 = _faults(), time.perf_counter()
+    for _ in range(steps):
+        contender()
+    contender.wait()
+    return {"s_per_step": (time.perf_counter() - t0) / steps, "faults_per_step": (_faults() - f0) / steps}
+
+
+def contender_process(name: str, spec: dict) -> int:
+    """A child: builds its contender, warms it up, says "ready", then times one round per "round" line."""
+    import contextlib
+
+    from gr_jax import host_memory
+
+    if name == "ours":  # before the first computation, as the entry points do
+        host_memory.cpu_dispatch(synchronous=spec["sync_dispatch"])
+    with contextlib.ExitStack() as stack:
+        if name == "ours":
+            stack.enter_context(host_memory.reuse_freed_memory())
+        contender = Theirs(spec) if name == "torch" else Ours(spec)
+        for _ in range(spec["warmup"]):
+            contender()
+        contender.wait()
+        sys.stdout.write(json.dumps({"ready": name, **contender.info}) + "\n")
+        sys.stdout.flush()
+        for line in sys.stdin:
+            if line.strip() != "round":
+                break
+            sys.stdout.write(json.dumps(_round(contender, spec["steps"])) + "\n")
+            sys.stdout.flush()
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the driver
+# ----------------------------------------------------------------------------------------------------------
+
+
+class _Child:
+    def __init__(self, name: str, spec: dict):
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, __file__, "--contender", name, "--spec", json.dumps(spec)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.name} contender stopped (exit code {self.proc.wait()})")
+        return json.loads(line)
+
+    def round(self) -> dict:
+        self.proc.stdin.write("round\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self):
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
 def bench(config_name: str, batch: int, inputs: int, targets: int, dtype: str, steps: int, warmup: int,
-          rounds: int, with_torch: bool) -> dict:
-    config = t5.get_config(config_name, dtype=dtype, dropout_rate=0.0)
-    rng = np.random.default_rng(0)
-    data = {"inputs": rng.integers(3, config.vocab_size, (batch, inputs)).astype(np.int32),
-            "targets": rng.integers(3, config.vocab_size, (batch, targets)).astype(np.int32)}
-    ours = Ours(config, data, lr=1e-4)
-    theirs = Theirs(config, ours.params_np, data, lr=1e-4) if with_torch else None
-    best = {"ours": (np.inf, 0.0), "ours_default_malloc": (np.inf, 0.0), "torch": (np.inf, 0.0)}
-    # glibc's settings cannot be put back to their initial (adaptive) state once changed, so the step with the
-    # default settings is timed first, before any reuse_freed_memory() block of this process.
-    default_first = not host_memory.ever_set()
-    for _ in range(warmup):
-        ours()
-    ours.wait()
-    for _ in range(rounds if default_first else 0):
-        best["ours_default_malloc"] = min(best["ours_default_malloc"], _round(ours, steps))
-    with host_memory.reuse_freed_memory():
-        for _ in range(warmup):
-            ours()
-            if theirs is not None:
-                theirs()
-        ours.wait()
-        for _ in range(rounds):  # alternating rounds: a 2-core machine has noisy neighbours
-            best["ours"] = min(best["ours"], _round(ours, steps))
-            if theirs is not None:
-                best["torch"] = min(best["torch"], _round(theirs, steps))
-    dt, faults = best["ours"]
-    peak = peak_flops(jax.devices()[0])
-    n_dev = jax.device_count()
-    row = {"config": config_name, "dtype": dtype, "params_m": ours.params_count / 1e6, "batch": batch,
-           "inputs": inputs, "targets": targets, "ms_per_step": dt * 1e3,
-           "ms_per_step_default_malloc": best["ours_default_malloc"][0] * 1e3 if default_first else None,
-           "faults_per_step": faults,
-           "faults_per_step_default_malloc": best["ours_default_malloc"][1] if default_first else None,
-           "tokens_per_s": batch * (inputs + targets) / dt, "xla_gflop_per_step": ours.flops / 1e9,
-           "mfu": (ours.flops / dt) / (peak * n_dev) if peak and ours.flops else None,
-           "device": f"{n_dev}× {jax.devices()[0].device_kind}", "threads": os.cpu_count(),
-           "dispatch": "async" if jax.config.read("jax_cpu_enable_async_dispatch") else "sync"}
-    if theirs is not None:
-        row.update(torch_ms_per_step=best["torch"][0] * 1e3, torch_faults_per_step=best["torch"][1],
-                   speedup_vs_torch=best["torch"][0] / dt)
+          rounds: int, with_torch: bool, sync_dispatch: bool) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = {"config": config_name, "batch": batch, "inputs": inputs, "targets": targets, "dtype": dtype,
+                "steps": steps, "warmup": warmup, "sync_dispatch": sync_dispatch,
+                "hf_dir": str(Path(tmp) / "hf") if with_torch else None}
+        children = [_Child("ours", spec), _Child("ours_jax_default", {**spec, "hf_dir": None})]
+        if with_torch:
+            children.append(_Child("torch", spec))
+        best = {c.name: {"s_per_step": np.inf, "faults_per_step": 0.0} for c in children}
+        try:
+            for _ in range(rounds):  # alternating rounds: a 2-core machine has noisy neighbours
+                for c in children:
+                    r = c.round()
+                    if r["s_per_step"] < best[c.name]["s_per_step"]:
+                        best[c.name] = r
+        finally:
+            for c in children:
+                c.close()
+    info = children[0].info
+    dt = best["ours"]["s_per_step"]
+    peak = peak_flops(info["device_kind"])
+    row = {"config": config_name, "dtype": dtype, "params_m": info["params_m"], "batch": batch, "inputs": inputs,
+           "targets": targets, "dispatch": "sync" if sync_dispatch else "async", "ms_per_step": dt * 1e3,
+           "faults_per_step": best["ours"]["faults_per_step"],
+           "jax_default_ms_per_step": best["ours_jax_default"]["s_per_step"] * 1e3,
+           "jax_default_faults_per_step": best["ours_jax_default"]["faults_per_step"],
+           "tokens_per_s": batch * (inputs + targets) / dt, "xla_gflop_per_step": info["xla_gflop_per_step"],
+           "mfu": (info["xla_gflop_per_step"] * 1e9 / dt) / (peak * info["devices"]) if peak else None,
+           "device": f"{info['devices']}× {info['device_kind']}", "threads": os.cpu_count()}
+    if with_torch:
+        row.update(torch_ms_per_step=best["torch"]["s_per_step"] * 1e3,
+                   torch_faults_per_step=best["torch"]["faults_per_step"],
+                   speedup_vs_torch=best["torch"]["s_per_step"] / dt)
     return row
 
 
@@ -175,15 +238,17 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no_torch", action="store_true", help="skip the PyTorch step (e.g. on a GPU run)")
-    parser.add_argument("--sync_dispatch", action="store_true",
-                        help="CPU: run each step on the calling thread (jax_cpu_enable_async_dispatch off), so that "
-                             "glibc serves even temporaries of hundreds of MiB from the heap kept by host_memory; "
-                             "with --no_torch (PyTorch's step, alternating in the same heap, fragments it)")
+    parser.add_argument("--async_dispatch", action="store_true",
+                        help="'ours' with JAX's asynchronous CPU dispatch instead of the entry points' synchronous one")
     parser.add_argument("--no_write", action="store_true")
+    parser.add_argument("--contender", help=argparse.SUPPRESS)  # a child process: which contender
+    parser.add_argument("--spec", help=argparse.SUPPRESS)  # a child process: its settings as JSON
     args = parser.parse_args(argv)
+    if args.contender:
+        return contender_process(args.contender, json.loads(args.spec))
+    from gr_jax.cli import setup_logging
+
     setup_logging()
-    if args.sync_dispatch:  # read when JAX creates its CPU client, i.e. before the first computation
-        jax.config.update("jax_cpu_enable_async_dispatch", False)
     with_torch = not args.no_torch
     if with_torch:
         try:
@@ -193,7 +258,8 @@ def main(argv=None) -> int:
             sys.stderr.write("torch/transformers not installed: PyTorch step skipped\n")
             with_torch = False
     rows = [bench(c, args.batch, args.inputs, args.targets, args.dtype,
-                  args.steps or (20 if c.endswith("tiny") else 3), args.warmup, args.rounds, with_torch)
+                  args.steps or (20 if c.endswith("tiny") else 3), args.warmup, args.rounds, with_torch,
+                  not args.async_dispatch)
             for c in args.configs.split(",")]
     for r in rows:
         sys.stdout.write(json.dumps(r) + "\n")
@@ -202,8 +268,7 @@ def main(argv=None) -> int:
         fmt = lambda v: "—" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
         import importlib.metadata as md
 
-        versions = ", ".join(f"{p} {md.version(p)}" for p in ("jax", "torch", "transformers")
-                             if _installed(md, p))
+        versions = ", ".join(f"{p} {md.version(p)}" for p in ("jax", "torch", "transformers") if _installed(md, p))
         with (ROOT / "BENCHMARKS.md").open("a") as f:
             f.write(f"\n## bench_train — {datetime.date.today().isoformat()}\n\n- command: `python tools/bench_train.py "
                     f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n- versions: {versions}\n\n| "
