@@ -24,12 +24,14 @@ PROBE = textwrap.dedent("""
     f = jax.jit(lambda x: (jnp.cumsum(x)[::-1] * 2.0).sum())
     x = jnp.ones((1 << 22,), jnp.float32)
 
-    def faults_per_call(n=5):
+    def faults_per_call(n=9):  # the median over n calls, each counted alone
         jax.block_until_ready(f(x))
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        counts = []
         for _ in range(n):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             jax.block_until_ready(f(x))
-        return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / n
+            counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        return sorted(counts)[n // 2]
 
     default = faults_per_call()
     with host_memory.reuse_freed_memory():
@@ -47,6 +49,9 @@ def test_temporaries_are_reused_inside_the_block():
     assert out.returncode == 0, out.stderr
     default, inside = map(float, out.stdout.split())
     assert default >= 2000  # 16 MiB = 4096 pages: the probe does hit the per-call faults without the block
+    # The median, not the mean: now and then (about one call in 40 here, 2026-11-24) glibc serves one call's
+    # temporaries from fresh pages again although freed blocks are kept; the claim is that calls reuse them as
+    # a rule. A mean over five calls failed in CI on exactly such a call (1693 = 8466 / 5).
     assert inside <= default / 10
 
 
@@ -69,10 +74,12 @@ ENTRY = textwrap.dedent("""
         x = jnp.ones((1 << 24,), jnp.float32)  # a 64 MiB temporary: beyond a thread arena's reach
         with host_memory.reuse_freed_memory():
             jax.block_until_ready(f(x))
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            for _ in range(3):
+            counts = []
+            for _ in range(5):  # the median of five calls, each counted alone (see the test above)
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 jax.block_until_ready(f(x))
-            return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3
+                counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+            return sorted(counts)[2]
 
     rc, faults = gin_utils.run_entry(sys.argv[1:], "usage", lambda: probe)
     print(rc, faults)

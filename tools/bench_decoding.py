@@ -228,8 +228,7 @@ def bench_devices_child(n_docids: int, beams: list[int], n_queries: int, length:
     for k in beams:
         times, results = {}, {}
         for name, m in (("1", None), (str(mesh.shape["data"]), mesh)):
-            searcher = T5Searcher(t5.T5(config), num_beams=k, score_mode="log_softmax", length_penalty=1.0)
-            searcher._mesh_arg = m
+            searcher = T5Searcher(t5.T5(config), num_beams=k, score_mode="log_softmax", length_penalty=1.0, mesh=m)
             times[name] = timed(lambda: searcher.search(params, queries, trie).scores, repeats=10)
             results[name] = np.asarray(searcher.search(params, queries, trie).tokens)
         n = str(mesh.shape["data"])

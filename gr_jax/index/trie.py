@@ -249,7 +249,7 @@ class TrieIndex:
         order = rows.argsort(docs)
         rows.take(order)
         docs = docs[order]
-        if ragged:
+        if ragged:  # (fixed-length rows: every length is D, in any order)
             lengths = lengths[order]
         del order
         fd = rows.first_difference()
@@ -259,8 +259,7 @@ class TrieIndex:
         if dup.any():
             keep = ~dup
             rows.keep(keep)
-            docs, lengths, fd, same_seq = docs[keep], lengths[keep] if ragged else lengths[:int(keep.sum())], \
-                fd[keep], same_seq[keep]
+            docs, lengths, fd, same_seq = docs[keep], lengths[keep], fd[keep], same_seq[keep]
         uniq = ~same_seq
         collisions = not uniq.all()
         if collisions:  # several documents share a sequence: the tree is built over the distinct sequences

@@ -142,6 +142,14 @@ class Searcher:
                                             score_mode=self.score_mode, length_penalty=self.length_penalty,
                                             start_token=self.start_token, tile_fn=self.tile_fn)
 
+    def use_mesh(self, mesh) -> "Searcher":
+        """Searches over `mesh` from now on: "auto" (the local devices), None (one device) or a jax Mesh with a
+        "data" axis."""
+        self._mesh_arg = mesh
+        self._sharded.clear()
+        _ = self.mesh  # validates
+        return self
+
     @property
     def mesh(self) -> Optional[Mesh]:
         """The mesh the query batch is split over (None: one device)."""
@@ -206,10 +214,10 @@ class T5Searcher(Searcher):
     """The Searcher of a plain Flax T5 whose docids are in its text vocabulary."""
 
     def __init__(self, model: t5.T5, num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
-                 bonus_fn: Optional[bs.BonusFn] = None):
+                 bonus_fn: Optional[bs.BonusFn] = None, mesh="auto"):
         c = model.config
         super().__init__(functools.partial(t5_step_hidden, model), functools.partial(t5_cache, model),
                          start_token=c.decoder_start_token_id, eos_id=c.eos_token_id, vocab_size=c.vocab_size,
                          num_beams=num_beams, score_mode=score_mode, length_penalty=length_penalty,
-                         bonus_fn=bonus_fn, project_fn=functools.partial(t5_project, model))
+                         bonus_fn=bonus_fn, project_fn=functools.partial(t5_project, model), mesh=mesh)
         self.model = model

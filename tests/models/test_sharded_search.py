@@ -40,8 +40,7 @@ SCRIPT = textwrap.dedent("""
         + [("log_softmax", 1, "search"), ("log_softmax", 7, "unconstrained")]
     for mode, beams, kind in cases:
         many = T5Searcher(t5.T5(config), num_beams=beams, score_mode=mode, length_penalty=1.0)
-        one = T5Searcher(t5.T5(config), num_beams=beams, score_mode=mode, length_penalty=1.0)
-        one._mesh_arg = None
+        one = T5Searcher(t5.T5(config), num_beams=beams, score_mode=mode, length_penalty=1.0, mesh=None)
         assert many.mesh.shape["data"] == 8 and one.mesh is None
         if kind == "search":
             search = lambda s, q: s.search(params, q, index.device())  # noqa: E731
@@ -60,7 +59,7 @@ SCRIPT = textwrap.dedent("""
     qids, doc_ids = [f"q{i}" for i in range(13)], [f"d{i}" for i in range(len(docids))]
     run_many = retrieve(model, full, queries[:13], qids, index, doc_ids, 7, 5)
     model_one = GenerativeRetriever(config)
-    model_one.searcher(7)._mesh_arg = None
+    model_one.searcher(7).use_mesh(None)
     run_one = retrieve(model_one, full, queries[:13], qids, index, doc_ids, 7, 5)
     assert run_many.keys() == run_one.keys()
     for q in run_one:
