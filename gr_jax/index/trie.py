@@ -517,8 +517,7 @@ class TrieIndex:
     def _leaf_at(self, lengths: np.ndarray, node: np.ndarray) -> np.ndarray:
         """Leaf id of (depth, node) pairs, -1 where that node is not a leaf or does not exist."""
         out = np.full(len(node), -1, np.int64)
-        depths = [int(lengths[0])] if len(lengths) and lengths.min() == lengths.max() else _sorted_unique(lengths)
-        for d in depths:
+        for d in _sorted_unique(lengths):
             sel = (lengths == d) & (node >= 0)
             if not sel.any():
                 continue

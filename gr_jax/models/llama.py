@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.models.t5 import Dense, RMSNorm, _DTYPES
+from gr_jax.models.t5 import Dense, RMSNorm, _DTYPES, gathered_logits
 
 Array = jax.Array
 
@@ -359,12 +359,8 @@ class Llama(nn.Module):
         if tokens_BxNxC is None:
             return self.logits(hidden_BxNxD)
         c = self.config
-        if c.tie_word_embeddings:
-            rows = jnp.take(self.embedding, tokens_BxNxC, axis=0)
-        else:
-            rows = jnp.take(self.lm_head.variables["params"]["kernel"].T, tokens_BxNxC, axis=0)
-        return jnp.einsum("bnd,bncd->bnc", hidden_BxNxD.astype(c.compute_dtype), rows.astype(c.compute_dtype),
-                          preferred_element_type=jnp.float32).astype(jnp.float32)
+        table_VxD = self.embedding if c.tie_word_embeddings else self.lm_head.variables["params"]["kernel"].T
+        return gathered_logits(hidden_BxNxD, tokens_BxNxC, table_VxD, c.compute_dtype)
 
     def decode_step_embedded(self, cache: LMCache, x_BxD: Array) -> tuple[Array, LMCache]:
         """One input embedding per row at the next slot; returns the hidden state [B, D] and the cache."""

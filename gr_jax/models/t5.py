@@ -236,6 +236,14 @@ def _pairwise_sum_last(x: Array) -> Array:
     return x[..., 0]
 
 
+def gathered_logits(hidden_BxNxD: Array, tokens_BxNxC: Array, table_VxD: Array, dtype) -> Array:
+    """Logits of the given tokens only, [B, N, C] float32: their rows of the output projection `table_VxD` (the
+    tied embedding, or the lm_head kernel transposed) against each row's hidden state."""
+    rows_BxNxCxD = jnp.take(table_VxD, tokens_BxNxC, axis=0)
+    return jnp.einsum("bnd,bncd->bnc", hidden_BxNxD.astype(dtype), rows_BxNxCxD.astype(dtype),
+                      preferred_element_type=jnp.float32).astype(jnp.float32)
+
+
 def _attend_one(q_BxHxQ: Array, k_BxSxHxQ: Array, v_BxSxHxQ: Array, bias: Optional[Array], mask: Array,
                 dtype) -> Array:
     """Attention of one query position (an incremental decoding step) as products and sums in the cache's own

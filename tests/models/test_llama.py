@@ -177,3 +177,18 @@ def test_sequence_log_probs_by_full_forward(tiny):
         assert g == pytest.approx(want, rel=1e-5)
     with pytest.raises(ValueError, match="context"):
         lm_generate.sequence_log_probs(model, params, seqs, context=[])
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_token_logits_are_the_columns_of_the_full_projection(tied):
+    """The search's candidate-only logits equal the chosen columns of `logits`, tied embedding or lm_head."""
+    config = TINY.replace(tie_word_embeddings=tied)
+    model, params = llama.Llama(config), llama.init_params(config, seed=2)
+    hidden = jax.random.normal(jax.random.PRNGKey(4), (2, 3, config.d_model))
+    tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 3, 7), 0, config.vocab_size)
+    full = np.asarray(model.apply({"params": params}, hidden, method=llama.Llama.logits))
+    got = np.asarray(model.apply({"params": params}, hidden, tokens, method=llama.Llama.token_logits))
+    want = np.take_along_axis(full, np.asarray(tokens), axis=-1)
+    # the same hidden-size products summed in another order: float32 rounding relative to the largest logit
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(full).max())
+    assert not np.allclose(want, want[..., :1])

@@ -183,3 +183,18 @@ def test_named_configs_and_validation():
 
 def test_shift_right():
     np.testing.assert_array_equal(np.asarray(t5.shift_right(jnp.array([[5, 6, 1, 0]]))), [[0, 5, 6, 1]])
+
+
+@pytest.mark.parametrize("scale", [None, False])
+def test_token_logits_are_the_columns_of_the_full_projection(tiny, scale):
+    """The search's candidate-only logits (tied embedding for "tiny", an untied lm_head for "t5_1_1_tiny"; with
+    the config's output scaling and PAG's unscaled one) equal the chosen columns of `logits`."""
+    config, model, params = tiny
+    hidden = jax.random.normal(jax.random.PRNGKey(4), (2, 3, config.d_model))
+    tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 3, 7), 0, config.vocab_size)
+    full = np.asarray(model.apply({"params": params}, hidden, scale, method=t5.T5.logits))
+    got = np.asarray(model.apply({"params": params}, hidden, tokens, scale, method=t5.T5.token_logits))
+    want = np.take_along_axis(full, np.asarray(tokens), axis=-1)
+    # the same d_model products summed in another order: float32 rounding relative to the largest logit
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(full).max())
+    assert not np.allclose(want, want[..., :1])  # the columns differ, so a wrong gather would show

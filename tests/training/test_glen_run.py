@@ -124,7 +124,6 @@ def test_phase2_decodes_writes_restores_and_resumes_its_docids(tmp_path, phase1,
     assert np.max(np.abs(written.logits - logits[rows])) <= 0.5e-4 + 1e-6 * np.max(np.abs(logits))
 
     # infer restores the checkpoint, decodes the same docids, and writes the same run as training's final one
-    run_text = Path(summary["run"]).read_text()
     from gr_jax import infer as infer_cmd
 
     gin.clear_config()
