@@ -190,9 +190,3 @@ def package_data(package: str, relative: str, install: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{path}: not found; reinstall it ({install} --force-reinstall)")
     return path
-
-
-def differing_keys(held: dict, wanted: dict) -> list[str]:
-    """The keys whose values differ between two provenance records (what a saved file was built from and what
-    the run would build it from), for the error that refuses the file."""
-    return sorted(k for k in set(held) | set(wanted) if held.get(k) != wanted.get(k))

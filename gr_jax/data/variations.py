@@ -41,7 +41,8 @@ import gin
 import numpy as np
 
 from gr_jax.data.readers import DataError, QuerySet, fingerprint
-from gr_jax.io_utils import differing_keys, package_data, write_text
+from gr_jax.io_utils import package_data, write_text
+from gr_jax.provenance import file_digest, normalized, reuse
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,6 @@ def query_rng(seed: int, qid: str) -> np.random.Generator:
     """The random stream of one query under one seed (independent of the other queries and their order)."""
     digest = hashlib.blake2b(f"{seed}\x00{qid}".encode("utf-8"), digest_size=8).digest()
     return np.random.default_rng(int.from_bytes(digest, "little"))
-
-
-def file_digest(path: Path) -> str:
-    return hashlib.blake2b(Path(path).read_bytes(), digest_size=8).hexdigest()
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -422,6 +419,22 @@ def generator_for(variation: str, **overrides) -> Generator:
 # ----------------------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class _SavedVariations:
+    queries: QuerySet
+    built_from: dict
+
+
+def _read_variations(path: Path) -> _SavedVariations:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        head = json.loads(lines[0])
+        rows = [json.loads(line) for line in lines[1:] if line.strip()]
+        return _SavedVariations(QuerySet([r["qid"] for r in rows], [r["text"] for r in rows]), head["built_from"])
+    except (OSError, IndexError, KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{path}: not a query-variation file ({e}); delete it to generate it again") from None
+
+
 def variation_set(path: Path, generator: Generator, queries: QuerySet, seed: int, variation: str) -> QuerySet:
     """The variation of `queries` under `seed`, read from `path` if it was made from the same queries by the
     same generator settings, else generated and written there. A file made from anything else is an error
@@ -429,22 +442,9 @@ def variation_set(path: Path, generator: Generator, queries: QuerySet, seed: int
     built_from = {"variation": variation, "generator": type(generator).__name__,
                   "settings": generator.settings(), "seed": int(seed),
                   "queries": fingerprint(queries.qids, queries.texts)}
-    built_from = json.loads(json.dumps(built_from))
-    path = Path(path)
-    if path.exists():
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-            head = json.loads(lines[0])
-            rows = [json.loads(line) for line in lines[1:] if line.strip()]
-            held = head["built_from"]
-            qids, texts = [r["qid"] for r in rows], [r["text"] for r in rows]
-        except (OSError, IndexError, KeyError, TypeError, json.JSONDecodeError) as e:
-            raise DataError(f"{path}: not a query-variation file ({e}); delete it to generate it again") from None
-        if held != built_from:
-            differs = differing_keys(held, built_from)
-            raise DataError(f"{path}: the variations were made from another {', '.join(differs)}; use a new "
-                            f"output directory or delete the file to generate them again")
-        return QuerySet(qids, texts)
+    held = reuse(path, built_from, _read_variations, "the variation set")
+    if held is not None:
+        return held.queries
     texts = generator.vary(list(queries.texts), list(queries.qids), seed)
     if len(texts) != len(queries) or not all(isinstance(t, str) and t.strip() for t in texts):
         raise ValueError(f"{type(generator).__name__} returned {len(texts)} texts for {len(queries)} queries "
@@ -453,7 +453,7 @@ def variation_set(path: Path, generator: Generator, queries: QuerySet, seed: int
     stats = {"queries": len(texts), "changed": changed}
     if getattr(generator, "fallbacks", None) is not None:  # the LM paraphraser: queries given the rule-based one
         stats["fallbacks"] = int(generator.fallbacks)
-    head = {"built_from": built_from, "stats": stats}
+    head = {"built_from": normalized(built_from), "stats": stats}
     lines = [json.dumps(head, sort_keys=True)]
     lines += [json.dumps({"qid": q, "text": t, "source": s}, ensure_ascii=False)
               for q, t, s in zip(queries.qids, texts, queries.texts)]

@@ -27,6 +27,7 @@ import numpy as np
 
 from gr_jax.docids.base import DocidScheme, DocidTable
 from gr_jax.io_utils import write_text
+from gr_jax.provenance import file_digest
 from gr_jax.vocab import DocidTokenSpace
 
 SEP = "<->"
@@ -161,12 +162,7 @@ class GlenDocids(DocidScheme):
         return DocidTokenSpace("text", int(vocab_size), length=int(self.length))
 
     def _digest(self) -> str:
-        import hashlib
-
-        try:
-            return hashlib.sha256(Path(self.docid_file).read_bytes()).hexdigest()[:16]
-        except OSError as e:
-            raise ValueError(f"GlenDocids.docid_file {self.docid_file}: cannot read it ({e.strerror})") from None
+        return file_digest(self.docid_file, "GlenDocids.docid_file")
 
     def fit(self, corpus, context=None) -> "GlenDocids":
         self._vocab = None if context is None else context.vocab

@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
+from gr_jax.provenance import file_digest
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.docids.numeric import _embeddings
 from gr_jax.docids.quantize import ResidualQuantizer
@@ -66,13 +67,6 @@ def read_docid_to_tokenids(path, what: str = "docid_to_tokenids.json") -> dict[s
     if len(lengths) > 1:
         raise ValueError(f"{what} {path}: token lists of different lengths {sorted(lengths)}")
     return data
-
-
-def _file_digest(path, what: str) -> str:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-    except OSError as e:
-        raise ValueError(f"{what} {path}: cannot read it ({e.strerror})") from None
 
 
 def tfidf_set_ids(token_lists: Sequence[Sequence[int]], idf: np.ndarray, m: int) -> np.ndarray:
@@ -131,7 +125,7 @@ class PagDocids(DocidScheme):
             self._rq = ResidualQuantizer(int(self.levels), int(self.k), beam=int(self.beam), seed=int(self.seed))
             self._rq.fit(np.asarray(context.embeddings, np.float32))
         else:
-            self._digests["docid_file"] = _file_digest(self.docid_file, "PagDocids.docid_file")
+            self._digests["docid_file"] = file_digest(self.docid_file, "PagDocids.docid_file")
         if self.set_docid_file is None:
             if context.vocab is None:
                 raise ValueError("PagDocids: TF-IDF set docids need the model vocabulary")
@@ -140,7 +134,7 @@ class PagDocids(DocidScheme):
                 df[np.unique(np.asarray(context.vocab.encode(text), np.int64))] += 1
             self._idf = np.log((1 + len(corpus)) / (1 + df)) + 1.0  # smoothed idf (scikit-learn's formula)
         else:
-            self._digests["set_docid_file"] = _file_digest(self.set_docid_file, "PagDocids.set_docid_file")
+            self._digests["set_docid_file"] = file_digest(self.set_docid_file, "PagDocids.set_docid_file")
         return self
 
     def bind(self, vocab) -> None:
@@ -209,7 +203,7 @@ class PagDocids(DocidScheme):
         for name, what in (("docid_file", "PagDocids.docid_file"), ("set_docid_file", "PagDocids.set_docid_file")):
             path = getattr(self, name)
             if path is not None:
-                digest = _file_digest(path, what)
+                digest = file_digest(path, what)
                 if meta.get("digests", {}).get(name) != digest:
                     raise ValueError(f"{what} {path} changed since this MODEL_DIR was built from it (its digest "
                                      f"differs); use the file it was built with, or a new MODEL_DIR")

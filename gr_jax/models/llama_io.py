@@ -26,6 +26,7 @@ from typing import Any, Iterator, Mapping, Optional
 import numpy as np
 
 from gr_jax.io_utils import package_data
+from gr_jax.provenance import file_digest
 from gr_jax.models.convert import (CheckpointError, CheckpointMismatchError, read_hf_config, read_hf_tensors)
 from gr_jax.models.llama import LlamaConfig
 
@@ -342,16 +343,6 @@ def load_named(name: str):
                               f"HF directory)")
     config, params, f = load_gguf(smollm2_path())
     return config, params, tokenizer_from_gguf(f)
-
-
-def file_digest(path: str | os.PathLike) -> str:
-    import hashlib
-
-    h = hashlib.blake2b(digest_size=12)
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def load_lm(spec: str):

@@ -39,6 +39,7 @@ from gr_jax.data.trec import Run
 from gr_jax.evaluation import drift
 from gr_jax.evaluation.report import fmt, markdown_table
 from gr_jax.io_utils import atomic_file, write_text
+from gr_jax.provenance import file_digest
 from gr_jax.protocols.robustness import Probe, TrainedSystem, _values
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class FileTranslator:
 
     def settings(self) -> dict:
         return {"translator": "file", "files": {k: str(v) for k, v in sorted(self.files.items())},
-                "digests": {k: V.file_digest(Path(v)) for k, v in sorted(self.files.items())}}
+                "digests": {k: file_digest(v, f"FileTranslator.files[{k!r}]") for k, v in sorted(self.files.items())}}
 
     def translate(self, texts: Sequence[str], qids: Sequence[str], language: str) -> list[str]:
         if language not in self.files:

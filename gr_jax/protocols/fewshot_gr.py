@@ -24,11 +24,13 @@ import gin
 from gr_jax import gin_checks, validation
 from gr_jax.baselines.bm25 import BM25
 from gr_jax.data import sources
-from gr_jax.data.readers import Corpus, Dataset
+from gr_jax.data.readers import Corpus
 from gr_jax.data.trec import write_qrels, write_run
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.report import markdown_table
-from gr_jax.io_utils import differing_keys, write_text
+from gr_jax.data.batches import batch_seed, pending_batches, restrict
+from gr_jax.io_utils import write_text
+from gr_jax.provenance import normalized, reuse
 from gr_jax.models import fewshot
 
 log = logging.getLogger(__name__)
@@ -36,59 +38,12 @@ log = logging.getLogger(__name__)
 BANK_FILE = "docid_bank.jsonl"
 
 
-def restrict(dataset: Dataset, max_documents: int) -> Dataset:
-    """The first `max_documents` documents by document id, and the queries whose relevant documents are all
-    among them (qrels cut alike). 0: the whole dataset."""
-    if not max_documents or max_documents >= len(dataset.corpus):
-        return dataset
-    c = dataset.corpus
-    rows = sorted(range(len(c)), key=lambda r: c.doc_ids[r])[:max_documents]
-    keep = {c.doc_ids[r] for r in rows}
-    rows.sort()
-    corpus = Corpus([c.doc_ids[r] for r in rows], [c.texts[r] for r in rows],
-                    None if c.titles is None else [c.titles[r] for r in rows],
-                    None if c.urls is None else [c.urls[r] for r in rows])
-    qrels = {s: {q: rel for q, rel in qr.items() if set(rel) <= keep} for s, qr in dataset.qrels.items()}
-    queries = {s: qs.subset(qrels.get(s, {})) for s, qs in dataset.queries.items()}
-    return Dataset(corpus, queries, qrels, dataset.extras)
-
-
-def batch_seed(seed: int, batch: int) -> int:
-    """The sampling seed of batch `batch` of a corpus written in document-id order."""
-    return seed + 1000003 * batch
-
-
-def pending_batches(corpus: Corpus, batch_size: int, done: set, path: Path) -> list[tuple[int, list[int]]]:
-    """(batch number, rows) of the batches still to write: the corpus in document-id order, cut every
-    `batch_size` documents — so batches (and their seeds) do not depend on the corpus order or on where a
-    run was interrupted. `done`: the document ids already in the file at `path`; a batch is written whole or
-    not at all, so a partly written one means the file was edited (an error)."""
-    order = sorted(range(len(corpus)), key=lambda r: corpus.doc_ids[r])
-    todo = []
-    for b, start in enumerate(range(0, len(order), batch_size)):
-        rows = order[start:start + batch_size]
-        written = sum(corpus.doc_ids[r] in done for r in rows)
-        if written == len(rows):
-            continue
-        if written:
-            raise ValueError(f"{path}: batch {b} is partly written; delete the file to write it again")
-        todo.append((b, rows))
-    return todo
-
-
 def build_bank(lm: fewshot.LMContext, corpus: Corpus, writer: fewshot.DocidWriter, path: Path,
                built_from: dict, progress: bool = True) -> fewshot.DocidBank:
     """Writes (or resumes, or reuses) the docid bank of `corpus` at `path`."""
-    built_from = json.loads(json.dumps(built_from))  # as the file holds it (tuples become lists)
-    if path.exists():
-        bank = fewshot.DocidBank.load(path)
-        if bank.built_from != built_from:
-            differs = differing_keys(bank.built_from, built_from)
-            raise ValueError(f"{path}: the docid bank was written with another {', '.join(differs)}; use the "
-                             f"settings it was built with (MODEL_DIR/config.gin), a new MODEL_DIR, or delete "
-                             f"the file to write it again")
-    else:
-        bank = fewshot.DocidBank(built_from=built_from)
+    bank = reuse(path, built_from, fewshot.DocidBank.load, "the docid bank")
+    if bank is None:
+        bank = fewshot.DocidBank(built_from=normalized(built_from))
     todo = pending_batches(corpus, writer.batch_size, set(bank.documents()), path)
     if not todo:
         return bank

@@ -27,9 +27,10 @@ import gin
 from gr_jax import gin_checks, validation
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus, DataError
-from gr_jax.io_utils import differing_keys, write_text
+from gr_jax.io_utils import write_text
 from gr_jax.models import fewshot
-from gr_jax.protocols.fewshot_gr import batch_seed, pending_batches, restrict
+from gr_jax.data.batches import batch_seed, pending_batches, restrict
+from gr_jax.provenance import normalized, reuse
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +72,9 @@ def generate_for_corpus(lm: fewshot.LMContext, corpus: Corpus, generator: fewsho
                         num_queries: int, seed: int, batch_size: int, path: Path, built_from: dict,
                         progress: bool = True) -> GeneratedQueries:
     """Writes (or resumes, or reuses) the pseudo-queries of every document of `corpus` at `path`."""
-    built_from = json.loads(json.dumps(built_from))  # as the file holds it
-    if path.exists():
-        held = GeneratedQueries.load(path)
-        if held.built_from != built_from:
-            differs = differing_keys(held.built_from, built_from)
-            raise ValueError(f"{path}: the pseudo-queries were written with another {', '.join(differs)}; use "
-                             f"the settings they were built with (MODEL_DIR/config.gin), a new MODEL_DIR, or "
-                             f"delete the file to write them again")
-    else:
-        held = GeneratedQueries({}, built_from)
+    held = reuse(path, built_from, GeneratedQueries.load, "the pseudo-query file")
+    if held is None:
+        held = GeneratedQueries({}, normalized(built_from))
     todo = pending_batches(corpus, batch_size, set(held.queries), path)
     if not todo:
         return held

@@ -10,6 +10,7 @@ import pytest
 from gr_jax.data import demo
 from gr_jax.data import variations as V
 from gr_jax.data.readers import DataError, QuerySet
+from gr_jax.provenance import ProvenanceError
 
 QUERIES = ["What is the capital of France?", "how do I bake sourdough bread", "running dogs are faster than cats",
            "who was the first president of the united states", "buy a used car", "ancient arches", "of the",
@@ -131,9 +132,9 @@ def test_same_file_twice_order_independent_and_reused(variation, tmp_path):
     # reused as written; another seed or other queries are refused, the file untouched
     before = (tmp_path / "a.jsonl").read_bytes()
     assert V.variation_set(tmp_path / "a.jsonl", gen, queries, 2016, variation).texts == a.texts
-    with pytest.raises(DataError, match="a.jsonl: the variations were made from another seed"):
+    with pytest.raises(ProvenanceError, match="a.jsonl: the variation set was built with another seed"):
         V.variation_set(tmp_path / "a.jsonl", gen, queries, 5, variation)
-    with pytest.raises(DataError, match="another queries"):
+    with pytest.raises(ProvenanceError, match="another queries"):
         V.variation_set(tmp_path / "a.jsonl", gen, QuerySet(qids[:-1], texts[:-1]), 2016, variation)
     assert (tmp_path / "a.jsonl").read_bytes() == before
 
@@ -142,7 +143,7 @@ def test_misspelling_settings_are_part_of_the_provenance(tmp_path):
     texts, qids = _queries()
     queries = QuerySet(qids, texts)
     V.variation_set(tmp_path / "m.jsonl", V.Misspeller(max_edits=2), queries, 5, "misspelling")
-    with pytest.raises(DataError, match="another settings"):
+    with pytest.raises(ProvenanceError, match="another settings"):
         V.variation_set(tmp_path / "m.jsonl", V.Misspeller(max_edits=1), queries, 5, "misspelling")
     with pytest.raises(ValueError, match="unknown query variation 'typo'"):
         V.generator_for("typo")

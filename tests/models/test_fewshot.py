@@ -10,7 +10,7 @@ import pytest
 
 import jax.numpy as jnp
 
-from gr_jax.data import demo
+from gr_jax.data import batches, demo
 from gr_jax.models import fewshot
 from gr_jax.protocols import fewshot_gr
 
@@ -141,21 +141,21 @@ def test_build_bank_resumes_and_ignores_corpus_order(lm, tmp_path):
     part.write_text("\n".join(lines[:1 + 2 * 2 * 2]) + "\n")
     fewshot_gr.build_bank(ctx, Corpus(ids, texts), w, part, built, progress=False)
     assert part.read_text() == whole.read_text()
-    with pytest.raises(ValueError, match="whole.jsonl: the docid bank was written with another writer"):
+    with pytest.raises(ValueError, match="whole.jsonl: the docid bank was built with another writer"):
         fewshot_gr.build_bank(ctx, Corpus(ids, texts), w, whole, {**built, "writer": {"num_docids": 3}},
                               progress=False)
 
 
 def test_restrict_keeps_queries_about_kept_documents():
     d = demo.generate(num_docs=40, seed=2)
-    sub = fewshot_gr.restrict(d, 10)
+    sub = batches.restrict(d, 10)
     keep = set(sorted(d.corpus.doc_ids)[:10])
     assert set(sub.corpus.doc_ids) == keep
     for split, qrels in sub.qrels.items():
         assert all(set(rel) <= keep for rel in qrels.values())
         assert set(sub.queries[split].qids) == set(qrels)
         assert len(qrels) == sum(1 for rel in d.qrels[split].values() if set(rel) <= keep)
-    assert fewshot_gr.restrict(d, 0) is d
+    assert batches.restrict(d, 0) is d
 
 
 def test_writer_settings_errors():
@@ -231,7 +231,7 @@ def test_fewshot_command_runs_reuses_its_bank_and_refuses_another(lm, tmp_path, 
     capsys.readouterr()
     assert entry.main(args + ["--gin.DocidWriter.temperature=0.5"]) == 2
     err = capsys.readouterr().err
-    assert "docid_bank.jsonl: the docid bank was written with another writer" in err and "Traceback" not in err
+    assert "docid_bank.jsonl: the docid bank was built with another writer" in err and "Traceback" not in err
     gin.clear_config()
     assert entry.main(args + ["--gin.run_fewshot.bank_sizes=[1, 5]"]) == 2
     assert "bank_sizes must lie in 1..DocidWriter.num_docids (2)" in capsys.readouterr().err

@@ -64,7 +64,7 @@ def test_file_resumes_to_the_same_content_and_ignores_corpus_order(lm, tmp_path,
     before = (tmp_path / "a.jsonl").read_text()
     assert pq.generate_for_corpus(ctx, _corpus(d, rows), GEN, 2, 5, 3, tmp_path / "a.jsonl", built,
                                   progress=False).queries == whole.queries
-    with pytest.raises(ValueError, match="a.jsonl: the pseudo-queries were written with another n"):
+    with pytest.raises(ValueError, match="a.jsonl: the pseudo-query file was built with another n"):
         pq.generate_for_corpus(ctx, _corpus(d, rows), GEN, 3, 5, 3, tmp_path / "a.jsonl", {**built, "n": 3},
                                progress=False)
     assert (tmp_path / "a.jsonl").read_text() == before
@@ -158,5 +158,5 @@ def test_command_writes_reuses_and_refuses(lm, tmp_path, capsys):
     capsys.readouterr()
     assert entry.main(args + ["--gin.write_pseudo_queries.seed=3"]) == 2
     err = capsys.readouterr().err
-    assert "pseudo_queries.jsonl: the pseudo-queries were written with another seed" in err
+    assert "pseudo_queries.jsonl: the pseudo-query file was built with another seed" in err
     assert "Traceback" not in err and path.read_text() == first

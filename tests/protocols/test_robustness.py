@@ -89,7 +89,7 @@ def test_bm25_command_writes_tables_and_plots_and_reruns_identically(tmp_path, c
     gin.clear_config()
     assert entry.main(args + ["--gin.Misspeller.max_edits=1"]) == 2  # the saved misspellings were made with 2
     err = capsys.readouterr().err
-    assert "test.misspelling.5.jsonl: the variations were made from another settings" in err
+    assert "test.misspelling.5.jsonl: the variation set was built with another settings" in err
 
 
 # the small PAG of tests/training/test_pag_run.py, 4 steps, no final evaluation (later bindings win in gin)
