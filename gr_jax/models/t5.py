@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import flax.struct
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -663,3 +664,6 @@ def shift_right(targets: Array, start_id: int = PAD_ID) -> Array:
 
 def param_count(params) -> int:
     return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
+
+
+gin.external_configurable(get_config, module="t5")  # `@t5.get_config()` in gin files; `get_config` stays plain
