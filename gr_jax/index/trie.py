@@ -191,6 +191,95 @@ class _PackedRows:
         return fd
 
 
+def _sorted_distinct(arr: np.ndarray, lengths: np.ndarray, docs: np.ndarray, vocab_size: int, ragged: bool,
+                     source: str):
+    """Sorts the (row, document) pairs (`_PackedRows`), drops duplicate pairs, and keeps one packed row per
+    distinct sequence → (packed distinct rows, documents [pairs], lengths [pairs], lengths [distinct],
+    first difference from the previous distinct row [distinct], "pair starts a distinct sequence" [pairs]).
+    A docid that is a strict prefix of another is an error (lexical docids end with EOS)."""
+    D = arr.shape[1]
+    rows = _PackedRows(arr, vocab_size)
+    order = rows.argsort(docs)
+    rows.take(order)
+    docs = docs[order]
+    if ragged:  # (fixed-length rows: every length is D, in any order)
+        lengths = lengths[order]
+    del order
+    fd = rows.first_difference()
+    same_seq = fd == D
+    same_seq[0] = False
+    dup = same_seq & np.r_[False, docs[1:] == docs[:-1]]  # duplicate (sequence, doc) pairs
+    if dup.any():
+        keep = ~dup
+        rows.keep(keep)
+        docs, lengths, fd, same_seq = docs[keep], lengths[keep], fd[keep], same_seq[keep]
+    uniq = ~same_seq
+    if not uniq.all():  # several documents share a sequence: the tree is built over the distinct sequences
+        rows.keep(uniq)
+        u_len, u_fd = lengths[uniq], fd[uniq]
+    else:
+        u_len, u_fd = lengths, fd
+    if len(u_fd) > 1 and ragged:  # sorted order puts a docid's extensions right after it
+        prefix = u_fd[1:] >= u_len[:-1]
+        if prefix.any():
+            i = int(np.argmax(prefix))
+
+            def row(r):
+                return [int(rows.column(j, np.array([r]))[0]) for j in range(int(u_len[r]))]
+
+            raise ValueError(f"{source}: docid {row(i)} is a strict prefix of {row(i + 1)}; end lexical docids "
+                             f"with EOS")
+    return rows, docs, lengths, u_len, u_fd, uniq
+
+
+def _levels(rows: "_PackedRows", u_len: np.ndarray, u_fd: np.ndarray, D: int, vocab_size: int,
+            ragged: bool) -> dict:
+    """The CSR levels of the sorted distinct rows: per depth d, the offsets of each depth-(d-1) node's children,
+    the children's tokens, and where docids end (leaf ranks); plus the leaf of each distinct row (ragged)."""
+    U = len(u_fd)
+    offsets, tokens, leaf_rank, leaf_all = [], [np.zeros(0, np.int32)], [None], [False]
+    tok_dtype = np.int16 if vocab_size <= np.iinfo(np.int16).max else np.int32
+    count_dtype = np.int32 if U < np.iinfo(np.int32).max else np.int64
+    first_prev = np.zeros(1, np.int64)  # first row of each depth-(d-1) node (depth 0: the root, row 0)
+    leaf_count = 0
+    leaf_of_row = None if not ragged else np.full(U, -1, np.int64)
+    for d in range(1, D + 1):
+        new = (u_fd < d) & (u_len >= d) if ragged else u_fd < d  # rows that start a depth-d node
+        first = np.flatnonzero(new)
+        n_d = len(first)
+        upto = np.cumsum(new, dtype=count_dtype)  # depth-d nodes started at or before each row
+        # children of the depth-(d-1) node p are the depth-d nodes started in [first_prev[p], first_prev[p+1])
+        off_dtype = np.int32 if n_d < np.iinfo(np.int32).max else np.int64
+        offsets.append(np.append(upto[first_prev] - new[first_prev], n_d).astype(off_dtype))
+        tokens.append(rows.column(d - 1, None if n_d == U else first).astype(tok_dtype))
+        if not ragged:  # every docid ends at depth D, where each row is its own node
+            n_leaves_d = n_d if d == D else 0
+            leaf_rank.append(None)
+            leaf_all.append(d == D)
+        else:
+            ends = np.flatnonzero(u_len == d)
+            n_leaves_d = len(ends)
+            node_of_end = upto[ends] - 1
+            if n_leaves_d == n_d and n_d > 0:
+                leaf_rank.append(None)
+                leaf_all.append(True)
+                leaf_of_row[ends] = leaf_count + node_of_end
+            elif n_leaves_d:
+                rank = np.full(n_d, -1, np.int32)
+                rank[node_of_end] = np.arange(n_leaves_d, dtype=np.int32)
+                leaf_rank.append(rank)
+                leaf_all.append(False)
+                leaf_of_row[ends] = leaf_count + rank[node_of_end]
+            else:
+                leaf_rank.append(None)
+                leaf_all.append(False)
+        leaf_count += n_leaves_d
+        first_prev = first
+        del new, upto
+    return {"offsets": offsets, "tokens": tokens, "leaf_rank": leaf_rank, "leaf_all": leaf_all,
+            "leaf_count": leaf_count, "leaf_of_row": leaf_of_row}
+
+
 class TrieIndex:
     """Prefix tree over docid token sequences with a leaf → documents payload. Build with `TrieIndex.build`."""
 
@@ -243,86 +332,16 @@ class TrieIndex:
         _check_doc_ids(docs, source)
         if M == 0:
             raise ValueError(f"{source}: no docids to index")
-        D = arr.shape[1]
         ragged = bool(lengths.min() != lengths.max())
-        rows = _PackedRows(arr, vocab_size)
-        order = rows.argsort(docs)
-        rows.take(order)
-        docs = docs[order]
-        if ragged:  # (fixed-length rows: every length is D, in any order)
-            lengths = lengths[order]
-        del order
-        fd = rows.first_difference()
-        same_seq = fd == D
-        same_seq[0] = False
-        dup = same_seq & np.r_[False, docs[1:] == docs[:-1]]  # duplicate (sequence, doc) pairs
-        if dup.any():
-            keep = ~dup
-            rows.keep(keep)
-            docs, lengths, fd, same_seq = docs[keep], lengths[keep], fd[keep], same_seq[keep]
-        uniq = ~same_seq
-        collisions = not uniq.all()
-        if collisions:  # several documents share a sequence: the tree is built over the distinct sequences
-            rows.keep(uniq)
-            u_len, u_fd = lengths[uniq], fd[uniq]
-        else:
-            u_len, u_fd = lengths, fd
-        del fd
-        U = len(u_fd)
-
-        def row(i):
-            return [int(rows.column(j, np.array([i]))[0]) for j in range(int(u_len[i]))]
-
-        # A docid that is a strict prefix of the next one (sorted order puts extensions right after it).
-        if U > 1 and ragged:
-            prefix = u_fd[1:] >= u_len[:-1]
-            if prefix.any():
-                i = int(np.argmax(prefix))
-                raise ValueError(f"{source}: docid {row(i)} is a strict prefix of {row(i + 1)}; end lexical docids "
-                                 f"with EOS")
-        offsets, tokens, leaf_rank, leaf_all = [], [np.zeros(0, np.int32)], [None], [False]
-        tok_dtype = np.int16 if vocab_size <= np.iinfo(np.int16).max else np.int32
-        count_dtype = np.int32 if U < np.iinfo(np.int32).max else np.int64
-        first_prev = np.zeros(1, np.int64)  # first row of each depth-(d-1) node (depth 0: the root, row 0)
-        leaf_count = 0
-        leaf_of_row = None if not ragged else np.full(U, -1, np.int64)
-        for d in range(1, D + 1):
-            new = (u_fd < d) & (u_len >= d) if ragged else u_fd < d  # rows that start a depth-d node
-            first = np.flatnonzero(new)
-            n_d = len(first)
-            upto = np.cumsum(new, dtype=count_dtype)  # depth-d nodes started at or before each row
-            # children of the depth-(d-1) node p are the depth-d nodes started in [first_prev[p], first_prev[p+1])
-            off_dtype = np.int32 if n_d < np.iinfo(np.int32).max else np.int64
-            offsets.append(np.append(upto[first_prev] - new[first_prev], n_d).astype(off_dtype))
-            tokens.append(rows.column(d - 1, None if n_d == U else first).astype(tok_dtype))
-            if not ragged:  # every docid ends at depth D, where each row is its own node
-                n_leaves_d = n_d if d == D else 0
-                leaf_rank.append(None)
-                leaf_all.append(d == D)
-            else:
-                ends = np.flatnonzero(u_len == d)
-                n_leaves_d = len(ends)
-                node_of_end = upto[ends] - 1
-                if n_leaves_d == n_d and n_d > 0:
-                    leaf_rank.append(None)
-                    leaf_all.append(True)
-                    leaf_of_row[ends] = leaf_count + node_of_end
-                elif n_leaves_d:
-                    rank = np.full(n_d, -1, np.int32)
-                    rank[node_of_end] = np.arange(n_leaves_d, dtype=np.int32)
-                    leaf_rank.append(rank)
-                    leaf_all.append(False)
-                    leaf_of_row[ends] = leaf_count + rank[node_of_end]
-                else:
-                    leaf_rank.append(None)
-                    leaf_all.append(False)
-            leaf_count += n_leaves_d
-            first_prev = first
-            del new, upto
+        rows, docs, lengths, u_len, u_fd, uniq = _sorted_distinct(arr, lengths, docs, vocab_size, ragged, source)
+        levels = _levels(rows, u_len, u_fd, arr.shape[1], vocab_size, ragged)
+        leaf_count = levels["leaf_count"]
         # Payload in leaf order: pair p belongs to unique row (cumsum of uniq) - 1.
+        collisions = not uniq.all()
         if not ragged:  # leaves are the rows in order
             leaf_of_pair = np.cumsum(uniq) - 1 if collisions else None
         else:
+            leaf_of_row = levels["leaf_of_row"]
             leaf_of_pair = leaf_of_row[np.cumsum(uniq) - 1] if collisions else leaf_of_row
             if not np.all(leaf_of_pair[1:] >= leaf_of_pair[:-1]):
                 o = np.argsort(leaf_of_pair, kind="stable")
@@ -331,11 +350,11 @@ class TrieIndex:
             doc_offsets = np.arange(leaf_count + 1, dtype=np.int64)
         else:
             doc_offsets = np.concatenate([[0], np.cumsum(np.bincount(leaf_of_pair, minlength=leaf_count))])
-        index = cls(vocab_size=vocab_size, eos_id=eos_id, offsets=offsets, tokens=tokens, leaf_rank=leaf_rank,
-                    leaf_all=leaf_all, doc_offsets=doc_offsets.astype(np.int64), doc_ids=docs,
-                    dense_budget_bytes=dense_budget_bytes)
-        log.info("built trie: %d docids, %d (docid, document) pairs, depth %d, %.1f MB", U, len(docs), D,
-                 index.nbytes / 2**20)
+        index = cls(vocab_size=vocab_size, eos_id=eos_id, offsets=levels["offsets"], tokens=levels["tokens"],
+                    leaf_rank=levels["leaf_rank"], leaf_all=levels["leaf_all"],
+                    doc_offsets=doc_offsets.astype(np.int64), doc_ids=docs, dense_budget_bytes=dense_budget_bytes)
+        log.info("built trie: %d docids, %d (docid, document) pairs, depth %d, %.1f MB", len(u_fd), len(docs),
+                 arr.shape[1], index.nbytes / 2**20)
         return index
 
     def _init_derived(self):
@@ -613,14 +632,30 @@ class TrieIndex:
         _check_doc_ids(docs, source)
         if len(arr) == 0:
             return {"pairs_added": 0, "docids_added": 0, "nodes_added": 0}
-        D_new = arr.shape[1]
-        if D_new > self.depth:
-            self._grow_depth(D_new)
+        if arr.shape[1] > self.depth:
+            self._grow_depth(arr.shape[1])
+        pending: list[tuple[int, _Extras]] = []  # the extras added so far, undone if a docid is refused
+        node, exists, nodes_added = self._walk_inserted(arr, lengths, pending, source)
+        # End nodes: existing ones must be leaves; new ones become leaves and must not have children.
+        leaf = self._leaf_at(lengths, np.where(exists, node, -1))
+        interior = exists & (leaf < 0)
+        if interior.any():
+            i = int(np.argmax(interior))
+            self._rollback(pending)
+            raise ValueError(f"{source}: sequence {arr[i, :lengths[i]].tolist()} is a strict prefix of an existing "
+                             f"docid; end lexical docids with EOS")
+        n_new_leaves = self._add_leaves(arr, lengths, node, ~exists, leaf, pending, source) if not exists.all() else 0
+        added = self._add_pairs(leaf, docs)
+        self._device = self._device_payload = None
+        return {"pairs_added": added, "docids_added": int(n_new_leaves), "nodes_added": int(nodes_added)}
+
+    def _walk_inserted(self, arr: np.ndarray, lengths: np.ndarray, pending: list, source: str):
+        """Follows every inserted sequence down the tree, creating the missing nodes level by level (as extras
+        of their depth) → (end node of each sequence, whether it existed before this call, nodes added)."""
         node = np.zeros(len(arr), np.int64)
         exists = np.ones(len(arr), bool)  # still on nodes that existed before this call
         nodes_added = 0
-        pending: list[tuple[int, _Extras]] = []
-        for d in range(D_new):
+        for d in range(arr.shape[1]):
             active = lengths > d
             t = arr[:, d].astype(np.int64)
             p = np.where(active, node, -1)
@@ -640,8 +675,7 @@ class TrieIndex:
             if make.any():
                 key = p[make] * (self.vocab_size + 1) + t[make]
                 uniq_key, inverse = np.unique(key, return_inverse=True)
-                base = self.nodes_at(d + 1)
-                new_ids = base + np.arange(len(uniq_key))
+                new_ids = self.nodes_at(d + 1) + np.arange(len(uniq_key))
                 nxt[np.flatnonzero(make)] = new_ids[inverse]
                 self.new_nodes[d + 1] += len(uniq_key)
                 nodes_added += len(uniq_key)
@@ -651,39 +685,36 @@ class TrieIndex:
                 self._merge_extras(d, pending[-1][1])
             node = np.where(active, nxt, node)
             exists = exists & found | ~active & exists
-        # End nodes: existing ones must be leaves; new ones become leaves and must not have children.
-        leaf = self._leaf_at(lengths, np.where(exists, node, -1))
-        interior = exists & (leaf < 0)
-        if interior.any():
-            i = int(np.argmax(interior))
+        return node, exists, nodes_added
+
+    def _add_leaves(self, arr: np.ndarray, lengths: np.ndarray, node: np.ndarray, new_end: np.ndarray,
+                    leaf: np.ndarray, pending: list, source: str) -> int:
+        """Makes the new end nodes leaves (numbered after the existing ones) and writes their ids into `leaf`;
+        a new end node that has children is an error (a strict prefix). Returns the number of new leaves."""
+        key = lengths[new_end] * (1 << 40) + node[new_end]
+        uniq_key, inverse = np.unique(key, return_inverse=True)
+        end_depth, end_node = uniq_key >> 40, uniq_key & ((1 << 40) - 1)
+        has_kids = np.zeros(len(uniq_key), bool)
+        for dd in np.unique(end_depth):
+            sel = end_depth == dd
+            has_kids[sel] = self._has_children(int(dd), end_node[sel])
+        if has_kids.any():
             self._rollback(pending)
-            raise ValueError(f"{source}: sequence {arr[i, :lengths[i]].tolist()} is a strict prefix of an existing "
-                             f"docid; end lexical docids with EOS")
-        new_end = ~exists
-        n_new_leaves = 0
-        if new_end.any():
-            key = lengths[new_end] * (1 << 40) + node[new_end]
-            uniq_key, inverse = np.unique(key, return_inverse=True)
-            end_depth, end_node = uniq_key >> 40, uniq_key & ((1 << 40) - 1)
-            has_kids = np.zeros(len(uniq_key), bool)
-            for dd in np.unique(end_depth):
-                sel = end_depth == dd
-                has_kids[sel] = self._has_children(int(dd), end_node[sel])
-            if has_kids.any():
-                self._rollback(pending)
-                j = int(np.flatnonzero(new_end)[np.flatnonzero(inverse == int(np.argmax(has_kids)))[0]])
-                raise ValueError(f"{source}: sequence {arr[j, :lengths[j]].tolist()} is a strict prefix of another "
-                                 f"inserted docid; end lexical docids with EOS")
-            n_new_leaves = len(uniq_key)
-            new_leaf_ids = self.num_leaves + np.arange(n_new_leaves)
-            for dd in np.unique(end_depth):
-                x = self.extras[int(dd) - 1]
-                sel = end_depth == dd
-                o = np.argsort(x.child)
-                x.leaf[o[np.searchsorted(x.child[o], end_node[sel])]] = new_leaf_ids[sel]
-            self.new_leaves = np.concatenate([self.new_leaves, end_depth])
-            leaf[np.flatnonzero(new_end)] = new_leaf_ids[inverse]
-        # Payload: skip pairs already present.
+            j = int(np.flatnonzero(new_end)[np.flatnonzero(inverse == int(np.argmax(has_kids)))[0]])
+            raise ValueError(f"{source}: sequence {arr[j, :lengths[j]].tolist()} is a strict prefix of another "
+                             f"inserted docid; end lexical docids with EOS")
+        new_leaf_ids = self.num_leaves + np.arange(len(uniq_key))
+        for dd in np.unique(end_depth):
+            x = self.extras[int(dd) - 1]
+            sel = end_depth == dd
+            o = np.argsort(x.child)
+            x.leaf[o[np.searchsorted(x.child[o], end_node[sel])]] = new_leaf_ids[sel]
+        self.new_leaves = np.concatenate([self.new_leaves, end_depth])
+        leaf[np.flatnonzero(new_end)] = new_leaf_ids[inverse]
+        return len(uniq_key)
+
+    def _add_pairs(self, leaf: np.ndarray, docs: np.ndarray) -> int:
+        """Adds the (leaf, document) pairs not in the payload yet; returns how many."""
         key = _sorted_unique(leaf * (1 << 32) + docs)
         pairs = np.stack([key >> 32, key & ((1 << 32) - 1)], 1)
         add = pairs[~self._pairs_present(pairs)]
@@ -691,8 +722,7 @@ class TrieIndex:
             old = self.extra_pairs
             at = np.searchsorted(old[:, 0] * (1 << 32) + old[:, 1], add[:, 0] * (1 << 32) + add[:, 1])
             self.extra_pairs = np.insert(old, at, add, axis=0)
-        self._device = self._device_payload = None
-        return {"pairs_added": int(len(add)), "docids_added": int(n_new_leaves), "nodes_added": int(nodes_added)}
+        return int(len(add))
 
     def _pairs_present(self, pairs: np.ndarray) -> np.ndarray:
         """Which (leaf, doc) rows are already in the payload (main CSR, sorted per leaf, or inserted pairs)."""

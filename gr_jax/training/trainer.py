@@ -283,88 +283,116 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     mesh = partitioning.make_mesh(num_partitions)
     if batch_size % mesh.shape["data"]:
         raise ValueError(f"BATCH_SIZE {batch_size} is not divisible by the {mesh.shape['data']} data-parallel devices")
-    params = jax.device_put(params, partitioning.param_shardings(model.param_axes(params), mesh))
-    opt_state = jax.jit(tx.init)(params)
-    scalar = partitioning.replicated(mesh)
-    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": opt_state,
-             "nonfinite": jnp.zeros((), jnp.int32)}
-    state_shardings = jax.tree_util.tree_map(lambda x: x.sharding if x.ndim else scalar, state)
-
+    state, state_shardings = _initial_state(model, params, tx, mesh)
     template = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, state)
     manager, latest, restored = restore_latest_intact(model_dir, keep_checkpoints, template, meta)
     if restored is not None:
         state = restored["state"]
         iterator.set_state(restored["data"])
         log.info("resumed from %s at step %d", model_dir / "checkpoints", latest)
-
-    b_shard = partitioning.batch_sharding(mesh)
+    b_shard, scalar = partitioning.batch_sharding(mesh), partitioning.replicated(mesh)
     state = jax.device_put(state, state_shardings)  # one layout in and out: the step compiles once
     step_fn = jax.jit(make_train_step(model.loss_fn, tx), in_shardings=(state_shardings, b_shard, scalar),
                       out_shardings=(state_shardings, scalar), donate_argnums=(0,))
     dropout_key = jax.random.PRNGKey(seed + 1)
-    writer = ScalarWriter(model_dir, name)
-    eval_writer = ScalarWriter(model_dir, "eval") if evaluate is not None and eval_period else None
-    saved_steps = [latest] if latest is not None else []
-
-    def save(step: int):
-        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                   data=ocp.args.JsonSave(iterator.get_state()),
-                                                   meta=ocp.args.JsonSave(meta)), force=True)
-        manager.wait_until_finished()
-        saved_steps.append(step)
-
+    saver = _Saver(manager, iterator, meta, latest)
     step = int(state["step"])
     if step > train_steps:
         raise TrainingError(f"{model_dir / 'checkpoints'} holds step {step}, past TRAIN_STEPS = {train_steps}; "
                             f"raise TRAIN_STEPS or use a new MODEL_DIR")
     if refresh is not None:
         refresh(step, state["params"])
-    acc: dict = {}
-    t_log, steps_since = time.time(), 0
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=train_steps, initial=step, desc=name, unit="step", mininterval=1.0)
+    scalars = _Scalars(model_dir, name, progress, train_steps, step)
+    eval_writer = ScalarWriter(model_dir, "eval") if evaluate is not None and eval_period else None
     # The step's temporaries are allocated afresh on every call: keep the freed blocks (host_memory).
     with host_memory.reuse_freed_memory():
         while step < train_steps:
-            batch = jax.device_put(next(iterator), b_shard)
-            state, sums = step_fn(state, batch, dropout_key)
+            state, sums = step_fn(state, jax.device_put(next(iterator), b_shard), dropout_key)
             step += 1
-            steps_since += 1
-            acc = sums if not acc else _accumulate(acc, sums)
+            scalars.add(sums)
             if step_callback is not None:
                 step_callback(step)
             if refresh is not None and refresh_period and step % refresh_period == 0 and step < train_steps:
                 refresh(step, state["params"])
             if step % log_period == 0 or step == train_steps:
-                host = jax.device_get(acc)
                 if int(state["nonfinite"]) > 0:
-                    raise TrainingError(_nonfinite_message(model_dir, step - steps_since, step, saved_steps,
+                    raise TrainingError(_nonfinite_message(model_dir, step - scalars.since, step, saver.steps,
                                                            initial_checkpoint_path))
-                scalars = {k: float(s) / max(float(c), 1e-12) for k, (s, c) in host.items()}
-                scalars.update(steps_per_s=steps_since / (time.time() - t_log),
-                               epoch=float(np.mean(iterator.epochs())))
-                writer.write(step, scalars)
-                if bar is not None:
-                    shown = sorted(host, key=lambda k: (k != "loss", k))[:3]  # the loss first, if there is one
-                    bar.set_postfix({k: f"{scalars[k]:.3f}" for k in shown})
-                acc, t_log, steps_since = {}, time.time(), 0
-            if bar is not None:
-                bar.update(1)
+                scalars.write(step, float(np.mean(iterator.epochs())))
+            scalars.tick()
             if eval_writer is not None and step % eval_period == 0 and step < train_steps:
                 metrics = evaluate(state["params"])
                 eval_writer.write(step, metrics)
                 log.info("step %d: %s", step, metrics)
             if step % checkpoint_period == 0 or step == train_steps:
-                save(step)
-    if bar is not None:
-        bar.close()
-    writer.close()
+                saver.save(step, state)
+    scalars.close()
     if eval_writer is not None:
         eval_writer.close()
     log.info("%s done: step %d in %.1f s%s", name, step, time.time() - t_start,
              f" (resumed from step {latest})" if latest is not None else "")
     return {"state": state, "step": step, "resumed_from": latest,
             "checkpoint": str(model_dir / "checkpoints" / str(step))}
+
+
+def _initial_state(model, params, tx: optax.GradientTransformation, mesh) -> tuple[dict, dict]:
+    """The train state {step, params, opt_state, nonfinite} placed by the model's logical axes, and its
+    shardings (scalars replicated)."""
+    params = jax.device_put(params, partitioning.param_shardings(model.param_axes(params), mesh))
+    scalar = partitioning.replicated(mesh)
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": jax.jit(tx.init)(params),
+             "nonfinite": jnp.zeros((), jnp.int32)}
+    return state, jax.tree_util.tree_map(lambda x: x.sharding if x.ndim else scalar, state)
+
+
+class _Saver:
+    """Synchronous orbax saves of the composite checkpoint: state, the data iterator's position, the provenance."""
+
+    def __init__(self, manager, iterator, meta: dict, latest: Optional[int]):
+        self.manager, self.iterator, self.meta = manager, iterator, meta
+        self.steps = [latest] if latest is not None else []
+
+    def save(self, step: int, state) -> None:
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                        data=ocp.args.JsonSave(self.iterator.get_state()),
+                                                        meta=ocp.args.JsonSave(self.meta)), force=True)
+        self.manager.wait_until_finished()
+        self.steps.append(step)
+
+
+class _Scalars:
+    """The loop's metrics: the objective's (sum, count) pairs accumulated on the device between log steps, then
+    written (sum / count, steps/s, epoch) and shown on the progress bar (a terminal) or logged."""
+
+    def __init__(self, model_dir: Path, name: str, progress: bool, total: int, initial: int):
+        self.writer = ScalarWriter(model_dir, name)
+        self.acc: dict = {}
+        self.t, self.since = time.time(), 0
+        self.bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=name, unit="step", mininterval=1.0)
+
+    def add(self, sums) -> None:
+        self.acc = sums if not self.acc else _accumulate(self.acc, sums)
+        self.since += 1
+
+    def write(self, step: int, epoch: float) -> None:
+        host = jax.device_get(self.acc)
+        scalars = {k: float(s) / max(float(c), 1e-12) for k, (s, c) in host.items()}
+        scalars.update(steps_per_s=self.since / (time.time() - self.t), epoch=epoch)
+        self.writer.write(step, scalars)
+        if self.bar is not None:
+            shown = sorted(host, key=lambda k: (k != "loss", k))[:3]  # the loss first, if there is one
+            self.bar.set_postfix({k: f"{scalars[k]:.3f}" for k in shown})
+        self.acc, self.t, self.since = {}, time.time(), 0
+
+    def tick(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.writer.close()
