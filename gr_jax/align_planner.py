@@ -2,7 +2,7 @@
     --gin.ALIGN_LANGUAGE="'de'" --gin.ALIGN_TRAIN_FILE="'mmarco/german_queries.train.tsv'"
     --gin.ALIGN_DEV_FILE="'mmarco/german_queries.dev.tsv'"
 
-Planner alignment (004 §4.6 "Aligned", training/pag_align.py): KL distillation of the PAG planner's weights from
+Planner alignment (004 §4.6 "Aligned", methods/pag/align.py): KL distillation of the PAG planner's weights from
 English queries to their translations; only the query side is trained, the index stays fixed. Writes
 MODEL_DIR/aligned/<language>/, which `python -m gr_jax.cross_lingual` reads for its 'aligned' setting.
 """
@@ -20,9 +20,9 @@ def main(argv=None) -> int:
     setup_logging()
 
     def configured():
-        from gr_jax.protocols import cross_lingual
+        from gr_jax.methods.pag import align
 
-        return cross_lingual.align_planner
+        return align.align_planner
 
     rc, result = gin_utils.run_entry(argv, __doc__, configured, ["TRAIN_STEPS = 1", "BATCH_SIZE = 1"],
                                      root="align_planner", allow_unused=("train", "make_optimizer", "EvalConfig"))

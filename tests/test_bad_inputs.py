@@ -362,7 +362,8 @@ def test_glen_phase2_before_phase1_is_named_and_writes_nothing(tmp_path, capsys)
     rc, err = _main(train_cmd, ["--gin_file=experiments/demo/glen.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
                                 f"--gin.INITIAL_CHECKPOINT_PATH='{tmp_path / 'no_phase1'}'"], capsys)
     assert rc == 2, err
-    assert f"INITIAL_CHECKPOINT_PATH {tmp_path / 'no_phase1'} does not exist" in err and "phase-1 run" in err
+    assert f"INITIAL_CHECKPOINT_PATH {tmp_path / 'no_phase1'} does not exist" in err
+    assert "GLEN's phase 2, starts from the MODEL_DIR of the first: train that first" in err
     assert not (tmp_path / "m").exists()  # not even a vocabulary trained for nothing
 
 

@@ -119,10 +119,15 @@ def _import_graph() -> dict[str, set[str]]:
 
 
 LOW = ("gr_jax.data", "gr_jax.docids", "gr_jax.index", "gr_jax.decoding")
+# below the methods: the core, the composition and the protocols (entry points, which run a method's own
+# command, and the methods themselves are above)
+CORE = LOW + ("gr_jax.models", "gr_jax.training", "gr_jax.evaluation", "gr_jax.baselines", "gr_jax.compose",
+              "gr_jax.protocols", "gr_jax.gin_utils", "gr_jax.tasks")
 LEAVES = ("gr_jax.errors", "gr_jax.validation", "gr_jax.io_utils", "gr_jax.provenance", "gr_jax.vocab", "gr_jax.gin_checks",
           "gr_jax.cli", "gr_jax.host_memory")
 HIGH = ("gr_jax.models", "gr_jax.training", "gr_jax.evaluation", "gr_jax.baselines", "gr_jax.compose",
-        "gr_jax.protocols", "gr_jax.gin_utils", "gr_jax.train", "gr_jax.infer", "gr_jax.eval", "gr_jax.dynamic")
+        "gr_jax.methods", "gr_jax.protocols", "gr_jax.gin_utils", "gr_jax.train", "gr_jax.infer", "gr_jax.eval",
+        "gr_jax.dynamic")
 
 
 def _under(module: str, prefixes) -> bool:
@@ -131,9 +136,12 @@ def _under(module: str, prefixes) -> bool:
 
 def test_import_graph_follows_the_data_flow():
     """DESIGN.md §2: no import cycle; data/, docids/, index/ and decoding/ import no model, training,
-    evaluation, baseline or protocol code; the leaf modules import only other leaves."""
+    evaluation, baseline, method or protocol code; nothing of the core, the composition or the protocols imports
+    a method; the leaf modules import only other leaves."""
     graph = _import_graph()
     up = sorted((m, d) for m, deps in graph.items() if _under(m, LOW) for d in deps if _under(d, HIGH))
+    up += sorted((m, d) for m, deps in graph.items() if _under(m, CORE) for d in deps
+                 if _under(d, ("gr_jax.methods",)))
     assert not up, f"lower layers reaching up: {up}"
     leaf = sorted((m, d) for m, deps in graph.items() if _under(m, LEAVES) for d in deps if not _under(d, LEAVES))
     assert not leaf, f"leaf modules importing the rest of gr_jax: {leaf}"
@@ -163,6 +171,11 @@ def test_import_graph_check_can_fail(tmp_path, monkeypatch):
     monkeypatch.setitem(globals(), "_import_graph", lambda: fake)
     with pytest.raises(AssertionError, match="lower layers reaching up"):
         test_import_graph_follows_the_data_flow()
+    monkeypatch.setitem(globals(), "_import_graph", lambda: {"gr_jax.protocols.p": {"gr_jax.methods.m.x"},
+                                                             "gr_jax.methods.m.x": set()})
+    with pytest.raises(AssertionError, match="gr_jax.protocols.p.*gr_jax.methods.m.x"):
+        test_import_graph_follows_the_data_flow()  # a protocol naming a method
+    monkeypatch.setitem(globals(), "_import_graph", lambda: fake)
     fake["gr_jax.data.x"] = {"gr_jax.data.z"}
     fake["gr_jax.data.z"] = {"gr_jax.data.x"}
     with pytest.raises(AssertionError, match="import cycles"):

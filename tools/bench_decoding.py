@@ -10,8 +10,8 @@
     trivial model (batch 2, beam 70: STATIC's configuration).
 (d) insert 10% new docids into a built index vs rebuilding from scratch.
 (e) GPU only: T5-base random weights, 8.8M docids, beam 10 and 100, batch 16 (skipped without a GPU).
-(g) GLEN: our constrained decoding + collision-free ranking (`models/glen.py`) vs the same algorithm written
-    as GLEN's PyTorch code runs it (`parity.glen_rank_torch`: hidden-state feedback with a KV cache, trie masks
+(g) GLEN: our constrained decoding + collision-free ranking (`methods/glen/model.py`) vs the same algorithm written
+    as GLEN's PyTorch code runs it (`methods.glen.torch_reference.glen_rank_torch`: hidden-state feedback with a KV cache, trie masks
     from a nested dict per beam per step, top-K over K × V), same weights and docids (M 3, collisions), tiny
     and small T5, N 10 and 100 (K = 2N); ms/query and whether the ranked lists are identical.
 (f) the beam → documents → run tail (device gather, array ranker, run dicts) vs the decoding it follows,
@@ -351,8 +351,8 @@ def write_markdown(command: str, path: Path):
 
 
 def bench_tail(n_docids: int = 20_000, batch: int = 64, beams: int = 100, length: int = 4):
-    """(g) GLEN: our constrained decoding + collision-free ranking (`models/glen.py`) vs the same algorithm written
-    as GLEN's PyTorch code runs it (`parity.glen_rank_torch`: hidden-state feedback with a KV cache, trie masks
+    """(g) GLEN: our constrained decoding + collision-free ranking (`methods/glen/model.py`) vs the same algorithm written
+    as GLEN's PyTorch code runs it (`methods.glen.torch_reference.glen_rank_torch`: hidden-state feedback with a KV cache, trie masks
     from a nested dict per beam per step, top-K over K × V), same weights and docids (M 3, collisions), tiny
     and small T5, N 10 and 100 (K = 2N); ms/query and whether the ranked lists are identical.
 (f) the beam → documents → run tail vs the decoding it follows, tiny T5, batch 64, beam 100, docids
@@ -413,8 +413,9 @@ def bench_glen(model_name: str, n_docs: int, beams: list[int], n_queries: int):
     import torch
 
     from gr_jax.docids.base import DocidTable
-    from gr_jax.models import glen
-    from gr_jax.models.parity import glen_rank_torch, load_torch_t5
+    from gr_jax.methods.glen import model as glen
+    from gr_jax.methods.glen.torch_reference import glen_rank_torch
+    from gr_jax.models.parity import load_torch_t5
     from gr_jax.vocab import DocidTokenSpace
 
     torch.set_num_threads(2)

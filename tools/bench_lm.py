@@ -63,13 +63,15 @@ def main(argv=None) -> int:
 
     from gr_jax.data import demo
     from gr_jax.decoding import beam_search as bs
-    from gr_jax.models import fewshot, llama, llama_io, lm_generate
+    from gr_jax.models import llama, llama_io, lm_generate, lm_tokenizer
+    from gr_jax.methods.fewshot import model as fewshot
+    from gr_jax.models.lm import LMContext
 
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
     path = llama_io.smollm2_path()
     config, params, f = llama_io.load_gguf(path)
-    tok = llama_io.tokenizer_from_gguf(f)
+    tok = lm_tokenizer.tokenizer_from_gguf(f)
     model = llama.Llama(config)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                            dtype=torch.float32).eval()
@@ -124,7 +126,7 @@ def main(argv=None) -> int:
              speedup=round(b / a, 2))
 
     if not (args.quick or args.no_index):
-        lm = fewshot.LMContext(model, params, tok, "smollm2_135m")
+        lm = LMContext(model, params, tok, "smollm2_135m")
         writer = fewshot.DocidWriter(num_docids=10, min_tokens=3, max_tokens=15, inputs="document", batch_size=16)
         texts = list(corpus.texts[:args.index_docs])
         prompt = writer.prompt

@@ -8,7 +8,7 @@ appends a section to BENCHMARKS.md.
     python tools/bench_pag.py --model_dir runs/demo_pag --synthetic 1000000
     python tools/bench_pag.py --model_dir runs/demo_pag --latency_only   # memory and latency only (a minute)
 
-(demo) the model of experiments/demo/pag.gin (train it first: WORKSPACE.md "PAG"), its test queries; set docids
+(demo) the model of experiments/demo/pag.gin (train it first: README "The methods and protocols as commands"), its test queries; set docids
     re-made at each m as the top-m TF-IDF ids (the model was trained at m = 16; the paper likewise truncates
     the released m = 64 lists for m ∈ {16, 32}). Effectiveness (MRR@10, Hit@10) of the three modes; ms/query of
     the planner (s_simul + top-n) and of the whole search; search error on 200 queries: Seq-only against the
@@ -79,8 +79,9 @@ def _search(model, params, q, index, k, mode):
 
 def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000):
     from gr_jax.docids.base import DocidTable
-    from gr_jax.docids.pag import order_keys
-    from gr_jax.models import pag, t5
+    from gr_jax.methods.pag.docids import order_keys
+    from gr_jax.models import t5
+    from gr_jax.methods.pag import model as pag
     from gr_jax.vocab import DocidTokenSpace
 
     M, K, base = 8, 2048, 1000
@@ -126,7 +127,7 @@ def bench_demo(model_dir: str, n_eval: int, n_search_error: int, latency_only: b
     from gr_jax.data.pipeline import tokenize
     from gr_jax.decoding import rankers
     from gr_jax.docids.base import DocidTable
-    from gr_jax.docids.pag import tfidf_set_ids
+    from gr_jax.methods.pag.docids import tfidf_set_ids
     from gr_jax.evaluation.metrics import evaluate
 
     gin.clear_config()
@@ -184,7 +185,7 @@ def _search_errors(model, params, tokens, index, k) -> dict:
     """Search error of Seq-only (raw objective, whole corpus) and of PAG without / with the bonus (PAG's final
     objective over the planning set), on the same queries."""
     from gr_jax.decoding.exhaustive import search_error
-    from gr_jax.models import pag
+    from gr_jax.methods.pag import model as pag
 
     model.mode = "pag"
     searcher = model.searcher(k)

@@ -8,13 +8,14 @@
 
 T5 (default): max |Δ| of encoder states (non-padded positions) and decoder logits on a random padded batch,
 and whether a few greedy decoding steps give identical tokens; needs the [torch] extra.
-GLEN: a fixture folder of GLEN's own outputs (model/, inputs.npz, outputs.npz, ranking.json, glen_docid.tsv,
+A method (`--method NAME`): the method's package's `parity.check_fixture(folder)` against a fixture folder of
+its authors' outputs. GLEN: a fixture folder of GLEN's own outputs (model/, inputs.npz, outputs.npz, ranking.json, glen_docid.tsv,
 meta.json; tests/fixtures/glen_parity/README.md) — step logits, docids, final beams and collision-free
-rankings (`gr_jax/models/glen_parity.py`); needs no torch.
+rankings (`gr_jax/methods/glen/parity.py`); needs no torch.
 PAG: a fixture folder of PAG's own outputs (model/, inputs.npz, outputs.npz, decoding.json, the two
 docid_to_tokenids.json files, lex_run.json, meta.json; tests/fixtures/pag_parity/REFERENCE.md) — lexical
 representations, set docids, s_lex, planning set, raw step logits, final beams and rankings with and without the
-look-ahead bonus (`gr_jax/models/pag_parity.py`); needs no torch.
+look-ahead bonus (`gr_jax/methods/pag/parity.py`); needs no torch.
 Llama (`--arch llama`, decoder-only): max |Δ| of the logits at real positions of a left-padded batch, also
 relative to the largest logit (the tolerance applies to that relative figure: a pretrained model's logits run
 to ~30), and whether cached greedy decoding gives transformers' tokens; an HF directory, a GGUF file (which
@@ -27,19 +28,28 @@ Exit status 1 when a difference exceeds --tolerance or an identity check fails; 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import logging
+import pkgutil
 import sys
 import tempfile
 from pathlib import Path
 
+from gr_jax import methods
 from gr_jax.cli import setup_logging
 from gr_jax.models import convert, parity
+
+# the methods whose package holds a checker against their authors' outputs (`methods/<name>/parity.py`)
+METHODS_WITH_PARITY = tuple(sorted(m.name for m in pkgutil.iter_modules(methods.__path__)
+                                   if m.ispkg and importlib.util.find_spec(f"gr_jax.methods.{m.name}.parity")))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--method", choices=("t5", "glen", "pag"), default="t5")
+    parser.add_argument("--method", choices=("t5",) + METHODS_WITH_PARITY, default="t5",
+                        help="t5, or a method whose package has a parity module (gr_jax/methods/<name>/parity.py)")
     parser.add_argument("--arch", choices=("t5", "llama"), default="t5",
                         help="the backbone of --hf_dir / --demo (llama: decoder-only)")
     src = parser.add_mutually_exclusive_group(required=True)
@@ -49,7 +59,7 @@ def main(argv=None) -> int:
     src.add_argument("--demo", action="store_true",
                      help="write tiny random v1.0 and v1.1 HF models, convert each to a gr_jax checkpoint, "
                           "and check the converted checkpoint against transformers")
-    src.add_argument("--fixture", help="--method glen / pag: a fixture folder of the method's reference outputs")
+    src.add_argument("--fixture", help="--method <name>: a fixture folder of the method's reference outputs")
     parser.add_argument("--gr_jax_checkpoint", help="compare this converted gr_jax checkpoint (default: "
                         "convert --hf_dir in memory)")
     parser.add_argument("--batch", type=int, default=4)
@@ -62,23 +72,17 @@ def main(argv=None) -> int:
     setup_logging()
     kwargs = dict(batch=args.batch, encoder_length=args.encoder_length, decoder_length=args.decoder_length,
                   greedy_steps=args.greedy_steps, seed=args.seed)
-    if (args.method in ("glen", "pag")) != bool(args.fixture):
-        parser.error("--fixture goes with --method glen / pag (and those methods need --fixture)")
+    if (args.method != "t5") != bool(args.fixture):
+        parser.error(f"--fixture goes with --method {' / '.join(METHODS_WITH_PARITY)} (and those need --fixture)")
     if (args.gguf or args.smollm2) and args.arch != "llama":
         parser.error("--gguf / --smollm2 go with --arch llama")
     ok = True
     try:
         if args.arch == "llama":
             ok = _llama(args)
-        elif args.method in ("glen", "pag"):
-            if args.method == "glen":
-                from gr_jax.models import glen_parity as checker
-
-                result = checker.check_glen_fixture(args.fixture)
-            else:
-                from gr_jax.models import pag_parity as checker
-
-                result = checker.check_pag_fixture(args.fixture)
+        elif args.method != "t5":  # the method's own checker: check_fixture(folder) -> dict, within(dict, tol)
+            checker = importlib.import_module(f"gr_jax.methods.{args.method}.parity")
+            result = checker.check_fixture(args.fixture)
             result["within_tolerance"] = ok = checker.within(result, args.tolerance)
             sys.stdout.write(json.dumps(result) + "\n")
         elif args.demo:

@@ -30,14 +30,14 @@ def main(argv=None) -> int:
     setup_logging()
     if args.max_new_tokens < 1:
         parser.error("--max_new_tokens must be ≥ 1")
-    from gr_jax.models import llama, llama_io, lm_generate
+    from gr_jax.models import llama, llama_io, lm_generate, lm_tokenizer
 
     try:
         if args.model:
             config, params, tok = llama_io.load_named(args.model)
         else:
             config, params, f = llama_io.load_gguf(args.gguf)
-            tok = llama_io.tokenizer_from_gguf(f)
+            tok = lm_tokenizer.tokenizer_from_gguf(f)
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError
         logging.error("%s", e)
         return 2

@@ -24,10 +24,11 @@ from gr_jax.cli import setup_logging
 
 def compare(model_dir: str, split: str, num_beams: int, seeds: int) -> dict:
     from gr_jax import compose
-    from gr_jax.decoding.rankers import CollisionFree, RandomTieOrder
+    from gr_jax.evaluation.retrieval import EvalConfig
+    from gr_jax.methods.glen.ranker import CollisionFree, RandomTieOrder
 
     setup, params, step = compose.restore(model_dir)
-    cfg = compose.EvalConfig(split=split, num_beams=num_beams).validate()
+    cfg = EvalConfig(split=split, num_beams=num_beams).validate()
     if not getattr(setup.model, "beams", None) or setup.table.weights is None:
         raise ValueError(f"{model_dir}: not a GLEN model with docid logits (GlenRetriever + GlenDocids)")
     rows = {}

@@ -79,3 +79,24 @@ class BM25:
             raise ValueError(f"{path}: not a saved BM25 index (doc_ids.json missing)")
         retriever = bm25s.BM25.load(str(path), show_progress=False, allow_pickle=False)
         return cls(retriever, json.loads((path / "doc_ids.json").read_text()))
+
+
+def hard_negatives(corpus, qids: Sequence[str], texts: Sequence[str], rows: Sequence[int], depth: int) -> np.ndarray:
+    """For each (query id, text, positive corpus row) pair, the top-`depth` BM25 documents of its query other
+    than the query's judged positives: corpus rows [n, depth], −1 where BM25 returns fewer. Equal scores are
+    ordered by document id (never by corpus row)."""
+    bm25 = BM25.build(list(corpus.doc_ids), list(corpus.texts))
+    positives: dict[str, set] = {}
+    text_of = {}
+    for q, t, r in zip(qids, texts, rows):
+        positives.setdefault(q, set()).add(int(r))
+        text_of[q] = t
+    order = sorted(text_of)
+    run = bm25.search(order, [text_of[q] for q in order], k=depth + max(len(v) for v in positives.values()))
+    out = np.full((len(qids), depth), -1, np.int64)
+    for i, (q, r) in enumerate(zip(qids, rows)):
+        ranked = sorted(run.get(q, {}).items(), key=lambda kv: (-kv[1], kv[0]))
+        found = [corpus.index_of(d) for d, _ in ranked]
+        found = [x for x in found if x not in positives[q]][:depth]
+        out[i, : len(found)] = found
+    return out

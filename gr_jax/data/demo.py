@@ -4,7 +4,7 @@ keyword, question and reworded queries (one relevant document each) split into t
 Nothing here comes from third-party text: names are made of random syllables and the sentences come from the
 templates below. Documents share categories, regions, years and a Zipf-distributed pool of descriptive words,
 and the reworded queries use synonyms that documents rarely contain, so retrieval is far from trivial (BM25
-figures in WORKSPACE.md).
+figures in docs/results.md).
 """
 
 from __future__ import annotations

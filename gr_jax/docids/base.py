@@ -17,6 +17,7 @@ State is JSON + numpy arrays (`save`/`load`), never pickle.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ class DocidTable:
     # decoded from its document); rankers that order documents sharing a docid read them (decoding/rankers.py)
     weights: Optional[np.ndarray] = None
     # per docid row, arrays a scheme attaches for its model ({name: [M, ...]}); PAG: "set_ids" [M, m] (the
-    # document's set docid, −1 padded) and "order_key" [M] (its tie-break key, docids/pag.py)
+    # document's set docid, −1 padded) and "order_key" [M] (its tie-break key, methods/pag/docids.py)
     extras: Optional[dict] = None
 
     def __post_init__(self):
@@ -184,6 +185,14 @@ class DocidTable:
             return index.insert(np.asarray(seqs, dtype=np.int32).reshape(len(self), -1), self.doc_rows)
         return index.insert(seqs, self.doc_rows, append_eos=True)
 
+    def digest(self) -> str:
+        """sha256 (16 hex digits) of the docids, their lengths, rows and weights: what a checkpoint records of
+        the table it was trained with."""
+        h = hashlib.sha256()
+        for a in (self.sequences, self.lengths, self.doc_rows) + (() if self.weights is None else (self.weights,)):
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()[:16]
+
     def stats(self) -> dict:
         """Collision rate (documents sharing a docid with another document), lengths, tokens used."""
         keys = {}
@@ -243,8 +252,11 @@ class DocidScheme:
       adds_tokens_per_document — every new document gets a token of its own (atomic ids): a model trained
                                before has no embedding for it, so the dynamic-corpora protocol refuses it;
       decoded_by_model       — the docids are a function of the model's parameters (GLEN): `assign` cannot
-                               make them; the scheme offers `space(vocab_size)` and `table(tokens, weights,
-                               rows, vocab_size)`, and the composition decodes them once parameters exist.
+                               make them; the scheme offers `space(vocab_size)`, `table(tokens, weights,
+                               rows, vocab_size)` and `write_decoded(directory, step, table, corpus, vocab)`
+                               (the decoded docids in the scheme's own file format), and the composition
+                               decodes them once parameters exist (with a model whose capabilities declare
+                               `decodes_docids`).
     Optional methods with defaults here: `bind(vocab)` (re-attach the vocabulary after `load_state`) and
     `training_pairs()` (extra training pairs the scheme makes, e.g. MDGR's chunk → its docid; the
     `Objectives.scheme_pairs_rate` mixes them in).

@@ -19,6 +19,8 @@ import math
 import re
 from typing import Iterable, Mapping, Optional
 
+import numpy as np
+
 from gr_jax.data.trec import Qrels, Run, check_finite, ranked
 
 _NAME = re.compile(r"^(Hit|Success|Recall|MRR|RR|nDCG)@(\d+)$")
@@ -114,3 +116,13 @@ def accumulate(run: Run, qrels: Qrels, metrics: Iterable[str | Metric], rel_thre
         for name, v in values.items():
             acc.add(name, v)
     return acc
+
+
+def metric_values(run: Run, qrels: Qrels, metric: str, rel_threshold: int = 1) -> dict[str, float]:
+    """query id → the value of one metric, a query missing from the run counting 0 (MS MARCO's convention)."""
+    return {q: v[metric] for q, v in per_query(run, qrels, [metric], rel_threshold, missing_as_zero=True).items()}
+
+
+def mean_metric(run: Run, qrels: Qrels, metric: str, rel_threshold: int = 1) -> float:
+    """The mean of `metric_values` over the judged queries."""
+    return float(np.mean(list(metric_values(run, qrels, metric, rel_threshold).values())))

@@ -236,6 +236,36 @@ def read_hf_tensors(hf_dir: str | os.PathLike) -> dict[str, np.ndarray]:
                           f"{HF_TORCH_BIN_INDEX} found")
 
 
+def hf_tensor_names(hf_dir: str | os.PathLike) -> set[str]:
+    """The tensor names of an HF checkpoint directory; safetensors and shard indexes are read for their headers
+    only (no tensor is loaded)."""
+    from safetensors import SafetensorError, safe_open
+
+    d = Path(hf_dir)
+    if (d / HF_SAFETENSORS).exists():
+        try:
+            with safe_open(str(d / HF_SAFETENSORS), framework="numpy") as f:
+                return set(f.keys())
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{d / HF_SAFETENSORS}: cannot read safetensors file ({e})") from None
+    for index in (HF_SAFETENSORS_INDEX, HF_TORCH_BIN_INDEX):
+        if (d / index).exists():
+            try:
+                return set(json.loads((d / index).read_text())["weight_map"])
+            except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+                raise CheckpointError(f"{d / index}: not a valid shard index ({e})") from None
+    return set(read_hf_tensors(d))
+
+
+def is_hf_dir(path) -> bool:
+    """An HF T5 directory: a config.json without our format tag (the weights beside it are read later)."""
+    try:
+        meta = json.loads((Path(path) / HF_CONFIG).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") != FORMAT_TAG
+
+
 def _read_json_object(path: Path, missing_hint: str) -> dict[str, Any]:
     try:
         obj = json.loads(path.read_text())

@@ -19,7 +19,8 @@ from typing import Sequence
 import gin
 
 from gr_jax.data.variations import RuleParaphraser, split_word, stop_words
-from gr_jax.models import fewshot, lm_generate
+from gr_jax.models import lm_generate
+from gr_jax.models.lm import LMContext
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,9 @@ class LMParaphraser:
     demonstrations: tuple = DEMONSTRATIONS
     name = "paraphrase"
 
-    def _context(self) -> fewshot.LMContext:
+    def _context(self) -> LMContext:
         if not hasattr(self, "_ctx"):
-            ctx, digest = fewshot.LMContext.load(self.lm)
+            ctx, digest = LMContext.load(self.lm)
             object.__setattr__(self, "_ctx", ctx)
             object.__setattr__(self, "_digest", digest)
         return self._ctx

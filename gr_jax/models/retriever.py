@@ -29,6 +29,7 @@ from gr_jax.decoding.beam_search import BeamResult
 from gr_jax.index.device import leaf_documents
 from gr_jax.models.search import Searcher, share_encoder, t5_cache
 from gr_jax.models import t5
+from gr_jax.models.contract import Capabilities
 from gr_jax.models.heads import TextHead
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ class GenerativeRetriever:
                  length_penalty: float = 0.0, *, network=None, objective: Optional[Callable] = None,
                  ranker: Optional[Callable] = None, bonus_fn: Optional[Callable] = None,
                  query_state_fn: Optional[Callable] = None):
+        if not isinstance(config, t5.T5Config) and network is None:
+            raise ValueError(f"{type(self).__name__} builds a T5 from a T5Config, got a {type(config).__name__}; for "
+                             f"a decoder-only LM set prepare.model_fn = @DecoderOnlyRetriever (e.g. "
+                             f"experiments/demo/dsi_url_smollm2.gin)")
         self.config = config
         self.network = network if network is not None else t5.T5(config)
         self.head = head if head is not None else TextHead()
@@ -51,9 +56,18 @@ class GenerativeRetriever:
         self.query_state_fn = query_state_fn
         self._searchers: dict[int, Searcher] = {}
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this model can do beyond the contract's core (models/contract.py)."""
+        return Capabilities(decoding_bonus=self.bonus_fn is not None)
+
     def describe(self) -> str:
         """What retrieves (written next to a run: several settings of one checkpoint stay apart)."""
         return f"{type(self).__name__}(score_mode={self.score_mode!r})"
+
+    def decode_docids(self, params, doc_tokens):
+        raise ValueError(f"{type(self).__name__} does not decode docids from documents (its capabilities do not "
+                         f"declare decodes_docids); use a docid scheme that assigns them")
 
     def param_axes(self, params) -> dict:
         """Logical sharding axes of the parameter tree (training/partitioning maps them to the mesh)."""
@@ -62,7 +76,7 @@ class GenerativeRetriever:
 
     def use_docids(self, table) -> None:
         """The composition hands over the docid table the index holds (again whenever documents are added). A
-        model whose ranker reads the docids' token weights keeps them (`models.glen`); default: nothing."""
+        model whose ranker reads the docids' token weights keeps them (`methods.glen.model`); default: nothing."""
 
     # -- parameters ---------------------------------------------------------------------------------------
     def init_params(self, seed: int = 0) -> dict:

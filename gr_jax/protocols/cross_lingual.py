@@ -5,7 +5,7 @@ docids and prefix tree unchanged. Settings (`run_cross_lingual.settings`):
 * `naive` — the non-English query as it is;
 * `seq_only` — PAG without its planner (sequential decoding, raw scores; PAG models only);
 * `translate` — the query translated to English first (`translator`), then the unchanged system;
-* `aligned` — PAG with a planner aligned to English by KL distillation (`training.pag_align`), read from
+* `aligned` — PAG with a planner aligned to English by KL distillation (`methods.pag.align`), read from
   `aligned_dirs[language]`.
 
 Diagnostics against the English reference (same query id): TokJaccard@ℓ of the planner tokens, CandOverlap@K of
@@ -35,12 +35,12 @@ import numpy as np
 from gr_jax import gin_checks, validation
 from gr_jax.data import variations as V
 from gr_jax.data.readers import DataError, QuerySet, read_mmarco_queries, read_queries_tsv
-from gr_jax.data.trec import Run
 from gr_jax.evaluation import drift
 from gr_jax.evaluation.report import fmt, markdown_table
 from gr_jax.io_utils import atomic_file, write_text
 from gr_jax.provenance import file_digest
-from gr_jax.protocols.robustness import Probe, TrainedSystem, _values
+from gr_jax.evaluation.metrics import mean_metric
+from gr_jax.protocols.systems import Probe, TrainedSystem, probe, run_names
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +95,15 @@ class LMTranslator:
     lm: str = "smollm2_135m"
     max_new_tokens: int = 32
     batch_size: int = 16
+    _loaded: Optional[tuple] = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def _context(self):
-        if not hasattr(self, "_ctx"):
-            from gr_jax.models.fewshot import LMContext
+        """The LM, loaded on first use: (context, weight digest) kept on the translator."""
+        if self._loaded is None:
+            from gr_jax.models.lm import LMContext
 
-            ctx, digest = LMContext.load(self.lm)
-            object.__setattr__(self, "_ctx", ctx)
-            object.__setattr__(self, "_digest", digest)
-        return self._ctx
+            object.__setattr__(self, "_loaded", LMContext.load(self.lm))
+        return self._loaded[0]
 
     def prefix(self, language: str) -> str:
         name = LANGUAGE_NAMES.get(language, language)
@@ -112,7 +112,7 @@ class LMTranslator:
 
     def settings(self) -> dict:
         self._context()
-        return {"translator": "lm", "lm": self._digest, "max_new_tokens": self.max_new_tokens,
+        return {"translator": "lm", "lm": self._loaded[1], "max_new_tokens": self.max_new_tokens,
                 "demonstrations": {k: [list(d) for d in v] for k, v in sorted(TRANSLATION_DEMOS.items())}}
 
     def translate(self, texts: Sequence[str], qids: Sequence[str], language: str) -> list[str]:
@@ -150,16 +150,6 @@ class _AsGenerator:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _probe_mode(system: TrainedSystem, queries: QuerySet, mode: str) -> Run:
-    model = system.setup.model
-    previous = model.mode
-    model.mode = mode
-    try:
-        return system._retrieve(system._tokens(queries), queries.qids)
-    finally:
-        model.mode = previous
-
-
 @gin.configurable
 def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str] = gin.REQUIRED,
                       split: str = "dev", output_dir: Optional[str] = None, settings: Sequence[str] = SETTINGS,
@@ -184,76 +174,87 @@ def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str
                          f"{sorted(set(languages) - set(aligned_dirs))} (python -m gr_jax.align_planner)")
     for name, v in (("k", k), ("ell", ell), ("num_beams", num_beams), ("batch_size", batch_size)):
         validation.integer(f"run_cross_lingual.{name}", v)
-    from gr_jax.compose import restore
-
-    setup, params, step = restore(model_dir)
-    system = TrainedSystem(setup, params, num_beams, batch_size)
-    if ("seq_only" in settings or "aligned" in settings) and not system.is_pag:
-        raise ValueError("settings 'seq_only' and 'aligned' are PAG's (a model in mode 'pag')")
-    if system.is_pag and k > setup.model.planning_size:
-        raise ValueError(f"run_cross_lingual.k = {k} exceeds PagRetriever.planning_size = "
-                         f"{setup.model.planning_size}: lower k or raise the planning size")
+    system, step = TrainedSystem.restore(model_dir, num_beams, batch_size)
+    planner = system.planner
+    if ("seq_only" in settings or "aligned" in settings) and planner is None:
+        raise ValueError("settings 'seq_only' and 'aligned' need a model that plans (PAG in mode 'pag'); "
+                         f"{system.describe()} does not")
+    if planner is not None and k > planner.planning_size:
+        raise ValueError(f"run_cross_lingual.k = {k} exceeds the planning size {planner.planning_size}: lower k "
+                         f"or raise the planning size")
     out_dir = Path(output_dir) if output_dir else Path(model_dir) / "cross_lingual"
-    ds = setup.dataset
+    ds = system.setup.dataset
     if split not in ds.queries:
         raise ValueError(f"split {split!r} not in the dataset (it has {sorted(ds.queries)})")
-    qrels_all = ds.qrels[split]
-    english_text = dict(zip(ds.queries[split].qids, ds.queries[split].texts))
-    foreign_sets = {}
-    for lang, path in sorted(languages.items()):  # every file read before anything is written
-        foreign, _ = read_mmarco_queries(path, qrels_all)
-        qids = sorted(q for q in foreign.qids if q in english_text)
-        if not qids:
-            raise DataError(f"{path}: none of its judged query ids are in the English {split!r} queries")
-        qids = qids[:max_queries] if max_queries else qids
-        text_of = dict(zip(foreign.qids, foreign.texts))
-        foreign_sets[lang] = QuerySet(qids, [text_of[q] for q in qids])
+    foreign_sets = _foreign_query_sets(languages, ds, split, max_queries)  # every file read before any write
     gin_checks.check_bindings_used(("run_cross_lingual",))
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text(out_dir / "config.gin", gin.config_str(), keep_previous=True)
 
-    result: dict[str, Any] = {"system": f"{setup.model.describe()} step {step}", "split": split, "k": k, "ell": ell,
+    english_text = dict(zip(ds.queries[split].qids, ds.queries[split].texts))
+    result: dict[str, Any] = {"system": f"{system.describe()} step {step}", "split": split, "k": k, "ell": ell,
                               "primary_metric": primary_metric, "languages": {}}
     for lang, q_l in foreign_sets.items():
-        qids = q_l.qids
-        q_en = QuerySet(qids, [english_text[q] for q in qids])
-        qrels = {q: qrels_all[q] for q in qids}
-        reference = system.probe(q_en, ell)
-        probes: dict[str, Probe] = {"english": reference}
+        q_en = QuerySet(q_l.qids, [english_text[q] for q in q_l.qids])
+        probes: dict[str, Probe] = {"english": probe(system, q_en, ell)}
         if "naive" in settings:
-            probes["naive"] = system.probe(q_l, ell)
+            probes["naive"] = probe(system, q_l, ell)
         if "seq_only" in settings:
-            probes["seq_only"] = Probe({"seq_only": _probe_mode(system, q_l, "seq_only")})
+            with planner.in_mode(planner.unplanned_mode):
+                probes["seq_only"] = Probe({"seq_only": system.search(q_l)})
         if "translate" in settings:
             gen = _AsGenerator(translator, lang)
             q_t = V.variation_set(out_dir / "translations" / f"{split}.{lang}.jsonl", gen, q_l, 0, f"translate-{lang}")
-            probes["translate"] = system.probe(q_t, ell)
+            probes["translate"] = probe(system, q_t, ell)
         if "aligned" in settings:
-            from gr_jax.training.pag_align import load_aligned
-
             teacher = {"model_dir": str(model_dir), "step": int(step)}
-            student = TrainedSystem(setup, load_aligned(aligned_dirs[lang], params, teacher), num_beams, batch_size)
-            probes["aligned"] = student.probe(q_l, ell)
-        rows: dict[str, Any] = {}
-        planning = system.planning or system.primary
-        for name, probe in probes.items():
-            row: dict[str, Any] = {"metrics": {f"{r}/{m}": float(np.mean(list(_values(run, qrels, m,
-                                                                                     rel_threshold).values())))
-                                               for r, run in probe.runs.items() for m in metrics}}
-            if name != "english" and planning in probe.runs:
-                cand = drift.per_query_overlap(reference.runs[planning], probe.runs[planning], k)
-                row["cand_overlap"] = float(np.mean(list(cand.values())))
-                if probe.tokens:
-                    tok = drift.per_query_jaccard(reference.tokens, probe.tokens, ell)
-                    vals = list(tok.values())
-                    row["tok_jaccard"] = float(np.mean(vals))
-                    row["tok_jaccard_p10"] = float(np.percentile(vals, 10))
-            rows[name] = row
-        result["languages"][lang] = {"queries": len(qids), "settings": rows}
+            student = system.with_params(planner.aligned_params(aligned_dirs[lang], system.params, teacher))
+            probes["aligned"] = probe(student, q_l, ell)
+        qrels = {q: ds.qrels[split][q] for q in q_l.qids}
+        result["languages"][lang] = {"queries": len(q_l), "settings": _setting_rows(
+            probes, qrels, metrics, rel_threshold, run_names(system), k, ell)}
     write_text(out_dir / "cross_lingual.json", json.dumps(result, indent=1, sort_keys=True), keep_previous=True)
     write_text(out_dir / "cross_lingual.md", cross_lingual_markdown(result), keep_previous=True)
     plot_effectiveness(result, out_dir / "cross_lingual.png")
     return result
+
+
+def _foreign_query_sets(languages: Mapping[str, str], ds, split: str, max_queries: int) -> dict[str, QuerySet]:
+    """language → its judged queries of `split` that have an English original, in query-id order."""
+    qrels_all = ds.qrels[split]
+    english = set(ds.queries[split].qids)
+    out = {}
+    for lang, path in sorted(languages.items()):
+        foreign, _ = read_mmarco_queries(path, qrels_all)
+        qids = sorted(q for q in foreign.qids if q in english)
+        if not qids:
+            raise DataError(f"{path}: none of its judged query ids are in the English {split!r} queries")
+        qids = qids[:max_queries] if max_queries else qids
+        text_of = dict(zip(foreign.qids, foreign.texts))
+        out[lang] = QuerySet(qids, [text_of[q] for q in qids])
+    return out
+
+
+def _setting_rows(probes: Mapping[str, Probe], qrels, metrics: Sequence[str], rel_threshold: int,
+                  names: tuple, k: int, ell: int) -> dict:
+    """Per setting: every run's metrics; against the English reference, CandOverlap@K of the planned candidates
+    (or of the final top-K without a planner) and TokJaccard@ℓ of the planner tokens (with p10)."""
+    reference = probes["english"]
+    primary, planning = names
+    candidates = planning or primary
+    rows: dict[str, Any] = {}
+    for name, got in probes.items():
+        row: dict[str, Any] = {"metrics": {f"{r}/{m}": mean_metric(run, qrels, m, rel_threshold)
+                                           for r, run in got.runs.items() for m in metrics}}
+        if name != "english" and candidates in got.runs:
+            cand = drift.per_query_overlap(reference.runs[candidates], got.runs[candidates], k)
+            row["cand_overlap"] = float(np.mean(list(cand.values())))
+            if got.tokens:
+                vals = list(drift.per_query_jaccard(reference.tokens, got.tokens, ell).values())
+                row["tok_jaccard"] = float(np.mean(vals))
+                row["tok_jaccard_p10"] = float(np.percentile(vals, 10))
+        rows[name] = row
+    return rows
 
 
 def cross_lingual_markdown(result: Mapping) -> str:
@@ -317,52 +318,3 @@ def plot_effectiveness(result: Mapping, path: Path) -> None:
     with atomic_file(path, "wb") as f:
         fig.savefig(f, format="png", dpi=120)
     plt.close(fig)
-
-
-@gin.configurable
-def align_planner(model_dir: str = gin.REQUIRED, language: str = gin.REQUIRED, train_file: str = gin.REQUIRED,
-                  dev_file: Optional[str] = None, english_train_split: str = "train", dev_split: str = "dev",
-                  output_dir: Optional[str] = None, max_train: int = 0, max_dev: int = 500, tau: float = 2.0,
-                  k: int = 100, learning_rate: float = 1e-5, epochs: int = 5, batch_size: int = 32,
-                  ell: int = 100) -> dict:
-    """Aligns the planner of the PAG model in MODEL_DIR to `language` (training.pag_align): training pairs are
-    the English `english_train_split` queries and `train_file` (qid<TAB>text, same query ids); the dev pairs
-    (checkpoint selection) the English `dev_split` queries and `dev_file` — their query ids must not be
-    training ones. Writes MODEL_DIR/aligned/<language>/ (or `output_dir`)."""
-    from gr_jax.compose import restore
-    from gr_jax.data.pipeline import tokenize
-    from gr_jax.training import pag_align
-
-    for name, v in (("epochs", epochs), ("batch_size", batch_size), ("k", k), ("ell", ell)):
-        validation.integer(f"align_planner.{name}", v)
-    validation.number("align_planner.learning_rate", learning_rate)
-    setup, params, step = restore(model_dir)
-    if not hasattr(setup.model, "planner_tokens"):
-        raise ValueError("align_planner aligns PAG's planner: the model in MODEL_DIR is not a PagRetriever")
-    ds = setup.dataset
-    for split in (english_train_split, dev_split):
-        if split not in ds.queries:
-            raise ValueError(f"split {split!r} not in the dataset (it has {sorted(ds.queries)})")
-    train = pag_align.paired(ds.queries[english_train_split], read_queries_tsv(train_file))
-    if max_train:
-        train = (QuerySet(train[0].qids[:max_train], train[0].texts[:max_train]),
-                 QuerySet(train[1].qids[:max_train], train[1].texts[:max_train]))
-    if not len(train[0]):
-        raise DataError(f"{train_file}: no query id in common with the English {english_train_split!r} queries")
-    dev_other = read_queries_tsv(dev_file) if dev_file else None
-    if dev_other is None:
-        raise ValueError("align_planner.dev_file is needed: the checkpoint is chosen by dev TokJaccard@ℓ")
-    dev = pag_align.paired(ds.queries[dev_split], dev_other)
-    dev = (QuerySet(dev[0].qids[:max_dev], dev[0].texts[:max_dev]), QuerySet(dev[1].qids[:max_dev],
-                                                                                 dev[1].texts[:max_dev]))
-    overlap = set(train[0].qids) & set(dev[0].qids)
-    if overlap:
-        raise DataError(f"{dev_file}: {len(overlap)} dev query ids are also training ones, e.g. {sorted(overlap)[:3]}")
-    out = Path(output_dir) if output_dir else Path(model_dir) / "aligned" / language
-    gin_checks.check_bindings_used(("align_planner",))
-    length = setup.feature_lengths["inputs"]
-    meta = pag_align.align_planner(
-        setup.model, params, lambda texts: tokenize(texts, setup.vocab, length, what="queries"), train, dev, out,
-        {"model_dir": str(model_dir), "step": int(step)}, tau=tau, k=k, learning_rate=learning_rate, epochs=epochs,
-        batch_size=batch_size, ell=ell)
-    return {"output_dir": str(out), **meta}

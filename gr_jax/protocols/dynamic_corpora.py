@@ -37,22 +37,19 @@ import numpy as np
 
 from gr_jax import gin_checks, validation
 from gr_jax.data import sources
-from gr_jax.data.pipeline import tokenize
 from gr_jax.data.readers import Corpus, Dataset, QuerySet
 from gr_jax.data.splits import DynamicSplit, dynamic_split
 from gr_jax.evaluation import dynamic as measures
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.data.trec import Run, ranked
-from gr_jax.docids.base import DocidTable
+from gr_jax.docids.embed import TfidfSvdEmbedder
+from gr_jax.evaluation.retrieval import EvalConfig
 from gr_jax.io_utils import atomic_dir
+from gr_jax.protocols.systems import BM25System, DenseSystem, ProtocolError, TrainedSystem
 
 log = logging.getLogger(__name__)
 
 METHODS = ("bm25", "dense", "gr")
-
-
-class ProtocolError(ValueError):
-    """A configuration the protocol cannot run, or a step that would not fit in memory."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -155,61 +152,8 @@ def make_dynamic_data(dataset: Dataset, seed: int = 0, initial_fraction: float =
 
 
 # ----------------------------------------------------------------------------------------------------------
-# systems: each indexes D0 at construction, then `add(rows)` and `search(texts, qids)`
+# systems (protocols/systems.py): each indexes D0 at construction, then `add(rows)` and `search(queries)`
 # ----------------------------------------------------------------------------------------------------------
-
-
-class BM25System:
-    """BM25 (bm25s) re-indexed over D0..D_o at every step, as the paper does."""
-
-    name = "bm25"
-
-    def __init__(self, data: DynamicData, k: int):
-        self.data, self.k, self.rows = data, k, list(data.part_rows[0])
-        self._build()
-
-    def _build(self):
-        from gr_jax.baselines.bm25 import BM25
-
-        c = self.data.full.corpus
-        self.bm25 = BM25.build([c.doc_ids[r] for r in self.rows], [c.texts[r] for r in self.rows])
-
-    def estimate_bytes(self, rows) -> int:
-        c = self.data.full.corpus
-        return 8 * sum(len(c.texts[r]) for r in self.rows) + 8 * sum(len(c.texts[r]) for r in rows)
-
-    def add(self, rows) -> dict:
-        self.rows += list(rows)
-        self._build()
-        return {"documents": len(self.rows)}
-
-    def search(self, texts, qids) -> Run:
-        return self.bm25.search(list(qids), list(texts), k=self.k)
-
-
-class DenseSystem:
-    """Exact inner-product search; the embedder is fitted on D0 (TF-IDF) or frozen (MiniLM, T5) and encodes
-    the new documents of every step without refitting."""
-
-    name = "dense"
-
-    def __init__(self, data: DynamicData, k: int, embedder):
-        from gr_jax.baselines.dense import DenseIndex
-        from gr_jax.docids.embed import TfidfSvdEmbedder
-
-        self.data, self.k = data, k
-        self.index = DenseIndex.build(embedder if embedder is not None else TfidfSvdEmbedder(), data.full.corpus,
-                                      rows=data.part_rows[0])
-
-    def estimate_bytes(self, rows) -> int:
-        return 4 * len(rows) * max(self.index.matrix.shape[1], 1) * 3
-
-    def add(self, rows) -> dict:
-        self.index.add(self.data.full.corpus, rows)
-        return {"documents": len(self.index), "index_mb": self.index.matrix.nbytes / 2**20}
-
-    def search(self, texts, qids) -> Run:
-        return self.index.search(texts, qids, k=self.k)
 
 
 @gin.configurable
@@ -227,88 +171,48 @@ class Replay:
     seed: int = 0
 
 
-class GRSystem:
-    """A generative retriever trained on D0 by the trainer; new documents get docids from the frozen scheme
-    and are inserted into the prefix tree."""
+def trained_system(data: DynamicData, model_dir: Path, k: int, eval_batch: int) -> TrainedSystem:
+    """A generative retriever trained on D0 by `compose.train` (or resumed from MODEL_DIR/model), over the whole
+    corpus (its D0 rows first); new documents get docids from the frozen scheme and go into its prefix tree."""
+    from gr_jax import compose
 
-    name = "gr"
+    summary = gin_checks.call_configured(lambda: compose.train(model_dir=str(model_dir), dataset=data.d0,
+                                                              final_eval=False))
+    eval_config = gin_checks.call_configured(EvalConfig).validate()
+    setup = dataclasses.replace(summary["setup"], iterator=None)  # the training data is not needed now
+    system = TrainedSystem(setup, summary["state"]["params"], max(eval_config.num_beams, k), eval_batch,
+                           corpus=data.full.corpus)
+    system.check_can_add()
+    return system
 
-    def __init__(self, data: DynamicData, model_dir: Path, k: int, replay: Optional[Replay], eval_batch: int):
-        from gr_jax import compose
 
-        self.data, self.k, self.replay, self.eval_batch = data, k, replay, eval_batch
-        self.model_dir = Path(model_dir)
-        summary = gin_checks.call_configured(lambda: compose.train(model_dir=str(model_dir), dataset=data.d0,
-                                                                  final_eval=False))
-        self.params = summary["state"]["params"]
-        self.setup = dataclasses.replace(summary["setup"], iterator=None)  # the training data is not needed now
-        self.eval_config = gin_checks.call_configured(compose.EvalConfig).validate()
-        self.index = self.setup.index
-        self.table = self.setup.table  # every docid in the index: D0's, then each added part's
-        self.parts_added = 0
-        self.rows = list(data.part_rows[0])
-        if self.setup.scheme.adds_tokens_per_document:
-            raise ProtocolError("atomic docids give every new document a new token that the D0 model has no "
-                                "embedding for; the protocol needs a scheme whose new docids reuse the D0 token "
-                                "space (naive, title, url, keywords, n-gram, semantic, PQ, RQ, MDGR)")
+def replay_fine_tune(system: TrainedSystem, data: DynamicData, new_rows, r: Replay, part: int, model_dir: Path) -> None:
+    """DSI++-style fine-tuning after indexing part `part` (DSI++ without SAM): the new documents' indexing
+    pairs mixed with a `replay_fraction` share of old pairs (indexing pairs of a sample of the earlier
+    documents, and the P0 training queries of those documents); checkpoints in MODEL_DIR/model/replay/D<part>."""
+    from gr_jax import compose
+    from gr_jax.data.pairs import indexing_pairs, query_pairs
 
-    def estimate_bytes(self, rows) -> int:
-        per_doc = self.index.nbytes / max(len(self.rows), 1)
-        return int(3 * per_doc * len(rows)) + (64 << 20)
-
-    def add(self, rows) -> dict:
-        corpus = self.data.full.corpus
-        embeddings = None
-        if self.setup.scheme.needs_embeddings:
-            embeddings = self.setup.embedder.embed([corpus.texts[r] for r in rows])
-        table = self.setup.scheme.assign(corpus, rows=rows, embeddings=embeddings)
-        if table.space.kind == "text" and table.space.end > self.setup.model.config.vocab_size:
-            raise ProtocolError(f"new docids use token ids up to {table.space.end} but the model has "
-                                f"{self.setup.model.config.vocab_size}")
-        counts = table.insert_into(self.index)
-        self.table = DocidTable.concatenate([self.table, table])
-        self.parts_added += 1
-        self.setup.model.use_docids(self.table)
-        self.rows += list(rows)
-        if self.replay is not None and self.replay.steps > 0:
-            self._replay(rows)
-        return {"documents": len(self.rows), "docids_added": counts["docids_added"],
-                "index_mb": self.index.nbytes / 2**20}
-
-    def search(self, texts, qids) -> Run:
-        from gr_jax import compose
-
-        tokens = tokenize(list(texts), self.setup.vocab, self.setup.feature_lengths["inputs"], what="queries")
-        return compose.retrieve(self.setup.model, self.params, tokens, list(qids), self.index,
-                                self.data.full.corpus.doc_ids, max(self.eval_config.num_beams, self.k),
-                                self.eval_batch)
-
-    def _replay(self, new_rows) -> None:
-        """Fine-tunes on the new documents' indexing pairs plus replayed old pairs (DSI++ without SAM)."""
-        from gr_jax import compose
-        from gr_jax.data.pairs import indexing_pairs, query_pairs
-
-        r, part = self.replay, self.parts_added
-        corpus = self.data.full.corpus
-        rng = np.random.default_rng([r.seed, part])
-        old = np.asarray(self.rows[: len(self.rows) - len(new_rows)], np.int64)
-        n_old = int(round(len(new_rows) * r.replay_fraction / max(1 - r.replay_fraction, 1e-9)))
-        old_pick = np.sort(rng.choice(old, size=min(n_old, len(old)), replace=False)) if n_old and len(old) \
-            else old[:0]
-        parts, rates = [indexing_pairs(corpus, new_rows)], [1.0 - r.replay_fraction]
-        if len(old_pick):
-            d0 = self.data.d0
-            split = next(iter(d0.queries))  # the training split the protocol kept for D0 (P0)
-            old_parts = [indexing_pairs(corpus, old_pick),
-                         query_pairs(d0.queries[split], d0.qrels[split], corpus, restrict_rows=old_pick)]
-            old_parts = [p for p in old_parts if len(p)]
-            parts += old_parts
-            rates += [r.replay_fraction / len(old_parts)] * len(old_parts)
-        self.params = compose.fine_tune(
-            self.setup, self.params, parts, rates, self.table,
-            model_dir=self.model_dir / "replay" / f"D{part}", steps=r.steps, batch_size=r.batch_size,
-            learning_rate=r.learning_rate, seed=r.seed + part,
-            meta_extra={"replay_part": part, "replay": dataclasses.asdict(r)})
+    corpus = data.full.corpus
+    rng = np.random.default_rng([r.seed, part])
+    indexed = sum(len(p) for p in data.part_rows[:part])  # rows D0..D_{part-1}: the first ones of the corpus
+    old = np.arange(indexed, dtype=np.int64)
+    n_old = int(round(len(new_rows) * r.replay_fraction / max(1 - r.replay_fraction, 1e-9)))
+    old_pick = np.sort(rng.choice(old, size=min(n_old, len(old)), replace=False)) if n_old and len(old) \
+        else old[:0]
+    parts, rates = [indexing_pairs(corpus, new_rows)], [1.0 - r.replay_fraction]
+    if len(old_pick):
+        d0 = data.d0
+        split = next(iter(d0.queries))  # the training split the protocol kept for D0 (P0)
+        old_parts = [indexing_pairs(corpus, old_pick),
+                     query_pairs(d0.queries[split], d0.qrels[split], corpus, restrict_rows=old_pick)]
+        old_parts = [p for p in old_parts if len(p)]
+        parts += old_parts
+        rates += [r.replay_fraction / len(old_parts)] * len(old_parts)
+    system.params = compose.fine_tune(
+        system.setup, system.params, parts, rates, system.table, model_dir=model_dir / "replay" / f"D{part}",
+        steps=r.steps, batch_size=r.batch_size, learning_rate=r.learning_rate, seed=r.seed + part,
+        meta_extra={"replay_part": part, "replay": dataclasses.asdict(r)})
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -342,6 +246,63 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
     """Runs the protocol for one system and writes OUTPUT_DIR/{dynamic.json, dynamic.md, dynamic.png}."""
     from tqdm.auto import tqdm
 
+    _validate(method, k, n_parts, seed, eval_batch_size, max_test_queries_per_part, memory_limit_mb,
+              initial_fraction)
+    out_dir = Path(output_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ProtocolError(f"MODEL_DIR {out_dir} is a file, not a directory; choose another MODEL_DIR")
+    guard = MemoryGuard(None if memory_limit_mb is None else int(memory_limit_mb) << 20)
+    data = make_dynamic_data(sources.load_dataset(task), seed, initial_fraction, n_parts, train_split, test_split)
+    parts_q = [q[:max_test_queries_per_part] if max_test_queries_per_part else q for q in data.split.test_queries]
+    log.info("dynamic split: %s documents, %s test queries", [len(p) for p in data.split.parts],
+             [len(q) for q in parts_q])
+
+    t0 = time.perf_counter()
+    d0_rows = data.part_rows[0]
+    if method == "bm25":
+        system = BM25System(data.full.corpus, k, rows=d0_rows)
+    elif method == "dense":
+        system = DenseSystem(data.full.corpus, k, embedder if embedder is not None else TfidfSvdEmbedder(),
+                             rows=d0_rows)
+        label = label or f"dense-{system.embedder_name}"  # the embedder tells dense systems apart in a report
+    else:
+        system = trained_system(data, out_dir / "model", k, eval_batch_size)
+        label = label or f"gr-{system.setup.scheme.name}" + ("++" if replay is not None else "")
+    gin_checks.check_bindings_used("run_dynamic")
+    steps = [{"step": 0, "documents": len(data.part_rows[0]), "index_s": time.perf_counter() - t0}]
+
+    n = len(data.split.parts) - 1
+    P = np.full((n + 1, n + 1), np.nan)
+    idbi_per_step: list[Optional[float]] = [None]
+    label = label or method
+    bar = tqdm(range(n + 1), desc=f"dynamic {label}", disable=not progress)
+    for o in bar:
+        if o > 0:
+            rows = data.part_rows[o]
+            guard.check(f"step {o} (indexing {len(rows)} documents)", system.estimate_bytes(rows))
+            t = time.perf_counter()
+            info = system.add(rows)
+            if method == "gr" and replay is not None and replay.steps > 0:
+                replay_fine_tune(system, data, rows, replay, o, out_dir / "model")
+            steps.append({"step": o, "index_s": time.perf_counter() - t, **info})
+        P[o, : o + 1], idbi, timing = _evaluate_step(system, data, parts_q, o)
+        steps[-1].update(timing)
+        if o > 0:
+            idbi_per_step.append(idbi)
+        log.info("step %d: %s", o, {"P": [round(float(x), 4) for x in P[o, : o + 1]], **steps[-1]})
+        bar.set_postfix(P_oo=f"{P[o, o]:.3f}", P_o0=f"{P[o, 0]:.3f}")
+        if not np.isfinite(P[o]).any() and o == 0:
+            raise ProtocolError("no test queries for D0: check test_split and the split of the dataset")
+
+    result = {"method": label, "P": P.tolist(), "idbi": idbi_per_step, "steps": steps,
+              "parts": [len(p) for p in data.split.parts], "test_queries": [len(q) for q in parts_q],
+              "seed": seed, **summarize(P)}
+    write_outputs(out_dir, result)
+    return result
+
+
+def _validate(method: str, k: int, n_parts: int, seed: int, eval_batch_size: int, max_test_queries_per_part: int,
+              memory_limit_mb: Optional[int], initial_fraction: float) -> None:
     if method not in METHODS:
         raise ProtocolError(f"run_dynamic.method must be one of {METHODS}, got {method!r}")
     validation.integer("run_dynamic.k", k)
@@ -353,67 +314,24 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
         validation.integer("run_dynamic.memory_limit_mb", memory_limit_mb)
     if not 0 < validation.number("run_dynamic.initial_fraction", initial_fraction) < 1:
         raise ProtocolError(f"run_dynamic.initial_fraction must be in (0, 1), got {initial_fraction}")
-    out_dir = Path(output_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ProtocolError(f"MODEL_DIR {out_dir} is a file, not a directory; choose another MODEL_DIR")
-    guard = MemoryGuard(None if memory_limit_mb is None else int(memory_limit_mb) << 20)
-    data = make_dynamic_data(sources.load_dataset(task), seed, initial_fraction, n_parts, train_split, test_split)
-    parts_q = [q[:max_test_queries_per_part] if max_test_queries_per_part else q for q in data.split.test_queries]
-    log.info("dynamic split: %s documents, %s test queries", [len(p) for p in data.split.parts],
-             [len(q) for q in parts_q])
 
-    t0 = time.perf_counter()
-    if method == "bm25":
-        system = BM25System(data, k)
-    elif method == "dense":
-        system = DenseSystem(data, k, embedder)
-        if label is None:  # the embedder is what tells two dense systems apart in a combined report
-            label = f"dense-{getattr(system.index.embedder, 'name', type(system.index.embedder).__name__)}"
-    else:
-        system = GRSystem(data, out_dir / "model", k, replay, eval_batch_size)
-        if label is None:
-            label = f"gr-{system.setup.scheme.name}" + ("++" if replay is not None else "")
-    gin_checks.check_bindings_used("run_dynamic")
-    steps = [{"step": 0, "documents": len(data.part_rows[0]), "index_s": time.perf_counter() - t0}]
 
-    n = len(data.split.parts) - 1
-    P = np.full((n + 1, n + 1), np.nan)
-    idbi_per_step: list[Optional[float]] = [None]
-    initial = set(data.split.parts[0])
-    label = label or method
-    bar = tqdm(range(n + 1), desc=f"dynamic {label}", disable=not progress)
-    for o in bar:
-        if o > 0:
-            rows = data.part_rows[o]
-            guard.check(f"step {o} (indexing {len(rows)} documents)", system.estimate_bytes(rows))
-            t = time.perf_counter()
-            info = system.add(rows)
-            steps.append({"step": o, "index_s": time.perf_counter() - t, **info})
-        qids = [q for j in range(o + 1) for q in parts_q[j]]
-        t = time.perf_counter()
-        run = system.search([data.test_texts[q] for q in qids], qids) if qids else {}
-        steps[-1]["search_s"] = time.perf_counter() - t
-        steps[-1]["queries"] = len(qids)
-        steps[-1]["rss_mb"] = rss_bytes() / 2**20
-        for j in range(o + 1):
-            P[o, j] = _hit10(run, data.test_qrels, parts_q[j])
-        if o > 0 and qids:
-            rankings = {q: ranked(run.get(q, {})) for q in qids}
-            n_total = sum(len(p) for p in data.split.parts[: o + 1])
-            value = measures.idbi(rankings, initial, len(initial), n_total, k=10)
-            idbi_per_step.append(value if np.isfinite(value) else None)
-        elif o > 0:
-            idbi_per_step.append(None)
-        log.info("step %d: %s", o, {"P": [round(float(x), 4) for x in P[o, : o + 1]], **steps[-1]})
-        bar.set_postfix(P_oo=f"{P[o, o]:.3f}", P_o0=f"{P[o, 0]:.3f}")
-        if not np.isfinite(P[o]).any() and o == 0:
-            raise ProtocolError("no test queries for D0: check test_split and the split of the dataset")
-
-    result = {"method": label, "P": P.tolist(), "idbi": idbi_per_step, "steps": steps,
-              "parts": [len(p) for p in data.split.parts], "test_queries": [len(q) for q in parts_q],
-              "seed": seed, **summarize(P)}
-    write_outputs(out_dir, result)
-    return result
+def _evaluate_step(system, data: DynamicData, parts_q: Sequence[Sequence[str]], o: int):
+    """After indexing D_o: Hit@10 on Q0..Q_o (row o of P), IDBI over those queries (None at step 0 or when no
+    query returned anything), and the step's search time, query count and memory."""
+    qids = [q for j in range(o + 1) for q in parts_q[j]]
+    t = time.perf_counter()
+    run = system.search(QuerySet(qids, [data.test_texts[q] for q in qids])) if qids else {}
+    timing = {"search_s": time.perf_counter() - t, "queries": len(qids), "rss_mb": rss_bytes() / 2**20}
+    row = np.array([_hit10(run, data.test_qrels, parts_q[j]) for j in range(o + 1)])
+    idbi = None
+    if o > 0 and qids:
+        initial = set(data.split.parts[0])
+        rankings = {q: ranked(run.get(q, {})) for q in qids}
+        n_total = sum(len(p) for p in data.split.parts[: o + 1])
+        value = measures.idbi(rankings, initial, len(initial), n_total, k=10)
+        idbi = value if np.isfinite(value) else None
+    return row, idbi, timing
 
 
 # ----------------------------------------------------------------------------------------------------------

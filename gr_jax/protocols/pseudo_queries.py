@@ -1,4 +1,4 @@
-"""Pseudo-queries written by a decoder-only LM (InPars-style, `fewshot.PseudoQueryGenerator`) for every document
+"""Pseudo-queries written by a decoder-only LM (InPars-style, `models.lm.PseudoQueryGenerator`) for every document
 of a corpus, saved once with their provenance and reused:
 
 * `PseudoQueryDocids(source='file', queries_file=...)` names documents by them (docT5query / DSI-QG style);
@@ -28,7 +28,7 @@ from gr_jax import gin_checks, validation
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus, DataError
 from gr_jax.io_utils import write_text
-from gr_jax.models import fewshot
+from gr_jax.models.lm import LMContext, PseudoQueryGenerator
 from gr_jax.data.batches import batch_seed, pending_batches, restrict
 from gr_jax.provenance import normalized, reuse
 
@@ -68,7 +68,7 @@ class GeneratedQueries:
         return cls({r["doc_id"]: r["queries"] for r in rows}, head["built_from"], head.get("stats", {}))
 
 
-def generate_for_corpus(lm: fewshot.LMContext, corpus: Corpus, generator: fewshot.PseudoQueryGenerator,
+def generate_for_corpus(lm: LMContext, corpus: Corpus, generator: PseudoQueryGenerator,
                         num_queries: int, seed: int, batch_size: int, path: Path, built_from: dict,
                         progress: bool = True) -> GeneratedQueries:
     """Writes (or resumes, or reuses) the pseudo-queries of every document of `corpus` at `path`."""
@@ -96,16 +96,16 @@ def generate_for_corpus(lm: fewshot.LMContext, corpus: Corpus, generator: fewsho
 
 @gin.configurable
 def write_pseudo_queries(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str = "smollm2_135m",
-                         generator: Optional[fewshot.PseudoQueryGenerator] = None, num_queries: int = 5,
+                         generator: Optional[PseudoQueryGenerator] = None, num_queries: int = 5,
                          seed: int = 0, batch_size: int = 16, max_documents: int = 0) -> dict:
     """`num_queries` pseudo-queries for every document of `task` (the first `max_documents` by id; 0: all),
     written to MODEL_DIR/pseudo_queries.jsonl. Returns a summary (file, documents, queries, distinct, seconds)."""
-    generator = generator if generator is not None else fewshot.PseudoQueryGenerator()
+    generator = generator if generator is not None else PseudoQueryGenerator()
     for name, v in (("num_queries", num_queries), ("batch_size", batch_size)):
         validation.integer(f"write_pseudo_queries.{name}", v)
     model_dir = Path(model_dir)
     corpus = restrict(sources.load_dataset(task), max_documents).corpus
-    ctx, lm_digest = fewshot.LMContext.load(lm)
+    ctx, lm_digest = LMContext.load(lm)
     gin_checks.check_bindings_used(("write_pseudo_queries",))
     model_dir.mkdir(parents=True, exist_ok=True)
     write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True)

@@ -24,7 +24,6 @@ an earlier one there is kept as `.prev-<n>`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -37,13 +36,13 @@ import numpy as np
 from gr_jax import gin_checks, validation
 from gr_jax.data import sources
 from gr_jax.data import variations as V
-from gr_jax.data.pipeline import tokenize
 from gr_jax.data.readers import Dataset, QuerySet
 from gr_jax.data.trec import Run, write_run
 from gr_jax.evaluation import drift
-from gr_jax.evaluation.metrics import per_query
+from gr_jax.evaluation.metrics import mean_metric, metric_values
 from gr_jax.evaluation.report import fmt, markdown_table
 from gr_jax.io_utils import write_text
+from gr_jax.protocols.systems import BM25System, DenseSystem, Probe, TrainedSystem, probe, run_names
 
 log = logging.getLogger(__name__)
 
@@ -55,94 +54,33 @@ CLEAN = "clean"
 # ----------------------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Probe:
-    """What a system gives for one query set: named runs, and the planner's view when it has one."""
-
-    runs: dict  # run name → Run
-    tokens: Optional[dict] = None  # qid → top-ℓ planner token ids (PAG)
-
-
-class BM25System:
-    name = "bm25"
-    primary = "bm25"
-    planning = None  # no planner: CandOverlap of the final ranking
-
-    def __init__(self, dataset: Dataset, depth: int):
-        from gr_jax.baselines.bm25 import BM25
-
-        self.bm25 = BM25.build(list(dataset.corpus.doc_ids), list(dataset.corpus.texts))
-        self.depth = depth
-
-    def probe(self, queries: QuerySet, ell: int) -> Probe:
-        return Probe({self.primary: self.bm25.search(queries.qids, queries.texts, k=self.depth)})
-
-    def swapped(self, queries: QuerySet, plan_queries: QuerySet) -> Optional[Run]:
-        return None
-
-
-class DenseSystem(BM25System):
-    name = "dense"
-    primary = "dense"
-
-    def __init__(self, dataset: Dataset, depth: int, embedder):
-        from gr_jax.baselines.dense import DenseIndex
-
-        self.index = DenseIndex.build(embedder, dataset.corpus)
-        self.depth = depth
-
-    def probe(self, queries: QuerySet, ell: int) -> Probe:
-        return Probe({self.primary: self.index.search(list(queries.texts), list(queries.qids), k=self.depth)})
-
-
-class TrainedSystem:
-    """A generative retriever restored from MODEL_DIR; PAG (a model with `plan`) adds its SimulOnly run, its
-    planner tokens and the plan-swap run."""
-
-    def __init__(self, setup, params, num_beams: int, batch_size: int):
-        self.setup, self.params = setup, params
-        self.num_beams, self.batch_size = num_beams, batch_size
-        model = setup.model
-        self.is_pag = hasattr(model, "planner_tokens") and getattr(model, "mode", None) == "pag"
-        if hasattr(model, "planner_tokens") and not self.is_pag:
-            raise ValueError(f"the robustness protocol runs PAG in its mode 'pag' (it adds SimulOnly and the plan "
-                             f"swap itself), got PagRetriever.mode = {model.mode!r}")
-        self.name = type(model).__name__
-        self.primary = "pag" if self.is_pag else "gr"
-        self.planning = "simul_only" if self.is_pag else None
-
-    def _tokens(self, queries: QuerySet) -> np.ndarray:
-        return tokenize(list(queries.texts), self.setup.vocab, self.setup.feature_lengths["inputs"], what="queries")
-
-    def _retrieve(self, tokens, qids, plan_tokens=None) -> Run:
-        from gr_jax.compose import retrieve
-
-        s = self.setup
-        return retrieve(s.model, self.params, tokens, qids, s.index, s.dataset.corpus.doc_ids, self.num_beams,
-                        self.batch_size, plan_tokens=plan_tokens)
-
-    def probe(self, queries: QuerySet, ell: int) -> Probe:
-        tokens = self._tokens(queries)
-        runs = {self.primary: self._retrieve(tokens, queries.qids)}
-        if not self.is_pag:
-            return Probe(runs)
-        model = self.setup.model
-        model.mode = "simul_only"
-        try:
-            runs["simul_only"] = self._retrieve(tokens, queries.qids)
-        finally:
-            model.mode = "pag"
-        planner = {}
-        for start in range(0, len(queries), self.batch_size):
-            chunk = tokens[start:start + self.batch_size]
-            planner.update(zip(queries.qids[start:start + self.batch_size],
-                               model.planner_tokens(self.params, chunk, ell)))
-        return Probe(runs, planner)
-
-    def swapped(self, queries: QuerySet, plan_queries: QuerySet) -> Optional[Run]:
-        if not self.is_pag:
-            return None
-        return self._retrieve(self._tokens(queries), queries.qids, plan_tokens=self._tokens(plan_queries))
+def build_system(system: str, model_dir: Optional[str], task: Optional[str], num_beams: int, batch_size: int,
+                 depth: int, embedder, k: int):
+    """(the system under test, its dataset, a description for the report)."""
+    if system == "trained":
+        if not model_dir:
+            raise ValueError("run_robustness.system = 'trained' needs MODEL_DIR (a trained model)")
+        sut, step = TrainedSystem.restore(model_dir, num_beams, batch_size)
+        planner = sut.planner
+        if planner is not None and planner.mode != planner.planned_mode:
+            raise ValueError(f"the robustness protocol runs a planning model in its mode {planner.planned_mode!r} "
+                             f"(it adds the planning-only run and the plan swap itself), got mode {planner.mode!r}")
+        if planner is not None and k > planner.planning_size:  # D_K is a truncation of the planning set D_n
+            raise ValueError(f"run_robustness.k = {k} exceeds the planning size {planner.planning_size}: "
+                             f"CandOverlap@K compares the top K of the planned candidates; lower k or raise the "
+                             f"planning size")
+        return sut, sut.setup.dataset, f"{sut.describe()} step {step}"
+    if system not in ("bm25", "dense"):
+        raise ValueError(f"run_robustness.system must be 'trained', 'bm25' or 'dense', got {system!r}")
+    if not task:
+        raise ValueError(f"run_robustness.system = {system!r} needs MIXTURE_OR_TASK_NAME")
+    dataset = sources.load_dataset(task)
+    if system == "bm25":
+        return BM25System(dataset.corpus, depth), dataset, system
+    if embedder is None:
+        raise ValueError("run_robustness.system = 'dense' needs run_robustness.embedder (e.g. "
+                         "@TfidfSvdEmbedder() or @MiniLMEmbedder())")
+    return DenseSystem(dataset.corpus, depth, embedder), dataset, system
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -150,34 +88,32 @@ class TrainedSystem:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _values(run: Run, qrels, metric: str, threshold: int) -> dict[str, float]:
-    return {q: v[metric] for q, v in per_query(run, qrels, [metric], threshold, missing_as_zero=True).items()}
-
-
-def condition_diagnostics(system, clean: Probe, varied: Probe, swapped: Optional[Run], qrels, metrics: Sequence[str],
-                          primary_metric: str, threshold: int, k: int, ell: int, percentile: float, delta: float,
-                          sweep_percentiles: Sequence[float], sweep_deltas: Sequence[float]) -> dict:
+def condition_diagnostics(names: tuple[str, Optional[str]], clean: Probe, varied: Probe, swapped: Optional[Run],
+                          qrels, metrics: Sequence[str], primary_metric: str, threshold: int, k: int, ell: int,
+                          percentile: float, delta: float, sweep_percentiles: Sequence[float],
+                          sweep_deltas: Sequence[float]) -> dict:
     """Per-query values of one (split, variation, seed) against the clean queries (names in the module
-    docstring); `metric values` per run, then the diagnostics on `primary_metric`."""
+    docstring); `metric values` per run, then the diagnostics on `primary_metric`. `names`: the system's
+    (end-to-end run, planning-only run or None), `run_names`."""
+    primary, planning = names
     out: dict[str, Any] = {"metrics": {}, "per_query": {}}
     for name in varied.runs:
         for m in metrics:
-            out["metrics"][f"{name}/{m}"] = float(np.mean(list(_values(varied.runs[name], qrels, m,
-                                                                       threshold).values())))
-    pm = {name: _values(run, qrels, primary_metric, threshold) for name, run in varied.runs.items()}
-    pm_clean = {name: _values(run, qrels, primary_metric, threshold) for name, run in clean.runs.items()}
+            out["metrics"][f"{name}/{m}"] = mean_metric(varied.runs[name], qrels, m, threshold)
+    pm = {name: metric_values(run, qrels, primary_metric, threshold) for name, run in varied.runs.items()}
+    pm_clean = {name: metric_values(run, qrels, primary_metric, threshold) for name, run in clean.runs.items()}
     pq = out["per_query"]
     for name in varied.runs:
         pq[f"degradation/{name}"] = drift.difference(pm_clean[name], pm[name])  # Δ = M(q) − M(q̃)
-    candidates = system.planning or system.primary
+    candidates = planning or primary
     pq["cand_overlap"] = drift.per_query_overlap(clean.runs[candidates], varied.runs[candidates], k)
     pq["tok_jaccard"] = drift.per_query_jaccard(clean.tokens, varied.tokens, ell) if varied.tokens else None
     planning_change = drift.difference(pm[candidates], pm_clean[candidates])  # ΔM_SimulOnly (or end to end)
     pq["delta_planning"] = planning_change
-    if system.planning:
-        pq["seq_gain"] = drift.difference(pm[system.primary], pm[system.planning])
+    if planning:
+        pq["seq_gain"] = drift.difference(pm[primary], pm[planning])
     if swapped is not None:
-        pq["plan_swap_drop"] = drift.difference(pm[system.primary], _values(swapped, qrels, primary_metric,
+        pq["plan_swap_drop"] = drift.difference(pm[primary], metric_values(swapped, qrels, primary_metric,
                                                                             threshold))
     tau, flags = drift.collapse(pq["cand_overlap"], planning_change, pq["tok_jaccard"], percentile, delta)
     pq["collapsed"] = {q: float(f) for q, f in flags.items()}
@@ -225,35 +161,7 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
     if not seeds:
         raise ValueError("run_robustness.seeds is empty")
     per_split = lambda value, split: value.get(split) if isinstance(value, Mapping) else value  # noqa: E731
-    generators = dict(generators or {})
-
-    if system == "trained":
-        if not model_dir:
-            raise ValueError("run_robustness.system = 'trained' needs MODEL_DIR (a trained model)")
-        from gr_jax.compose import restore
-
-        setup, params, step = restore(model_dir)
-        dataset = setup.dataset
-        sut = TrainedSystem(setup, params, num_beams, batch_size)
-        if sut.is_pag and k > setup.model.planning_size:  # D_K is a truncation of the planning set D_n
-            raise ValueError(f"run_robustness.k = {k} exceeds PagRetriever.planning_size = "
-                             f"{setup.model.planning_size}: CandOverlap@K compares the top K of the planned "
-                             f"candidates; lower k or raise the planning size")
-        described = f"{setup.model.describe()} step {step}"
-    elif system in ("bm25", "dense"):
-        if not task:
-            raise ValueError(f"run_robustness.system = {system!r} needs MIXTURE_OR_TASK_NAME")
-        dataset = sources.load_dataset(task)
-        if system == "bm25":
-            sut = BM25System(dataset, depth)
-        else:
-            if embedder is None:
-                raise ValueError("run_robustness.system = 'dense' needs run_robustness.embedder (e.g. "
-                                 "@TfidfSvdEmbedder() or @MiniLMEmbedder())")
-            sut = DenseSystem(dataset, depth, embedder)
-        described = system
-    else:
-        raise ValueError(f"run_robustness.system must be 'trained', 'bm25' or 'dense', got {system!r}")
+    sut, dataset, described = build_system(system, model_dir, task, num_beams, batch_size, depth, embedder, k)
     out_dir = Path(output_dir) if output_dir else (Path(model_dir) / "robustness" if model_dir else None)
     if out_dir is None:
         raise ValueError("run_robustness needs OUTPUT_DIR (or MODEL_DIR)")
@@ -262,58 +170,73 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
     if missing or not splits:
         raise ValueError(f"run_robustness.splits: {missing or 'none'} not in the dataset (it has "
                          f"{sorted(dataset.queries)})")
-    generators = {v: generators.get(v) or V.generator_for(v) for v in variations}  # built before the check of
-    gin_checks.check_bindings_used(("run_robustness",))                              # unused bindings
+    given = dict(generators or {})
+    generators = {v: given.get(v) or V.generator_for(v) for v in variations}  # built before the check of
+    gin_checks.check_bindings_used(("run_robustness",))                      # unused bindings
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text(out_dir / "config.gin", gin.config_str(), keep_previous=True)
 
     from tqdm.auto import tqdm
 
-    todo = [(s, v, seed) for s in splits for v in variations for seed in seeds]
-    bar = tqdm(total=len(todo) + len(splits), desc="robustness", unit="condition", disable=not progress)
+    bar = tqdm(total=len(splits) * (1 + len(variations) * len(seeds)), desc="robustness", unit="condition",
+               disable=not progress)
+    diagnostics = dict(k=k, ell=ell, percentile=percentile, delta=delta, sweep_percentiles=sweep_percentiles,
+                       sweep_deltas=sweep_deltas)
     result: dict[str, Any] = {"system": described, "splits": {}, "k": k, "ell": ell, "percentile": percentile,
                               "delta": delta, "seeds": list(seeds)}
     for split in splits:
-        qrels_all = dataset.qrels[split]
-        metric = per_split(primary_metric, split)
-        threshold = int(per_split(rel_threshold, split) or 1)
-        qids = sorted(q for q in dataset.queries[split].qids if q in qrels_all)
-        if max_queries:
-            qids = qids[:max_queries]
-        text_of = dict(zip(dataset.queries[split].qids, dataset.queries[split].texts))
-        queries = QuerySet(qids, [text_of[q] for q in qids])  # by query id: never the file's order
-        qrels = {q: qrels_all[q] for q in qids}
-        clean = sut.probe(queries, ell)
-        for name, run in clean.runs.items():
-            write_run(out_dir / "runs" / f"{split}.{CLEAN}.{name}.run", run)
-        bar.update(1)
-        clean_metrics = {f"{name}/{m}": float(np.mean(list(_values(run, qrels, m, threshold).values())))
-                         for name, run in clean.runs.items() for m in metrics}
-        split_out: dict[str, Any] = {"queries": len(qids), "primary_metric": metric, "clean": clean_metrics,
-                                     "variations": {}}
-        for variation in variations:
-            gen = generators[variation]
-            by_seed: dict[int, dict] = {}
-            for seed in seeds:
-                varied_q = V.variation_set(var_dir / f"{split}.{variation}.{seed}.jsonl", gen, queries, seed,
-                                           variation)
-                varied = sut.probe(varied_q, ell)
-                swapped = sut.swapped(varied_q, queries)
-                for name, run in varied.runs.items():
-                    write_run(out_dir / "runs" / f"{split}.{variation}.{seed}.{name}.run", run)
-                if swapped is not None:
-                    write_run(out_dir / "runs" / f"{split}.{variation}.{seed}.swapped.run", swapped)
-                by_seed[seed] = condition_diagnostics(sut, clean, varied, swapped, qrels, metrics, metric, threshold,
-                                                      k, ell, percentile, delta, sweep_percentiles, sweep_deltas)
-                bar.update(1)
-            split_out["variations"][variation] = summarize(by_seed)
-        result["splits"][split] = split_out
+        queries, qrels = _judged_queries(dataset, split, max_queries)
+        conditions = {v: [(seed, V.variation_set(var_dir / f"{split}.{v}.{seed}.jsonl", generators[v], queries,
+                                                 seed, v)) for seed in seeds] for v in variations}
+        result["splits"][split] = _split_result(
+            sut, split, queries, qrels, conditions, metrics, per_split(primary_metric, split),
+            int(per_split(rel_threshold, split) or 1), out_dir / "runs", diagnostics, bar.update)
     bar.close()
-    result["system_runs"] = {"primary": sut.primary, "planning": sut.planning}
+    primary, planning = run_names(sut)
+    result["system_runs"] = {"primary": primary, "planning": planning}
     write_text(out_dir / "robustness.json", json.dumps(result, indent=1, sort_keys=True), keep_previous=True)
     write_text(out_dir / "robustness.md", tables_markdown(result), keep_previous=True)
     plot(result, out_dir, var_dir)
     return result
+
+
+def _judged_queries(dataset: Dataset, split: str, max_queries: int) -> tuple[QuerySet, dict]:
+    """The judged queries of `split` in query-id order (never the file's), the first `max_queries` (0: all),
+    and their qrels."""
+    qrels_all = dataset.qrels[split]
+    qids = sorted(q for q in dataset.queries[split].qids if q in qrels_all)
+    if max_queries:
+        qids = qids[:max_queries]
+    text_of = dict(zip(dataset.queries[split].qids, dataset.queries[split].texts))
+    return QuerySet(qids, [text_of[q] for q in qids]), {q: qrels_all[q] for q in qids}
+
+
+def _split_result(sut, split: str, queries: QuerySet, qrels, conditions: Mapping, metrics: Sequence[str],
+                  metric: str, threshold: int, runs_dir: Path, diagnostics: dict, done) -> dict:
+    """One split: the clean runs, then every variation × seed (`conditions`: variation → [(seed, varied
+    queries)]) with its runs written and its diagnostics summarised over seeds."""
+    clean = probe(sut, queries, diagnostics["ell"])
+    for name, run in clean.runs.items():
+        write_run(runs_dir / f"{split}.{CLEAN}.{name}.run", run)
+    done(1)
+    clean_metrics = {f"{name}/{m}": mean_metric(run, qrels, m, threshold) for name, run in clean.runs.items()
+                     for m in metrics}
+    out: dict[str, Any] = {"queries": len(queries), "primary_metric": metric, "clean": clean_metrics,
+                           "variations": {}}
+    for variation, varied_sets in conditions.items():
+        by_seed: dict[int, dict] = {}
+        for seed, varied_q in varied_sets:
+            varied = probe(sut, varied_q, diagnostics["ell"])
+            swapped = sut.search_with_plan(varied_q, queries) if sut.planner is not None else None
+            for name, run in varied.runs.items():
+                write_run(runs_dir / f"{split}.{variation}.{seed}.{name}.run", run)
+            if swapped is not None:
+                write_run(runs_dir / f"{split}.{variation}.{seed}.swapped.run", swapped)
+            by_seed[seed] = condition_diagnostics(run_names(sut), clean, varied, swapped, qrels, metrics, metric,
+                                                  threshold, **diagnostics)
+            done(1)
+        out["variations"][variation] = summarize(by_seed)
+    return out
 
 
 def summarize(by_seed: Mapping[int, Mapping]) -> dict:

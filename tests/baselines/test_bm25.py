@@ -22,3 +22,14 @@ def test_search_and_save_load(tmp_path):
         BM25.load(tmp_path)
     with pytest.raises(ValueError, match="2 ids for 3 texts"):
         BM25.build(ids[:2], texts)
+
+
+def test_hard_negatives_leave_out_every_positive_of_the_query():
+    require("bm25s")
+    from gr_jax.baselines.bm25 import hard_negatives
+    from gr_jax.data.readers import Corpus
+
+    corpus = Corpus(["d1", "d2", "d3", "d4"], ["apple banana", "apple cherry", "banana cherry", "zebra"])
+    got = hard_negatives(corpus, ["q1", "q1"], ["apple banana", "apple banana"], [0, 1], depth=3)
+    # q1's positives are d1 and d2; BM25 ranks d3 (banana) next; d4 shares no term; −1 pads
+    assert got.tolist() == [[2, -1, -1], [2, -1, -1]]

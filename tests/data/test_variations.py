@@ -9,7 +9,7 @@ import pytest
 
 from gr_jax.data import demo
 from gr_jax.data import variations as V
-from gr_jax.data.readers import DataError, QuerySet
+from gr_jax.data.readers import QuerySet
 from gr_jax.provenance import ProvenanceError
 
 QUERIES = ["What is the capital of France?", "how do I bake sourdough bread", "running dogs are faster than cats",

@@ -22,13 +22,15 @@ def tiny_lm_context(num_docs: int = 80, seed: int = 1):
     import jax
 
     from gr_jax.data import demo
-    from gr_jax.models import fewshot, llama, llama_io
+    from gr_jax.models import llama, lm_tokenizer
+    from gr_jax.methods.fewshot.model import FewShotPrompt
+    from gr_jax.models.lm import LMContext
 
     d = demo.generate(num_docs=num_docs, seed=seed)
-    backend = train_byte_bpe(list(d.corpus.texts) + [fewshot.FewShotPrompt().prefix()], 420,
+    backend = train_byte_bpe(list(d.corpus.texts) + [FewShotPrompt().prefix()], 420,
                              ("<|endoftext|>", "<s>", "</s>"))
-    tok = llama_io.LMTokenizer(backend, bos_id=1, eos_id=2, pad_id=2)
+    tok = lm_tokenizer.LMTokenizer(backend, bos_id=1, eos_id=2, pad_id=2)
     config = llama.get_config("llama_tiny", vocab_size=tok.vocab_size, pad_token_id=2)
     params = llama.init_params(config, seed=7)
     params = jax.tree_util.tree_map(lambda p: p * 6.0 if p.ndim == 2 else p, params)
-    return fewshot.LMContext(llama.Llama(config), params, tok, name="tiny"), d
+    return LMContext(llama.Llama(config), params, tok, name="tiny"), d

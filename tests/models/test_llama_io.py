@@ -10,6 +10,7 @@ import pytest
 import jax.numpy as jnp
 
 from gr_jax.models import convert, llama, llama_io
+from gr_jax.models import gguf as ours_gguf
 from tests.conftest import require
 
 
@@ -53,7 +54,7 @@ def test_reader_matches_the_gguf_package(tmp_path):
     meta = {"general.name": "tiny", "x.count": 7, "x.eps": 1e-5, "x.flag": True, "x.words": ["a", "b c", "ü"],
             "x.ints": [3, 1, 4]}
     path = _write_gguf(tmp_path / "m.gguf", tensors, meta)
-    ours = llama_io.GGUFFile(path)
+    ours = ours_gguf.GGUFFile(path)
     ref = gguf.GGUFReader(str(path))
     for name, field in ref.fields.items():
         if name.startswith("GGUF."):
@@ -81,12 +82,12 @@ def test_q4_1_block_by_hand():
     low = np.arange(16, dtype=np.uint8)  # values 0..15 → q = 0..15
     high = (15 - np.arange(16)).astype(np.uint8)  # values 16..31 → q = 15..0
     raw = np.concatenate([np.frombuffer(d.tobytes() + m.tobytes(), np.uint8), low | (high << 4)])
-    got = llama_io.dequantize(raw, 3, 32)
+    got = ours_gguf.dequantize(raw, 3, 32)
     want = [0.5 * q - 1.0 for q in range(16)] + [0.5 * q - 1.0 for q in range(15, -1, -1)]
     np.testing.assert_array_equal(got, np.array(want, np.float32))
     q8 = np.concatenate([np.frombuffer(np.float16(0.25).tobytes(), np.uint8),
                          np.arange(-16, 16, dtype=np.int8).view(np.uint8)])
-    np.testing.assert_array_equal(llama_io.dequantize(q8, 8, 32), np.arange(-16, 16) * 0.25)
+    np.testing.assert_array_equal(ours_gguf.dequantize(q8, 8, 32), np.arange(-16, 16) * 0.25)
 
 
 def _llama_cpp_rows(w_OUTxIN, heads):
@@ -141,20 +142,20 @@ def test_bad_files_are_named(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"NOTAGGUF" + bytes(40))
     with pytest.raises(convert.CheckpointError, match="bad.gguf.*bad magic"):
-        llama_io.GGUFFile(bad)
+        ours_gguf.GGUFFile(bad)
     good = _write_gguf(tmp_path / "g.gguf", {"w": (np.ones((2, 32), np.float32), "Q8_0")})
     cut = tmp_path / "cut.gguf"
-    end_of_header = llama_io.GGUFFile(good).tensors["w"].offset
+    end_of_header = ours_gguf.GGUFFile(good).tensors["w"].offset
     cut.write_bytes(good.read_bytes()[:end_of_header + 30])  # the tensor needs 68 bytes
     with pytest.raises(convert.CheckpointError, match="cut.gguf.*truncated"):
-        llama_io.GGUFFile(cut).tensor("w")
+        ours_gguf.GGUFFile(cut).tensor("w")
     with pytest.raises(convert.CheckpointError, match="architecture 'gpt2' is not supported"):
         llama_io.load_gguf(_write_gguf(tmp_path / "a.gguf", {"w": (np.ones((2, 32)), "F32")}, arch="gpt2"))
     gguf = require("gguf")
     q6 = _write_gguf(tmp_path / "q6.gguf", {"w": (np.zeros((2, 210), np.uint8), "Q6_K")})  # 2 blocks of 256
     assert gguf.GGUFReader(str(q6)).tensors[0].tensor_type.name == "Q6_K"
     with pytest.raises(convert.CheckpointError, match="w is Q6_K, which this reader does not dequantize"):
-        llama_io.GGUFFile(q6).tensor("w")
+        ours_gguf.GGUFFile(q6).tensor("w")
 
 
 def test_hf_config_errors(tmp_path):

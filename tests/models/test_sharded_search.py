@@ -2,7 +2,7 @@
 
 XLA's host device count is fixed when JAX starts, so the check runs in a fresh process with
 `--xla_force_host_platform_device_count=8`. Compared there, for every score mode (beam 7; beam 1 once) and for
-unconstrained search, and through `compose.retrieve` (a batch that 8 does not divide, so the padding path runs):
+unconstrained search, and through `retrieval.retrieve` (a batch that 8 does not divide, so the padding path runs):
 * exactly: docids, leaf ids, validity, and the ranked run's documents;
 * bit for bit: the scores against one device searching the same per-device slices of the batch (the program
   each device runs);
@@ -20,7 +20,7 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import numpy as np, jax
-    from gr_jax.compose import retrieve
+    from gr_jax.evaluation.retrieval import retrieve
     from gr_jax.index.trie import TrieIndex
     from gr_jax.models import t5
     from gr_jax.models.retriever import GenerativeRetriever
@@ -53,7 +53,7 @@ SCRIPT = textwrap.dedent("""
         per_device = np.concatenate([np.asarray(search(one, queries[i:i + 2]).scores) for i in range(0, 16, 2)])
         assert np.array_equal(np.asarray(got.scores), per_device), mode
         checked += 1
-    # through the model object and compose.retrieve: 13 queries in batches of 5 (padded to 8 per device)
+    # through the model object and retrieval.retrieve: 13 queries in batches of 5 (padded to 8 per device)
     model = GenerativeRetriever(config)
     full = {"network": params, "head": {}}
     qids, doc_ids = [f"q{i}" for i in range(13)], [f"d{i}" for i in range(len(docids))]

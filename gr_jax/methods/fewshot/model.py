@@ -36,6 +36,8 @@ from gr_jax.index.device import leaf_documents
 from gr_jax.index.trie import TrieIndex
 from gr_jax.io_utils import write_text
 from gr_jax.models import llama, lm_generate
+from gr_jax.models.contract import Capabilities
+from gr_jax.models.lm import LMContext, PseudoQueryGenerator, batches, clean_text
 from gr_jax.models.search import Searcher
 
 log = logging.getLogger(__name__)
@@ -44,21 +46,6 @@ log = logging.getLogger(__name__)
 PAPER_DEMONSTRATIONS = (("Provide list of the olympic games?", "olympic-games-list"),
                         ("What is minority interest in accounting?", "subsidiary-corporation-parent"),
                         ("How does photosynthesis work in plants?", "photosynthesis-plant-process"))
-
-# InPars-style pseudo-query prompt: document → a query it answers. Three demonstrations of our own.
-QG_DEMONSTRATIONS = (
-    ("The Danube flows through ten countries, more than any other river in the world, and ends in the Black Sea.",
-     "which river flows through the most countries"),
-    ("Sourdough bread is leavened by wild yeast and lactic acid bacteria kept alive in a starter of flour and "
-     "water.", "what makes sourdough bread rise"),
-    ("The observatory on the hill was built in 1910 and houses a refracting telescope that visitors may use "
-     "on clear nights.", "when was the hill observatory built"),
-)
-
-
-def _clean(text: str) -> str:
-    return " ".join(str(text).split())
-
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
@@ -73,87 +60,10 @@ class FewShotPrompt:
         return "".join(f"{self.query_label} {q}\n{self.docid_label} {d}\n\n" for q, d in self.demonstrations)
 
     def slot(self, text: str) -> str:
-        return f"{self.query_label} {_clean(text)}\n"
+        return f"{self.query_label} {clean_text(text)}\n"
 
     def describe(self) -> dict:
         return {"prefix": self.prefix(), "slot": self.slot("{text}") + self.docid_label}
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class PseudoQueryGenerator:
-    """InPars-style pseudo-queries: three demonstrations "Document: … / Relevant query: …", then the document;
-    n queries sampled per document (top-k / temperature), ended by a newline. Feeds Few-Shot GR's indexing, and
-    `python -m gr_jax.pseudo_queries` writes its queries to a file for `PseudoQueryDocids(source='file')` and
-    the pseudo-query objective (`Objectives.pseudo_queries_file`)."""
-
-    demonstrations: tuple = QG_DEMONSTRATIONS
-    max_document_tokens: int = 160
-    max_query_tokens: int = 24
-    temperature: float = 1.0
-    top_k: int = 40
-
-    def prefix(self) -> str:
-        return "".join(f"Document: {d}\nRelevant query: {q}\n\n" for d, q in self.demonstrations)
-
-    def generate(self, lm: "LMContext", texts: Sequence[str], num_queries: int, seed: int, batch_size: int = 16,
-                 progress=None) -> list[list[str]]:
-        """`num_queries` sampled queries per text, `batch_size` texts a batch (the batch that starts at text i
-        samples with seed `seed + i`: the same texts, seed and batch size give the same queries). A generation
-        that decodes to nothing but whitespace is replaced by the text's first 80 characters, so every text has
-        its queries."""
-        prefix = lm.prefix_cache(self.prefix())
-        out: list[list[str]] = []
-        for start, end in _batches(len(texts), batch_size):
-            prompts = [lm.encode("Document: ") + lm.encode(_clean(t))[:self.max_document_tokens] + [lm.newline_id]
-                       + lm.encode("Relevant query:") for t in texts[start:end]]
-            gen = lm_generate.generate(lm.model, lm.params, prompts, max_new_tokens=self.max_query_tokens,
-                                       min_new_tokens=2, stop_ids=lm.line_stops, num_samples=num_queries,
-                                       greedy=False, temperature=self.temperature, top_k=self.top_k,
-                                       seed=seed + start, prefix=prefix)
-            n = num_queries
-            out += [[lm.tok.decode(g).strip() or texts[start + i][:80] for g in gen[i * n:(i + 1) * n]]
-                    for i in range(end - start)]
-            if progress is not None:
-                progress.update(end - start)
-        return out
-
-
-class LMContext:
-    """A loaded decoder-only LM with its tokenizer and the token-level pieces the prompts need."""
-
-    def __init__(self, model: llama.Llama, params, tokenizer, name: str = "lm"):
-        self.model, self.params, self.tok, self.name = model, params, tokenizer, name
-        self.newline_id = tokenizer.encode("\n")
-        if len(self.newline_id) != 1:
-            raise ValueError(f"{name}: the tokenizer writes a newline as {len(self.newline_id)} tokens; docids "
-                             f"end with a single newline token")
-        self.newline_id = self.newline_id[0]
-        # every token whose text holds a newline ends a generated line (docid or pseudo-query)
-        vocab = tokenizer.backend.get_vocab()
-        self.line_stops = sorted({i for t, i in vocab.items() if "Ċ" in t or "\n" in t} | {tokenizer.eos_id})
-        self._prefixes: dict[str, llama.LMCache] = {}
-
-    @classmethod
-    def load(cls, spec: str) -> tuple["LMContext", str]:
-        """(context, weight digest) of a named LM, a GGUF file or an HF Llama directory (`llama_io.load_lm`)."""
-        from gr_jax.models import llama_io
-
-        config, params, tok, digest = llama_io.load_lm(spec)
-        return cls(llama.Llama(config), params, tok, name=spec), digest
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text)
-
-    def prefix_cache(self, text: str) -> llama.LMCache:
-        if text not in self._prefixes:
-            self._prefixes[text] = llama.prefix_cache(self.model, self.params, self.encode(text))
-        return self._prefixes[text]
-
-
-def _batches(n: int, size: int):
-    for start in range(0, n, size):
-        yield start, min(n, start + size)
 
 
 @gin.configurable
@@ -193,7 +103,7 @@ class DocidWriter:
     def _docid_prompt_tokens(self, lm: LMContext, text: str, max_text_tokens: Optional[int] = None) -> list[int]:
         """Slot tokens of `text`, then "Identifier:" (tokenized apart, so every prompt ends the same way)."""
         body = lm.encode(f"{self.prompt.query_label} ")
-        t = lm.encode(_clean(text))
+        t = lm.encode(clean_text(text))
         if max_text_tokens is not None:
             t = t[:max_text_tokens]
         return body + t + [lm.newline_id] + lm.encode(self.prompt.docid_label)
@@ -209,9 +119,9 @@ class DocidWriter:
                   prefix=prefix)
         n = self.num_docids
         if self.inputs == "document":
-            sources = [[_clean(t)] for t in texts]
+            sources = [[clean_text(t)] for t in texts]
             docids = []
-            for start, end in _batches(len(texts), self.batch_size):
+            for start, end in batches(len(texts), self.batch_size):
                 prompts = [self._docid_prompt_tokens(lm, t, self.max_document_tokens) for t in texts[start:end]]
                 gen = lm_generate.generate(lm.model, lm.params, prompts, num_samples=n, greedy=False,
                                            temperature=self.temperature, top_k=self.top_k,
@@ -223,7 +133,7 @@ class DocidWriter:
         sources = self.pseudo_queries(lm, texts, self.seed, progress)
         flat = [q for qs in sources for q in qs]
         gen: list[list[int]] = []
-        for start, end in _batches(len(flat), self.batch_size * n):
+        for start, end in batches(len(flat), self.batch_size * n):
             prompts = [self._docid_prompt_tokens(lm, q) for q in flat[start:end]]
             gen += lm_generate.generate(lm.model, lm.params, prompts, greedy=True, **kw)
         return [gen[i * n:(i + 1) * n] for i in range(len(texts))], sources
@@ -342,8 +252,9 @@ class DocidBank:
 class FewShotRetriever:
     """Constrained beam search of the LM over a docid bank's prefix tree. Queries are token rows of the slot
     prompt without its last token ("Identifier:" ends in ':' — the first decoding step feeds it), left-padded
-    with −1; `query_tokens` makes them. `rank` / `predict_arrays` follow `GenerativeRetriever`'s contract, so
-    `compose.retrieve` evaluates it like any other model."""
+    with −1; `query_tokens` makes them. It follows the model contract (`models/contract.py`), so
+    `evaluation.retrieval.retrieve` evaluates it like any other model; nothing is trained (its parameters are
+    the LM's, and `loss_fn` / `param_axes` refuse)."""
 
     def __init__(self, lm: LMContext, prompt: FewShotPrompt = FewShotPrompt(), max_query_tokens: int = 48,
                  ranker=None):
@@ -355,13 +266,40 @@ class FewShotRetriever:
         self._searchers: dict[int, Searcher] = {}
         self.params = {"lm": lm.params, "prefix": lm.prefix_cache(prompt.prefix())}
 
+    @property
+    def config(self):
+        return self.lm.model.config
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities()
+
     def describe(self) -> str:
         return f"FewShotRetriever(lm={self.lm.name!r})"
+
+    def init_params(self, seed: int = 0) -> dict:
+        return self.params  # the pretrained LM and its prefilled prompt: nothing random
+
+    def _training_free(self, what: str):
+        raise ValueError(f"Few-Shot GR is training-free: FewShotRetriever has no {what}")
+
+    def param_axes(self, params) -> dict:
+        self._training_free("sharded training state (param_axes)")
+
+    def loss_fn(self, params, batch, dropout_rng=None):
+        self._training_free("objective (loss_fn)")
+
+    def use_docids(self, table) -> None:
+        """The bank's index carries its documents; no docid table is read."""
+
+    def decode_docids(self, params, doc_tokens):
+        raise ValueError("FewShotRetriever writes docids with an LM prompt (DocidWriter), it does not decode them "
+                         "from parameters")
 
     def query_tokens(self, texts: Sequence[str]) -> np.ndarray:
         rows = []
         for t in texts:
-            body = self.lm.encode(_clean(t))[:self.max_query_tokens]
+            body = self.lm.encode(clean_text(t))[:self.max_query_tokens]
             rows.append(self.lm.encode(f"{self.prompt.query_label} ") + body + [self.lm.newline_id] + self._tail)
         return lm_generate.left_pad(rows, -1)[0]  # −1 marks padding (`_cache` masks it)
 

@@ -31,14 +31,15 @@ from gr_jax.evaluation.report import markdown_table
 from gr_jax.data.batches import batch_seed, pending_batches, restrict
 from gr_jax.io_utils import write_text
 from gr_jax.provenance import normalized, reuse
-from gr_jax.models import fewshot
+from gr_jax.methods.fewshot import model as fewshot
+from gr_jax.models.lm import LMContext
 
 log = logging.getLogger(__name__)
 
 BANK_FILE = "docid_bank.jsonl"
 
 
-def build_bank(lm: fewshot.LMContext, corpus: Corpus, writer: fewshot.DocidWriter, path: Path,
+def build_bank(lm: LMContext, corpus: Corpus, writer: fewshot.DocidWriter, path: Path,
                built_from: dict, progress: bool = True) -> fewshot.DocidBank:
     """Writes (or resumes, or reuses) the docid bank of `corpus` at `path`."""
     bank = reuse(path, built_from, fewshot.DocidBank.load, "the docid bank")
@@ -84,7 +85,7 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
     dataset = restrict(sources.load_dataset(task), max_documents)
     if split not in dataset.queries:
         raise ValueError(f"split {split!r} not in the dataset (it has {sorted(dataset.queries)})")
-    ctx, lm_digest = fewshot.LMContext.load(lm)
+    ctx, lm_digest = LMContext.load(lm)
     retriever = fewshot.FewShotRetriever(ctx, writer.prompt, max_query_tokens=max_query_tokens)
     gin_checks.check_bindings_used(("run_fewshot",))
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +105,7 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
     tokens = retriever.query_tokens([text_of[q] for q in qids])
     sub = {q: qrels[q] for q in qids}
     rows = {d: i for i, d in enumerate(dataset.corpus.doc_ids)}
-    from gr_jax.compose import retrieve
+    from gr_jax.evaluation.retrieval import retrieve
 
     results = {"lm": lm, "split": split, "queries": len(qids), "documents": len(dataset.corpus),
                "num_beams": num_beams, "policy": policy, "writer": writer.settings(), "bank_sizes": {}}

@@ -176,7 +176,7 @@ class GlenDocids(DocidScheme):
     def assign(self, corpus, rows=None, embeddings=None) -> DocidTable:
         if self.docid_file is None:
             raise ValueError("GlenDocids are decoded by the model from its parameters "
-                             "(compose.decode_model_docids), not assigned from the corpus alone")
+                             "(the composition's decode_model_docids), not assigned from the corpus alone")
         if rows is not None and len(rows) != len(corpus):
             raise ValueError("GlenDocids.docid_file: docids come for the whole corpus the file covers")
         if self._vocab is None or not hasattr(self._vocab, "piece_to_id"):
@@ -197,6 +197,14 @@ class GlenDocids(DocidScheme):
         o = np.argsort(np.asarray(rows), kind="stable")
         return DocidTable(tokens[o], np.full(len(o), self.length, np.int32), np.asarray(rows)[o],
                           self.space(vocab_size), weights[o])
+
+    def write_decoded(self, directory: Path, step: int, table: DocidTable, corpus, vocab) -> Path:
+        """The decoded docids of checkpoint `step` as GLEN's docid file: `directory`/step<N>.tsv."""
+        path = Path(directory) / f"step{step}.tsv"
+        write_docid_tsv(path, [corpus.doc_ids[r] for r in table.doc_rows], table.sequences, table.weights,
+                        [" ".join(corpus.texts[r].split()) for r in table.doc_rows], vocab.id_to_piece,
+                        keep_previous=True)
+        return path
 
     def state(self):
         return {"length": int(self.length), "docid_file_sha": self._file_digest}, {}

@@ -12,7 +12,7 @@ constrained top-K over a fixed table. Special ids (`masked_ids`: UNK and the sen
   chosen token (GLEN's makeid; the docid's token weights).
 * `GlenRetriever` — the model object (`prepare.model_fn = @GlenRetriever`): constrained search with
   K = `beam_factor` · N beams, of which the first N are ranked; the ranker receives the query's raw logits at
-  each beam's tokens and the docid table's token weights (`rankers.CollisionFree`: paper Eq. 9).
+  each beam's tokens and the docid table's token weights (`methods.glen.ranker.CollisionFree`: paper Eq. 9).
   `feed="tokens"` is the paper's ablation (token embeddings fed back: a plain seq2seq decoder).
 
 Dimension letters as in WORKSPACE.md: B batch, N beams, M docid length, V vocabulary, D d_model, R = B·N rows.
@@ -29,11 +29,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.decoding import beam_search as bs
-from gr_jax.decoding import rankers
 from gr_jax.index.device import leaf_documents
+from gr_jax.methods.glen.ranker import CollisionFree
 from gr_jax.models import convert, t5
+from gr_jax.models.contract import Capabilities
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.models.search import Searcher
+from gr_jax.training import initial
 
 FEEDS = ("hidden", "tokens")
 PHASE1_KEY = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"
@@ -43,13 +45,20 @@ def load_glen_hf(hf_dir) -> tuple[t5.T5Config, dict]:
     """GLEN's released (phase-2) model — a plain HF T5 directory — → (our config, network params). A phase-1
     checkpoint (GLEN's phase-1 T5 adds a relative position bias to decoder block 0's cross-attention) is an
     error: its decoder differs from the phase-2 model this library implements."""
-    tensors = convert.read_hf_tensors(hf_dir)
-    if PHASE1_KEY in tensors:
+    if PHASE1_KEY in convert.hf_tensor_names(hf_dir):
         raise convert.CheckpointError(
             f"{hf_dir}: a GLEN phase-1 checkpoint ({PHASE1_KEY} is a cross-attention relative position bias "
             f"that only GLEN's phase-1 model has); load the phase-2 (final) model, or train phase 1 here")
-    config = convert.config_from_hf(convert.read_hf_config(hf_dir), tensors, source=str(hf_dir))
-    return config, convert.params_from_hf(tensors, config, source=str(hf_dir))
+    return convert.load_hf(hf_dir)
+
+
+def _is_phase1_checkpoint(path: str) -> bool:
+    return convert.is_hf_dir(path) and PHASE1_KEY in convert.hf_tensor_names(path)
+
+
+# INITIAL_CHECKPOINT_PATH = a GLEN phase-1 HF checkpoint is refused with the reason (above plain HF T5 loading)
+initial.register(initial.InitialLoader("GLEN phase-1 checkpoint (refused)", _is_phase1_checkpoint, load_glen_hf,
+                                       priority=15))
 
 
 @gin.configurable
@@ -144,13 +153,20 @@ class GlenRetriever(GenerativeRetriever):
             raise ValueError("GlenRetriever scores docids by the log-softmax of the step logits (paper §3.4); "
                              f"score_mode {score_mode!r} is not GLEN")
         super().__init__(config, head, score_mode, length_penalty,
-                         ranker=ranker if ranker is not None else rankers.CollisionFree(), **kwargs)
+                         ranker=ranker if ranker is not None else CollisionFree(), **kwargs)
         self.docid_length = int(docid_length)
         self.masked_ids = tuple(int(i) for i in masked_ids)
         self.beam_factor = int(beam_factor)
         self.feed = feed
         self._doc_weights = None
         self._search_jit = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Decodes every document's docid itself (hidden-state feedback); the collision-free ranker reads the
+        docids' token weights."""
+        return Capabilities(decodes_docids=self.feed == "hidden", docid_weights=True,
+                            decoding_bonus=self.bonus_fn is not None)
 
     # -- docids -----------------------------------------------------------------------------------------
     def use_docids(self, table) -> None:
@@ -267,6 +283,6 @@ class GlenRetriever(GenerativeRetriever):
         res, w_q = self.beams(params, query_tokens_BxL, index, num_beams)
         docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
         docs, valid, scores, w_q = jax.device_get((docs, valid, res.scores, w_q))
-        if getattr(self.ranker, "uses_token_weights", False):  # declared by the ranker (decoding/rankers.py)
+        if getattr(self.ranker, "uses_token_weights", False):  # declared by the ranker (methods/glen/ranker.py)
             return self.ranker(docs, valid, scores, beam_weights=w_q, doc_weights=self._doc_weights)
         return self.ranker(docs, valid, scores)

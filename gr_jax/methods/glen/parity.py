@@ -1,8 +1,8 @@
-"""Parity of `models.glen` with GLEN's own PyTorch code, on a fixture folder of reference outputs.
+"""Parity of `methods.glen.model` with GLEN's own PyTorch code, on a fixture folder of reference outputs.
 
 A fixture folder (the layout of `tests/fixtures/glen_parity/`, README there) holds a tiny HF T5 (`model/`),
 inputs (`inputs.npz`), the reference outputs of GLEN's code (`outputs.npz`, `ranking.json`), its docid file
-(`glen_docid.tsv`) and `meta.json` (token strings `tok{id}`, docid length M). `check_glen_fixture` loads the
+(`glen_docid.tsv`) and `meta.json` (token strings `tok{id}`, docid length M). `check_fixture` loads the
 model through our loader and compares every quantity: step logits and hidden states (queries and documents),
 encoder output, each document's docid (tokens identical, logits), the docid file as read, and for every
 setting (N returned, K = 2N beams) the final beams and the collision-free ranked lists (identical order;
@@ -19,10 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.decoding import rankers
-from gr_jax.docids import glen as glen_docids
+from gr_jax.methods.glen import docids as glen_docids
 from gr_jax.index.device import leaf_documents
-from gr_jax.models import glen, t5
+from gr_jax.methods.glen.ranker import collision_free_arrays
+from gr_jax.models import t5
+from gr_jax.methods.glen import model as glen
 
 
 def _read(fixture: Path):
@@ -67,7 +68,7 @@ def fixture_model(fixture_dir, read=None):
     return model, {"network": jax.tree_util.tree_map(jnp.asarray, net), "head": {}}, inputs, meta
 
 
-def check_glen_fixture(fixture_dir, batch_size: int = 16) -> dict:
+def check_fixture(fixture_dir, batch_size: int = 16) -> dict:
     fixture = Path(fixture_dir)
     read = _read(fixture)
     _, _, outputs, ranking = read
@@ -105,7 +106,7 @@ def check_glen_fixture(fixture_dir, batch_size: int = 16) -> dict:
         # all K beams, through `predict` (the Searcher path), to compare the whole search, not only the first N
         full = jax.device_get(model.predict(params, queries, index, model.beam_factor * N))
         found, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
-        q, d, n, cos = rankers.collision_free_arrays(*jax.device_get((found, valid, w_q)), model.doc_weights)
+        q, d, n, cos = collision_free_arrays(*jax.device_get((found, valid, w_q)), model.doc_weights)
         scores = np.asarray(res.scores)
         row_of = {doc_id: r for r, doc_id in enumerate(tsv.doc_ids)}
         for b, ref in enumerate(setting["per_query"]):

@@ -287,7 +287,7 @@ class GlenPhase2:
 
     def iterator(self, inp) -> "Phase2Batches":
         """`inp`: the composition's `ObjectiveInputs` (dataset, train split, vocabulary, feature lengths,
-        batch size, seed, and `bm25_candidates(pairs, depth)` for BM25 negatives)."""
+        batch size, seed); BM25 negatives come from `baselines.bm25.hard_negatives`."""
         from gr_jax.data import pairs as dsi_pairs
         from gr_jax.data.pipeline import ExampleStore, MixtureIterator, tokenize
 
@@ -302,7 +302,9 @@ class GlenPhase2:
         features = {"inputs": tokenize(pairs.texts, inp.vocab, inp.lengths["inputs"], what=pairs.name),
                     "positive": pairs.rows[:, None]}
         if self.negatives == "bm25" and self.num_negatives:
-            features["candidates"] = inp.bm25_candidates(pairs, self.bm25_depth)
+            from gr_jax.baselines.bm25 import hard_negatives
+
+            features["candidates"] = hard_negatives(ds.corpus, pairs.qids, pairs.texts, pairs.rows, self.bm25_depth)
         mix = MixtureIterator([ExampleStore(features)], inp.batch_size, seed=inp.seed, names=[pairs.name])
         return Phase2Batches(mix, inp.doc_tokens(), None, self.num_negatives, seed=inp.seed,
                              doc_keys=np.asarray(ds.corpus.doc_ids), negatives=self.negatives)

@@ -15,7 +15,7 @@
 
 A document's docids are its distinct chunk codes, in chunk order (the first is the primary docid).
 `training_pairs` gives the "chunk → its docid" training objective; documents are ranked by the MDGR ranker
-(decoding/rankers.mdgr, EvalConfig.ranker = 'mdgr').
+(`methods/mdgr/ranker.py`: `GenerativeRetriever.ranker = @MDGRRanker()`).
 """
 
 from __future__ import annotations

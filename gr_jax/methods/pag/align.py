@@ -24,19 +24,22 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import flax
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gr_jax.data.readers import QuerySet, fingerprint
+from gr_jax import gin_checks, validation
+from gr_jax.data.pipeline import tokenize
+from gr_jax.data.readers import DataError, QuerySet, fingerprint, read_queries_tsv
 from gr_jax.evaluation import drift
 from gr_jax.io_utils import write_bytes, write_text
+from gr_jax.methods.pag.aligned import META_FILE, PARAMS_FILE, load_aligned  # noqa: F401 (re-exported)
+from gr_jax.methods.pag.model import PagRetriever, lexical_rep
 
 log = logging.getLogger(__name__)
 
-PARAMS_FILE = "aligned_params.msgpack"
-META_FILE = "aligned.json"
 TRAINABLE = ("encoder", "embedding", "lm_head")  # the query side; "decoder" stays frozen
 
 
@@ -59,7 +62,7 @@ def _trainable_mask(net_params):
     return {name: jax.tree_util.tree_map(lambda _: name in TRAINABLE, sub) for name, sub in net_params.items()}
 
 
-def align_planner(model, params, tokenize, train_pairs: tuple[QuerySet, QuerySet],
+def train_aligned_planner(model, params, tokenize, train_pairs: tuple[QuerySet, QuerySet],
                   dev_pairs: tuple[QuerySet, QuerySet], out_dir: str | Path, teacher: dict, tau: float = 2.0,
                   k: int = 100, learning_rate: float = 1e-5, epochs: int = 5, batch_size: int = 32, ell: int = 100,
                   seed: int = 0, progress: bool = True) -> dict:
@@ -73,7 +76,6 @@ def align_planner(model, params, tokenize, train_pairs: tuple[QuerySet, QuerySet
     net = params["network"]
     t_en, t_xx = tokenize(list(train_pairs[0].texts)), tokenize(list(train_pairs[1].texts))
     d_en, d_xx = tokenize(list(dev_pairs[0].texts)), tokenize(list(dev_pairs[1].texts))
-    from gr_jax.models.pag import lexical_rep
 
     def rep(p, tokens):
         return lexical_rep(model.network, p, tokens)[:, :limit]
@@ -134,26 +136,56 @@ def align_planner(model, params, tokenize, train_pairs: tuple[QuerySet, QuerySet
     return meta
 
 
-def load_aligned(directory: str | Path, params: dict, teacher: Optional[dict] = None) -> dict:
-    """The teacher's parameters with the aligned network in place; refused when the file does not fit them or
-    (with `teacher`) was aligned from another checkpoint."""
-    directory = Path(directory)
-    path, meta_path = directory / PARAMS_FILE, directory / META_FILE
-    if not path.exists() or not meta_path.exists():
-        raise FileNotFoundError(f"{directory}: no aligned planner ({PARAMS_FILE}, {META_FILE}); run "
-                                f"python -m gr_jax.align_planner first")
-    meta = json.loads(meta_path.read_text())
-    if teacher is not None and meta.get("teacher") != teacher:
-        raise ValueError(f"{meta_path}: aligned from {meta.get('teacher')}, not from {teacher}; align again")
-    try:
-        net = flax.serialization.from_bytes(jax.device_get(params["network"]), path.read_bytes())
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: does not fit this model's parameters ({e})") from None
-    return {**params, "network": jax.tree_util.tree_map(jnp.asarray, net)}
-
-
 def paired(english: QuerySet, other: QuerySet, qids: Optional[Sequence[str]] = None) -> tuple[QuerySet, QuerySet]:
     """The queries of both sets with the same id, in query-id order (optionally only `qids`)."""
     en, xx = dict(zip(english.qids, english.texts)), dict(zip(other.qids, other.texts))
     keep = sorted(set(en) & set(xx) & (set(qids) if qids is not None else set(en)))
     return QuerySet(keep, [en[q] for q in keep]), QuerySet(keep, [xx[q] for q in keep])
+
+
+@gin.configurable
+def align_planner(model_dir: str = gin.REQUIRED, language: str = gin.REQUIRED, train_file: str = gin.REQUIRED,
+                  dev_file: Optional[str] = None, english_train_split: str = "train", dev_split: str = "dev",
+                  output_dir: Optional[str] = None, max_train: int = 0, max_dev: int = 500, tau: float = 2.0,
+                  k: int = 100, learning_rate: float = 1e-5, epochs: int = 5, batch_size: int = 32,
+                  ell: int = 100) -> dict:
+    """Aligns the planner of the PAG model in MODEL_DIR to `language` (methods.pag.align): training pairs are
+    the English `english_train_split` queries and `train_file` (qid<TAB>text, same query ids); the dev pairs
+    (checkpoint selection) the English `dev_split` queries and `dev_file` — their query ids must not be
+    training ones. Writes MODEL_DIR/aligned/<language>/ (or `output_dir`)."""
+    from gr_jax.compose import restore
+
+    for name, v in (("epochs", epochs), ("batch_size", batch_size), ("k", k), ("ell", ell)):
+        validation.integer(f"align_planner.{name}", v)
+    validation.number("align_planner.learning_rate", learning_rate)
+    setup, params, step = restore(model_dir)
+    if not isinstance(setup.model, PagRetriever):
+        raise ValueError(f"align_planner aligns PAG's planner: the model in MODEL_DIR is a "
+                         f"{type(setup.model).__name__}, not a PagRetriever")
+    ds = setup.dataset
+    for split in (english_train_split, dev_split):
+        if split not in ds.queries:
+            raise ValueError(f"split {split!r} not in the dataset (it has {sorted(ds.queries)})")
+    train = paired(ds.queries[english_train_split], read_queries_tsv(train_file))
+    if max_train:
+        train = (QuerySet(train[0].qids[:max_train], train[0].texts[:max_train]),
+                 QuerySet(train[1].qids[:max_train], train[1].texts[:max_train]))
+    if not len(train[0]):
+        raise DataError(f"{train_file}: no query id in common with the English {english_train_split!r} queries")
+    dev_other = read_queries_tsv(dev_file) if dev_file else None
+    if dev_other is None:
+        raise ValueError("align_planner.dev_file is needed: the checkpoint is chosen by dev TokJaccard@ℓ")
+    dev = paired(ds.queries[dev_split], dev_other)
+    dev = (QuerySet(dev[0].qids[:max_dev], dev[0].texts[:max_dev]), QuerySet(dev[1].qids[:max_dev],
+                                                                                 dev[1].texts[:max_dev]))
+    overlap = set(train[0].qids) & set(dev[0].qids)
+    if overlap:
+        raise DataError(f"{dev_file}: {len(overlap)} dev query ids are also training ones, e.g. {sorted(overlap)[:3]}")
+    out = Path(output_dir) if output_dir else Path(model_dir) / "aligned" / language
+    gin_checks.check_bindings_used(("align_planner",))
+    length = setup.feature_lengths["inputs"]
+    meta = train_aligned_planner(
+        setup.model, params, lambda texts: tokenize(texts, setup.vocab, length, what="queries"), train, dev, out,
+        {"model_dir": str(model_dir), "step": int(step)}, tau=tau, k=k, learning_rate=learning_rate, epochs=epochs,
+        batch_size=batch_size, ell=ell)
+    return {"output_dir": str(out), **meta}

@@ -3,7 +3,7 @@ lexical head and decodes sequential docids under that plan.
 
 * **Planner** — the decoder reads the query itself (decoder input = the query ids, causal, no decoder padding
   mask); rep[v] = max over the query's positions i of log(1 + ReLU(lm_head(h_i · d_model^-0.5)))[v] · mask_i
-  (`lexical_rep`, vocabulary-sized, ≥ 0). A document's *set docid* t_d is m vocabulary ids (`docids.pag`);
+  (`lexical_rep`, vocabulary-sized, ≥ 0). A document's *set docid* t_d is m vocabulary ids (`methods.pag.docids`);
   s_simul(q, d) = Σ_{v ∈ t_d} rep_q[v] (`simul_scores`: a document × token sparse matrix with m entries per
   row — CSR with implicit offsets m·d — times the query's dense rep, on the device, in document chunks);
   the planning set is the top n documents by s_simul (`plan`).
@@ -27,13 +27,14 @@ Modes (`PagRetriever.mode`): "pag" (all of the above), "pag_unguided" (planning-
 score, beams selected without the bonus: PAG's `lexical_condition` decoding), "seq_only" (sequential
 decoding over the whole corpus trie, raw scores, no planner) and "simul_only" (rank by s_simul; no decoding).
 
-Ties at the n-th planning score are broken by the documents' order keys (`docids.pag.order_keys`: a hash of
+Ties at the n-th planning score are broken by the documents' order keys (`methods.pag.docids.order_keys`: a hash of
 the document id), never by corpus row. Dimension letters: B queries, L query length, V vocabulary, D
 documents (corpus rows), m set-docid size, n planning set, M docid length, N beams.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import Callable, Optional
@@ -46,6 +47,7 @@ import numpy as np
 from gr_jax.decoding import beam_search as bs
 from gr_jax.index.device import leaf_documents
 from gr_jax.models import convert, t5
+from gr_jax.models.contract import Capabilities
 from gr_jax.models.heads import TextHead
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.models.search import Searcher, share_encoder
@@ -310,7 +312,7 @@ def load_pag_hf(hf_dir) -> tuple[t5.T5Config, dict]:
 @gin.configurable
 class PagRetriever(GenerativeRetriever):
     """PAG as a model object (module docstring). `planning_size` n; `mode` one of MODES; `simul_chunk`
-    documents per block of the sparse product. The docid table must carry set docids (`docids.pag.PagDocids`)
+    documents per block of the sparse product. The docid table must carry set docids (`methods.pag.docids.PagDocids`)
     except in mode "seq_only"."""
 
     def __init__(self, config: t5.T5Config, head=None, score_mode: str = "raw", length_penalty: float = 0.0, *,
@@ -345,6 +347,31 @@ class PagRetriever(GenerativeRetriever):
         self._dense_sizes: tuple = ()
         self._jits: dict = {}
 
+    # the model contract's Planner (models/contract.py): the modes by role
+    planned_mode, planning_only_mode, unplanned_mode = "pag", "simul_only", "seq_only"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(planner=True, decoding_bonus=self.mode == "pag")
+
+    @contextlib.contextmanager
+    def in_mode(self, mode: str):
+        """Retrieve in `mode` inside the block (one of MODES), then go back."""
+        if mode not in MODES:
+            raise ValueError(f"PagRetriever mode must be one of {MODES}, got {mode!r}")
+        previous, self.mode = self.mode, mode
+        try:
+            yield
+        finally:
+            self.mode = previous
+
+    def aligned_params(self, directory, params, teacher: dict):
+        """The parameters with the planner aligned to another language (`methods.pag.align`), checked against
+        the teacher checkpoint they were aligned from."""
+        from gr_jax.methods.pag.aligned import load_aligned
+
+        return load_aligned(directory, params, teacher)
+
     def describe(self) -> str:
         return (f"PagRetriever(mode={self.mode!r}, planning_size={self.planning_size}, "
                 f"query_padding={self.query_padding!r})")
@@ -371,7 +398,7 @@ class PagRetriever(GenerativeRetriever):
         rows = int(table.doc_rows.max()) + 1 if len(table.doc_rows) else 0
         first = np.unique(table.doc_rows, return_index=True)[1]
         ids = np.full((rows, set_ids.shape[1]), -1, np.int32)
-        keys = np.full(rows, -1, np.int32)  # order keys are ≥ 0 (docids.pag.order_keys)
+        keys = np.full(rows, -1, np.int32)  # order keys are ≥ 0 (methods.pag.docids.order_keys)
         ids[table.doc_rows[first]] = set_ids[first]
         keys[table.doc_rows[first]] = table.extras["order_key"][first]
         self._set_ids = jnp.asarray(ids)
@@ -553,7 +580,7 @@ class PagRetriever(GenerativeRetriever):
     # -- training ---------------------------------------------------------------------------------------
     def token_log_probs(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
         """log-softmax of the raw step logits at the docid tokens (decoder input [query, start, prefix]) —
-        `score` and the default cross-entropy read it; PAG's own objectives are in `training.pag`."""
+        `score` and the default cross-entropy read it; PAG's own objectives are in `methods.pag.training`."""
         prefix = targets_BxT[:, :-1]
         hidden, _ = sequential_hidden(self.network, params["network"], inputs_BxL, prefix, dropout_rng)
         L = inputs_BxL.shape[1]

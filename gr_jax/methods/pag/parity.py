@@ -1,11 +1,11 @@
-"""Parity of `models.pag` with PAG's own PyTorch code, on a fixture folder of reference outputs (the layout of
+"""Parity of `methods.pag.model` with PAG's own PyTorch code, on a fixture folder of reference outputs (the layout of
 `../shared/fixtures/peer_parity/pag/`, whose README cites the lines of their code each quantity follows).
 
 The fixture holds a tiny HF T5 (`model/`), inputs (`inputs.npz`: one padded batch of queries, documents, their
 sequential docid tokens), outputs of their model (`outputs.npz`: lexical representations, set docids, s_lex, the
 planning set, raw step logits after every docid prefix, the exhaustive sequential score of every document),
 their two `docid_to_tokenids.json` files, `lex_run.json`, `meta.json` and `decoding.json` (per query and beam:
-guided and unguided beam search, final hypotheses and rankings). `check_pag_fixture` loads the model and the
+guided and unguided beam search, final hypotheses and rankings). `check_fixture` loads the model and the
 docid files through our loaders and compares every quantity; keys ending in `_diff` are max absolute
 differences, keys ending in `_identical` identity checks.
 
@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.decoding import rankers
-from gr_jax.docids import pag as pag_docids
+from gr_jax.methods.pag import docids as pag_docids
 from gr_jax.index.device import leaf_documents
-from gr_jax.models import pag
+from gr_jax.methods.pag import model as pag
 
 FILES = ("model", "inputs.npz", "outputs.npz", "decoding.json", "smt_docid_to_tokenids.json",
          "lex_docid_to_tokenids.json", "lex_run.json", "meta.json")
@@ -80,7 +80,7 @@ def fixture_setup(fixture_dir, read=None):
     return model, params, table, table.index(vocab_size=config.vocab_size), doc_ids
 
 
-def check_pag_fixture(fixture_dir) -> dict:
+def check_fixture(fixture_dir) -> dict:
     fixture = Path(fixture_dir)
     read = _read(fixture)
     meta, inputs, outputs, decoding = read

@@ -13,7 +13,7 @@ last M the sequential step logits:
 
 `PagObjective` (bind `PagRetriever.objective = @PagObjective()`) returns set_weight · set + seq_weight · seq.
 `PagObjectives` (`prepare.objectives_config = @PagObjectives()`) makes the batches: the DSI pairs of
-`compose.Objectives` (document text → docid, training query → docid) with the positive's set docid and corpus
+`training.objectives.Objectives` (document text → docid, training query → docid) with the positive's set docid and corpus
 row.
 """
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from gr_jax.data import pairs as dsi_pairs
 from gr_jax.data.pipeline import ExampleStore, MixtureIterator, tokenize
-from gr_jax.models import pag
+from gr_jax.methods.pag import model as pag
 
 log = logging.getLogger(__name__)
 SET_LOSSES = ("softmax", "margin")
@@ -114,7 +114,7 @@ class PagObjective:
 @gin.configurable
 @dataclasses.dataclass
 class PagObjectives:
-    """DSI pairs (indexing and retrieval, `compose.Objectives` rates) with each positive's set docid and row."""
+    """DSI pairs (indexing and retrieval, `training.objectives.Objectives` rates) with each positive's set docid and row."""
 
     indexing_rate: float = 1.0
     retrieval_rate: float = 1.0

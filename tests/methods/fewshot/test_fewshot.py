@@ -11,8 +11,8 @@ import pytest
 import jax.numpy as jnp
 
 from gr_jax.data import batches, demo
-from gr_jax.models import fewshot
-from gr_jax.protocols import fewshot_gr
+from gr_jax.methods.fewshot import model as fewshot
+from gr_jax.methods.fewshot import run as fewshot_gr
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_docid_texts_of_each_kind():
     from gr_jax.vocab import DocidTokenSpace
 
     spec = importlib.util.spec_from_file_location(
-        "docid_stats", Path(__file__).resolve().parents[2] / "tools" / "docid_stats.py")
+        "docid_stats", Path(__file__).resolve().parents[3] / "tools" / "docid_stats.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
 

@@ -13,14 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gr_jax.decoding import rankers
-from gr_jax.docids import glen as glen_docids
+from gr_jax.methods.glen import ranker as glen_ranker
+from gr_jax.methods.glen import docids as glen_docids
 from gr_jax.docids.base import DocidTable
-from gr_jax.models import convert, glen, glen_parity
+from gr_jax.models import convert
+from gr_jax.methods.glen import model as glen
+from gr_jax.methods.glen import parity as glen_parity
 from gr_jax.vocab import DocidTokenSpace
 from tests.conftest import require
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURE = ROOT / "tests" / "fixtures" / "glen_parity"
 
 
@@ -30,7 +32,7 @@ def tok(piece):
 
 @pytest.fixture(scope="module")
 def parity():
-    return glen_parity.check_glen_fixture(FIXTURE)
+    return glen_parity.check_fixture(FIXTURE)
 
 
 def test_parity_with_glens_own_code(parity):
@@ -109,20 +111,20 @@ def test_collision_free_ranking_by_hand():
     w_d[5] = [0.0, 2.0]  # cos with beam 0's [1, 0]: 0
     w_d[7] = [3.0, 0.3]  # cos: 3 / sqrt(9.09) = 0.99504
     w_d[3] = [1.0, 1.0]  # cos with beam 1's [0, 1]: 1/sqrt(2)
-    q, d, n, cos = rankers.collision_free_arrays(docs, valid, w_q, w_d)
+    q, d, n, cos = glen_ranker.collision_free_arrays(docs, valid, w_q, w_d)
     assert d.tolist() == [7, 5, 3] and n.tolist() == [0, 0, 1]  # 7 once, at its first beam; cut to N = 3
     np.testing.assert_allclose(cos, [3 / np.sqrt(9.09), 0.0, 1 / np.sqrt(2)], rtol=1e-12)
-    _, d2, s2 = rankers.CollisionFree()(docs, valid, np.zeros((1, 3)), beam_weights=w_q, doc_weights=w_d)
+    _, d2, s2 = glen_ranker.CollisionFree()(docs, valid, np.zeros((1, 3)), beam_weights=w_q, doc_weights=w_d)
     assert d2.tolist() == [7, 5, 3]
     np.testing.assert_allclose(s2, [3 + (1 + 3 / np.sqrt(9.09)) / 4, 3.25, 2 + (1 + 1 / np.sqrt(2)) / 4])
     with pytest.raises(ValueError, match="token weights"):
-        rankers.collision_free_arrays(docs, valid, w_q, None)
+        glen_ranker.collision_free_arrays(docs, valid, w_q, None)
 
 
 def test_the_cut_to_n_happens_after_a_group_is_expanded():
     docs = np.array([[[1, 2, 3], [4, -1, -1]]])  # N = 2 beams; the first beam's group has 3 documents
     w_d = np.array([[0, 0], [1, 0], [0, 1], [1, 1], [1, 0]], float)
-    q, d, n, cos = rankers.collision_free_arrays(docs, docs >= 0, np.array([[[1.0, 0.2], [1.0, 0.0]]]), w_d)
+    q, d, n, cos = glen_ranker.collision_free_arrays(docs, docs >= 0, np.array([[[1.0, 0.2], [1.0, 0.0]]]), w_d)
     assert d.tolist() == [1, 3]  # cos 0.98 (doc 1), 0.83 (doc 3), then doc 2 (0.196) is cut, and beam 1 too
 
 
@@ -130,12 +132,12 @@ def test_random_tie_order_keeps_beam_order_and_depends_on_the_seed_only():
     docs = np.array([[list(range(10)), [10] + [-1] * 9]])
     orders = set()
     for seed in range(6):
-        q, d, s = rankers.RandomTieOrder(seed)(docs, docs >= 0, np.zeros((1, 2)))
+        q, d, s = glen_ranker.RandomTieOrder(seed)(docs, docs >= 0, np.zeros((1, 2)))
         o = np.argsort(-s, kind="stable")
         assert d[o][-1] == 10 or 10 not in d  # the second beam's document never ahead of the first beam's
         assert len(d) == 2 and 10 not in d[o][:1]
         orders.add(tuple(d[o].tolist()))
-        q2, d2, s2 = rankers.RandomTieOrder(seed)(docs, docs >= 0, np.zeros((1, 2)))
+        q2, d2, s2 = glen_ranker.RandomTieOrder(seed)(docs, docs >= 0, np.zeros((1, 2)))
         assert d2.tolist() == d.tolist() and s2.tolist() == s.tolist()  # the same seed, the same order
     assert len(orders) > 1
 
@@ -251,10 +253,11 @@ def test_glen_phase1_trains_and_is_restored_through_gin(tmp_path, capsys):
 @pytest.mark.torch
 @pytest.mark.slow
 def test_the_pytorch_reference_decoding_reproduces_glens_rankings_and_ours(tmp_path):
-    """`parity.glen_rank_torch` (the benchmark's PyTorch contender) on the fixture gives GLEN's own ranked
+    """`methods.glen.torch_reference.glen_rank_torch` (the benchmark's PyTorch contender) on the fixture gives GLEN's own ranked
     lists; on another random model (other sizes, many collisions) it agrees with `GlenRetriever` exactly."""
     from gr_jax.models import t5
-    from gr_jax.models.parity import glen_rank_torch, load_torch_t5
+    from gr_jax.methods.glen.torch_reference import glen_rank_torch
+    from gr_jax.models.parity import load_torch_t5
 
     require("torch")
     hf = load_torch_t5(FIXTURE / "model")
@@ -287,7 +290,7 @@ def test_the_pytorch_reference_decoding_reproduces_glens_rankings_and_ours(tmp_p
 
 
 def test_masked_special_ids_are_unk_and_t5s_sentinels():
-    from gr_jax.models.glen import masked_special_ids
+    from gr_jax.methods.glen.model import masked_special_ids
 
     ids = masked_special_ids()
     assert ids[0] == 2 and ids[1:] == tuple(range(32000, 32100))  # t5-base: <extra_id_99> … <extra_id_0>
@@ -295,14 +298,14 @@ def test_masked_special_ids_are_unk_and_t5s_sentinels():
     import json
     from pathlib import Path
 
-    meta = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "glen_parity" / "meta.json").read_text())
+    meta = json.loads((Path(__file__).resolve().parents[2] / "fixtures" / "glen_parity" / "meta.json").read_text())
     assert sorted(masked_special_ids(unk_id=2, first_sentinel=496, sentinels=16)) == \
         sorted(meta["token_layout"]["masked_token_ids"])
 
 
 def test_token_fed_ablation_refuses_phase_2_and_decoded_docids():
     from gr_jax.models import t5
-    from gr_jax.models.glen import GlenRetriever
+    from gr_jax.methods.glen.model import GlenRetriever
 
     model = GlenRetriever(t5.get_config("tiny").replace(vocab_size=64), docid_length=2, feed="tokens")
     params = model.init_params(0)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gr_jax import compose, gin_utils
-from gr_jax.docids.glen import read_docid_tsv
+from gr_jax.methods.glen.docids import read_docid_tsv
 from gr_jax.vocab import load_vocabulary
 
 LOOP = """
@@ -88,7 +88,7 @@ def _tool(name: str):
     """A module of tools/ (not a package), imported by path."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+    path = Path(__file__).resolve().parents[3] / "tools" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"tools_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -186,9 +186,9 @@ def test_a_released_glen_model_and_docid_file_import_and_evaluate(tmp_path, caps
 
     from gr_jax import infer as infer_cmd
     from gr_jax.data.sources import load_dataset
-    from gr_jax.docids.glen import write_docid_tsv
+    from gr_jax.methods.glen.docids import write_docid_tsv
     from gr_jax.models import convert, t5
-    from gr_jax.models.glen import GlenRetriever
+    from gr_jax.methods.glen.model import GlenRetriever
     from gr_jax.vocab import train_sentencepiece
     from gr_jax.data.pipeline import tokenize
 

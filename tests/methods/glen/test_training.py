@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gr_jax.training import glen as gl
+from gr_jax.methods.glen import training as gl
 
 E = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
 
@@ -139,9 +139,9 @@ def test_phase2_batches_resume_to_the_same_batch():
 def _fixture_glen():
     from pathlib import Path
 
-    from gr_jax.models import glen_parity
+    from gr_jax.methods.glen import parity as glen_parity
 
-    model, params, inputs, _ = glen_parity.fixture_model(Path(__file__).resolve().parents[1] / "fixtures"
+    model, params, inputs, _ = glen_parity.fixture_model(Path(__file__).resolve().parents[2] / "fixtures"
                                                          / "glen_parity")
     return model, params, inputs
 
@@ -240,17 +240,3 @@ def test_glen_phase2_config_checks_its_values():
         gl.GlenPhase2(negatives="bm-25")
     with pytest.raises(ValueError, match="reassign_every must be an integer"):
         gl.GlenPhase2(reassign_every=-1)
-
-
-def test_bm25_candidates_leave_out_every_positive_of_the_query():
-    from gr_jax.compose import ObjectiveInputs
-    from gr_jax.data.pairs import Pairs
-    from gr_jax.data.readers import Corpus, Dataset
-
-    corpus = Corpus(["d1", "d2", "d3", "d4"], ["apple banana", "apple cherry", "banana cherry", "zebra"])
-    ds = Dataset(corpus, {}, {})
-    inp = ObjectiveInputs(ds, "train", None, None, None, {}, 1, 0, lambda: None)
-    pairs = Pairs("p", ["apple banana", "apple banana"], np.array([0, 1]), ["q1", "q1"])
-    got = inp.bm25_candidates(pairs, depth=3)
-    # q1's positives are d1 and d2; BM25 ranks d3 (banana) next; d4 shares no term; −1 pads
-    assert got.tolist() == [[2, -1, -1], [2, -1, -1]]

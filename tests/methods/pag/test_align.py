@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from gr_jax.data.readers import QuerySet
-from gr_jax.models import pag_parity
-from gr_jax.training import pag_align
+from gr_jax.methods.pag import parity as pag_parity
+from gr_jax.methods.pag import align as pag_align
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "pag_parity"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "pag_parity"
 
 
 def _oracle(zt, zs, tau, k):
@@ -56,7 +56,7 @@ def test_alignment_raises_dev_jaccard_and_freezes_the_decoder(tmp_path):
     train = (QuerySet([str(i) for i in range(n)], [f"en{i}" for i in range(n)]),
              QuerySet([str(i) for i in range(n)], [f"xx{i}" for i in range(n)]))
     teacher = {"model_dir": "fixture", "step": 0}
-    meta = pag_align.align_planner(model, params, tokenize, train, train, tmp_path / "al", teacher, k=20,
+    meta = pag_align.train_aligned_planner(model, params, tokenize, train, train, tmp_path / "al", teacher, k=20,
                                    learning_rate=3e-3, epochs=4, batch_size=2, ell=10, progress=False)
     hist = meta["history"]
     assert hist[-1]["loss"] < hist[1]["loss"]
@@ -74,5 +74,5 @@ def test_alignment_raises_dev_jaccard_and_freezes_the_decoder(tmp_path):
     with pytest.raises(FileNotFoundError, match="no aligned planner"):
         pag_align.load_aligned(tmp_path / "none", params)
     with pytest.raises(ValueError, match="same query ids"):
-        pag_align.align_planner(model, params, tokenize, (train[0], QuerySet(["x"], ["xx0"])), train, tmp_path / "b",
+        pag_align.train_aligned_planner(model, params, tokenize, (train[0], QuerySet(["x"], ["xx0"])), train, tmp_path / "b",
                                 teacher, epochs=1)

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from gr_jax.docids import pag as pag_docids
+from gr_jax.methods.pag import docids as pag_docids
 from gr_jax.docids.base import DocidTable
 
 

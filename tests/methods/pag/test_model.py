@@ -18,15 +18,16 @@ import pytest
 
 from gr_jax.decoding.beam_search import beam_search
 from gr_jax.index.trie import TrieIndex
-from gr_jax.models import pag, pag_parity
+from gr_jax.methods.pag import model as pag
+from gr_jax.methods.pag import parity as pag_parity
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURE = ROOT / "tests" / "fixtures" / "pag_parity"
 
 
 @pytest.fixture(scope="module")
 def parity():
-    return pag_parity.check_pag_fixture(FIXTURE)
+    return pag_parity.check_fixture(FIXTURE)
 
 
 @pytest.mark.slow
@@ -196,7 +197,7 @@ def test_rankings_do_not_depend_on_the_corpus_order():
     """The fixture's model and docid files over the corpus in two row orders: every mode returns the same
     documents with the same scores (planning ties by document key, rankings in trec order)."""
     from gr_jax.decoding import rankers
-    from gr_jax.docids import pag as pag_docids
+    from gr_jax.methods.pag import docids as pag_docids
 
     model, params, _, _, doc_ids = pag_parity.fixture_setup(FIXTURE)
     with np.load(FIXTURE / "inputs.npz") as z:
@@ -221,7 +222,7 @@ def test_rankings_do_not_depend_on_the_corpus_order():
 def test_a_tie_across_the_planning_boundary_takes_the_exact_path():
     """Two documents given the same set docid tie in s_simul; with n placing the tie across the boundary the
     search plans exactly: the document with the larger order key is planned, whatever the row order."""
-    from gr_jax.docids import pag as pag_docids
+    from gr_jax.methods.pag import docids as pag_docids
 
     model, params, table, _, doc_ids = pag_parity.fixture_setup(FIXTURE)
     with np.load(FIXTURE / "inputs.npz") as z:

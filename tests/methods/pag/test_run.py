@@ -48,7 +48,7 @@ def _tool(name):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+    path = Path(__file__).resolve().parents[3] / "tools" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -98,8 +98,9 @@ def test_released_pag_artefacts_import_and_evaluate(tmp_path, capsys):
     from gr_jax import infer as infer_cmd
     from gr_jax.data.pipeline import tokenize
     from gr_jax.data.sources import load_dataset
-    from gr_jax.docids import pag as pag_docids
-    from gr_jax.models import convert, pag, t5
+    from gr_jax.methods.pag import docids as pag_docids
+    from gr_jax.models import convert, t5
+    from gr_jax.methods.pag import model as pag
     from gr_jax.vocab import train_sentencepiece
 
     gin.clear_config()

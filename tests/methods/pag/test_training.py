@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gr_jax.training import pag as pag_training
+from gr_jax.methods.pag import training as pag_training
 
 
 def test_set_objective_softmax_and_margin_by_hand():

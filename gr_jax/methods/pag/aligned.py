@@ -1,0 +1,34 @@
+"""The files of an aligned planner (`methods.pag.align` writes them): the student's network parameters
+(`aligned_params.msgpack`, flax serialization — msgpack, no pickle) and `aligned.json` (the teacher checkpoint
+it was aligned from, the pairs' digest, per-epoch loss and dev TokJaccard, the chosen epoch)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+
+PARAMS_FILE = "aligned_params.msgpack"
+META_FILE = "aligned.json"
+
+
+def load_aligned(directory: str | Path, params: dict, teacher: Optional[dict] = None) -> dict:
+    """The teacher's parameters with the aligned network in place; refused when the file does not fit them or
+    (with `teacher`) was aligned from another checkpoint."""
+    directory = Path(directory)
+    path, meta_path = directory / PARAMS_FILE, directory / META_FILE
+    if not path.exists() or not meta_path.exists():
+        raise FileNotFoundError(f"{directory}: no aligned planner ({PARAMS_FILE}, {META_FILE}); run "
+                                f"python -m gr_jax.align_planner first")
+    meta = json.loads(meta_path.read_text())
+    if teacher is not None and meta.get("teacher") != teacher:
+        raise ValueError(f"{meta_path}: aligned from {meta.get('teacher')}, not from {teacher}; align again")
+    try:
+        net = flax.serialization.from_bytes(jax.device_get(params["network"]), path.read_bytes())
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: does not fit this model's parameters ({e})") from None
+    return {**params, "network": jax.tree_util.tree_map(jnp.asarray, net)}
