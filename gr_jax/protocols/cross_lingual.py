@@ -180,8 +180,8 @@ def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str
         raise ValueError("settings 'seq_only' and 'aligned' need a model that plans (PAG in mode 'pag'); "
                          f"{system.describe()} does not")
     if planner is not None and k > planner.planning_size:
-        raise ValueError(f"run_cross_lingual.k = {k} exceeds the planning size {planner.planning_size}: lower k "
-                         f"or raise the planning size")
+        raise ValueError(f"run_cross_lingual.k = {k} exceeds {type(planner).__name__}.planning_size = "
+                         f"{planner.planning_size}: lower k or raise the planning size")
     out_dir = Path(output_dir) if output_dir else Path(model_dir) / "cross_lingual"
     ds = system.setup.dataset
     if split not in ds.queries:

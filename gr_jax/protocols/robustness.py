@@ -62,11 +62,12 @@ def build_system(system: str, model_dir: Optional[str], task: Optional[str], num
             raise ValueError("run_robustness.system = 'trained' needs MODEL_DIR (a trained model)")
         sut, step = TrainedSystem.restore(model_dir, num_beams, batch_size)
         planner = sut.planner
+        name = type(planner).__name__
         if planner is not None and planner.mode != planner.planned_mode:
-            raise ValueError(f"the robustness protocol runs a planning model in its mode {planner.planned_mode!r} "
-                             f"(it adds the planning-only run and the plan swap itself), got mode {planner.mode!r}")
+            raise ValueError(f"the robustness protocol runs {name} in its mode {planner.planned_mode!r} (it adds the "
+                             f"planning-only run and the plan swap itself), got {name}.mode = {planner.mode!r}")
         if planner is not None and k > planner.planning_size:  # D_K is a truncation of the planning set D_n
-            raise ValueError(f"run_robustness.k = {k} exceeds the planning size {planner.planning_size}: "
+            raise ValueError(f"run_robustness.k = {k} exceeds {name}.planning_size = {planner.planning_size}: "
                              f"CandOverlap@K compares the top K of the planned candidates; lower k or raise the "
                              f"planning size")
         return sut, sut.setup.dataset, f"{sut.describe()} step {step}"

@@ -132,7 +132,7 @@ def test_trained_pag_command(tiny_pag, tmp_path, capsys):
     gin.clear_config()
     capsys.readouterr()
     assert entry.main(args + ["--gin.PagRetriever.mode='seq_only'"]) == 2
-    assert "runs PAG in its mode 'pag'" in capsys.readouterr().err
+    assert "runs PagRetriever in its mode 'pag'" in capsys.readouterr().err  # the model names itself
     gin.clear_config()
     assert entry.main(args + ["--gin.run_robustness.k=50"]) == 2  # planning set of 12 documents
     assert "k = 50 exceeds PagRetriever.planning_size = 12" in capsys.readouterr().err
