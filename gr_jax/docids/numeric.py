@@ -26,7 +26,9 @@ from gr_jax.docids.quantize import ProductQuantizer, ResidualQuantizer, kmeans
 from gr_jax.vocab import DocidTokenSpace
 
 
-def _embeddings(corpus, embeddings, rows, what: str) -> np.ndarray:
+def checked_embeddings(corpus, embeddings, rows, what: str) -> np.ndarray:
+    """The embeddings given to a numeric scheme as float32 [documents, D], one row per document (of `rows`, or
+    of the corpus); a missing or mis-shaped array is an error naming the scheme (`what`)."""
     if embeddings is None:
         raise ValueError(f"{what} docids need document embeddings (fit(corpus, embeddings=[N, D]))")
     e = np.asarray(embeddings, np.float32)
@@ -55,13 +57,13 @@ class _QuantizedDocids(DocidScheme):
 
     def fit(self, corpus, context: FitContext = FitContext()):
         embeddings = context.embeddings
-        self.q = self._quantizer().fit(_embeddings(corpus, embeddings, None, self.name.upper()))
+        self.q = self._quantizer().fit(checked_embeddings(corpus, embeddings, None, self.name.upper()))
         return self
 
     def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
         if self.q is None or self.q.codebooks is None:
             raise ValueError(f"{type(self).__name__}.assign before fit()")
-        codes = self.q.encode(_embeddings(corpus, embeddings, rows, self.name.upper()))
+        codes = self.q.encode(checked_embeddings(corpus, embeddings, rows, self.name.upper()))
         L = codes.shape[1]
         return DocidTable(codes, np.full(len(codes), L), _rows(corpus, rows),
                           DocidTokenSpace.codebook(L, self.q.k))
@@ -127,7 +129,7 @@ class SemanticDocids(DocidScheme):
 
     def fit(self, corpus, context: FitContext = FitContext()) -> "SemanticDocids":
         embeddings = context.embeddings
-        e = _embeddings(corpus, embeddings, None, "semantic")
+        e = checked_embeddings(corpus, embeddings, None, "semantic")
         if self.k < 2:
             raise ValueError("SemanticDocids.k must be ≥ 2")
         self.centroids, self.children, self.leaf_fill, self.assigned = [], [], {}, {}
@@ -165,7 +167,7 @@ class SemanticDocids(DocidScheme):
     def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
         if not self.centroids:
             raise ValueError("SemanticDocids.assign before fit()")
-        e = _embeddings(corpus, embeddings, rows, "semantic")
+        e = checked_embeddings(corpus, embeddings, rows, "semantic")
         seqs = []
         for r, v in zip(_rows(corpus, rows), e):
             doc = corpus.doc_ids[int(r)]

@@ -30,7 +30,7 @@ import numpy as np
 
 from gr_jax.provenance import file_digest
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
-from gr_jax.docids.numeric import _embeddings
+from gr_jax.docids.numeric import checked_embeddings
 from gr_jax.docids.quantize import ResidualQuantizer
 from gr_jax.vocab import DocidTokenSpace
 
@@ -164,7 +164,7 @@ class PagDocids(DocidScheme):
             return tokens.astype(np.int32)
         if self._rq is None:
             raise ValueError("PagDocids.assign before fit()")
-        codes = self._rq.encode(_embeddings(corpus, embeddings, rows, "PAG RQ"))
+        codes = self._rq.encode(checked_embeddings(corpus, embeddings, rows, "PAG RQ"))
         return (base + K * np.arange(M)[None, :] + codes).astype(np.int32)
 
     def _set(self, corpus, rows) -> np.ndarray:
