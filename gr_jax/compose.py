@@ -51,7 +51,7 @@ from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.docids.pseudo_query import queries_by_document
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.retrieval import EvalConfig, retrieve
-from gr_jax.io_utils import write_text
+from gr_jax.io_utils import json_text, write_text
 from gr_jax.models import contract, t5
 from gr_jax.models.heads import head_for_space
 from gr_jax.models.retriever import GenerativeRetriever
@@ -321,7 +321,6 @@ def train(model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, batch_
     tx = optimizer if optimizer is not None else trainer.make_optimizer(total_steps=train_steps)
     setup = prepare(model_dir=str(model_dir), batch_size=batch_size, feature_lengths=feature_lengths, task=task,
                     seed=seed, initial_checkpoint_path=initial_checkpoint_path, dataset=dataset)
-    write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True)  # the configuration of this run
 
     decoded = setup.scheme.decoded_by_model
 
@@ -338,7 +337,8 @@ def train(model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, batch_
                       checkpoint_period=checkpoint_period, keep_checkpoints=keep_checkpoints,
                       num_partitions=num_partitions, progress=progress, evaluate=periodic,
                       step_callback=step_callback, initial_checkpoint_path=initial_checkpoint_path,
-                      refresh=redecode if decoded else None, refresh_period=setup.refresh_period)
+                      refresh=redecode if decoded else None, refresh_period=setup.refresh_period,
+                      on_start=lambda: write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True))
     state, step = out["state"], out["step"]
     summary = {"model_dir": str(model_dir), "steps": step, "checkpoint": out["checkpoint"]}
     if decoded:  # the final docids: decoded with the final parameters, written in the scheme's format
@@ -346,7 +346,7 @@ def train(model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, batch_
         summary["docids"] = str(write_model_docids(setup, model_dir, step))
     if final_eval:
         summary.update(_final_evaluation(setup, state["params"], step, eval_config, model_dir))
-        write_text(model_dir / "final_metrics.json", json.dumps(summary, indent=1), keep_previous=True)
+        write_text(model_dir / "final_metrics.json", json_text(summary, indent=1), keep_previous=True)
     summary["train_seconds"] = round(time.time() - t_start, 1)
     summary["resumed_from"] = out["resumed_from"]
     summary["state"] = state
@@ -428,10 +428,10 @@ def restore(model_dir: str | Path, step: Optional[int] = None) -> tuple[Setup, d
                             f"CHECKPOINT_STEP (have {list(manager.all_steps())})") from None
     check_provenance(saved, provenance(setup), str(where))
     try:
-        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    except Exception as e:  # as above
-        raise TrainingError(f"{where}: damaged, its parameters cannot be read ({type(e).__name__}); choose "
-                            f"another CHECKPOINT_STEP (have {list(manager.all_steps())})") from None
+        restored = trainer.read_checkpoint(manager, step, where)
+    except trainer.DamagedCheckpoint as e:
+        raise trainer.DamagedCheckpoint(f"{e}; choose another CHECKPOINT_STEP (have {list(manager.all_steps())})") \
+            from None
     params = restored["state"]["params"]
     if setup.scheme.decoded_by_model:  # the checkpoint's docids are its own decodings
         use_model_docids(setup, decode_model_docids(setup, params))
@@ -460,15 +460,13 @@ def import_checkpoint(model_dir: str = gin.REQUIRED, initial_checkpoint_path: st
     manager = ocp.CheckpointManager((model_dir / "checkpoints").absolute(),
                                     options=ocp.CheckpointManagerOptions(create=True))
     state = {"step": np.zeros((), np.int32), "params": jax.device_get(params), "nonfinite": np.zeros((), np.int32)}
-    manager.save(0, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                            meta=ocp.args.JsonSave(provenance(setup))))
-    manager.wait_until_finished()
+    trainer.save_checkpoint(manager, 0, state, meta=provenance(setup))
     write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True)
     out = {"model_dir": str(model_dir), "checkpoint": str(model_dir / "checkpoints" / "0"),
            "imported_from": str(initial_checkpoint_path), "docids": setup.table.stats()}
     if setup.scheme.decoded_by_model:
         out["docid_file"] = str(write_model_docids(setup, model_dir, 0))
-    write_text(model_dir / "imported.json", json.dumps(out, indent=1), keep_previous=True)
+    write_text(model_dir / "imported.json", json_text(out, indent=1), keep_previous=True)
     return out
 
 
@@ -494,7 +492,7 @@ def infer(model_dir: str = gin.REQUIRED, split: str = "dev", num_beams: int = 10
            "model": setup.model.describe(), "ranker": _describe(setup.model.ranker)}
     if evaluate:
         out["metrics"] = metrics
-        write_text(run_path.with_suffix(".metrics.json"), json.dumps(out, indent=1), keep_previous=True)
+        write_text(run_path.with_suffix(".metrics.json"), json_text(out, indent=1), keep_previous=True)
     return out
 
 

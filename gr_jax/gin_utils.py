@@ -21,19 +21,23 @@ import contextlib
 import difflib
 import importlib
 import inspect
+import io
 import logging
 import os
 import pkgutil
 import re
 import sys
+import tokenize
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import gin
 import gin.config
+from gin import config_parser
 
-from gr_jax import host_memory
+from gr_jax import host_memory, locks
 from gr_jax.errors import UserError
+from gr_jax.io_utils import FileFormatError, read_text
 from gr_jax.gin_checks import MACRO, GinConfigError, call_configured, command  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -124,11 +128,45 @@ def _include_resolution(search_paths: Sequence[str]):
     prefixes, readers = gin.config._LOCATION_PREFIXES, gin.config._FILE_READERS
     saved = (list(prefixes), list(readers))
     prefixes[:] = search_prefixes(search_paths)
-    readers[:] = [(open, os.path.isfile)]
+    readers[:] = [(_GinFile, os.path.isfile)]
     try:
         yield
     finally:
         prefixes[:], readers[:] = saved
+
+
+class _GinFile:
+    """gin's file reader (`with reader(path) as f: parse(f)`): the file read as UTF-8, and an error of the
+    tokenizer underneath gin's parser (an unclosed bracket or quote at the end of the file, which gin does not
+    catch) reported with the file's full path."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __enter__(self):
+        try:
+            return io.StringIO(read_text(self.path, "gin file"))
+        except FileFormatError as e:
+            raise GinConfigError(str(e)) from None
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and issubclass(exc_type, tokenize.TokenError):
+            what, (line, _) = exc.args
+            raise GinConfigError(f"gin file {self.path}: {what.lower()} (a bracket or quote opened and never "
+                                 f"closed; the file ends at line {line})") from None
+        return False
+
+
+def _bad_binding(bindings: Sequence[str]) -> Optional[str]:
+    """The first binding (a `--gin.NAME=VALUE` flag or a binding file line) that gin's parser rejects on its own."""
+    for binding in bindings:
+        try:
+            parser = config_parser.ConfigParser(binding, gin.config.ParserDelegate(skip_unknown=True))
+            for _ in parser:
+                pass
+        except (SyntaxError, ValueError, tokenize.TokenError) as e:
+            return f"{binding!r}: {e.args[0] if e.args else e}"
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -212,9 +250,21 @@ def parse(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[
     register_configurables()
     resolved = [str(resolve(f, search_paths)) for f in files]
     with _include_resolution(search_paths):
+        for f in resolved:  # each file on its own first, so that an error names its file
+            try:
+                gin.parse_config_file(f, skip_unknown=True)
+            except GinConfigError as e:  # from the reader: it names the file (an included one, maybe)
+                raise GinConfigError(str(e).splitlines()[0]) from None
+            except (ValueError, KeyError, SyntaxError, OSError) as e:
+                raise GinConfigError(f"bad gin file {f}: {_explain(e)}") from None
+        gin.clear_config()
+        bad = _bad_binding(bindings)
+        if bad:
+            raise GinConfigError(f"bad gin binding (a --gin. flag or --gin_bindings) {bad}; gin strings keep their "
+                                 f"quotes: --gin.MODEL_DIR=\"'runs/x'\"")
         try:
             gin.parse_config_files_and_bindings(resolved, bindings, finalize_config=False)
-        except (ValueError, KeyError, SyntaxError, OSError) as e:
+        except (ValueError, KeyError, SyntaxError, OSError, tokenize.TokenError) as e:
             raise GinConfigError(f"bad gin configuration: {_explain(e)}") from None
     check_macros(ignore_unused_macros)
     missing = [m for m in re.findall(r"^(\w+) = %gin.REQUIRED$", gin.config_str(), re.M)]
@@ -243,6 +293,19 @@ def cpu_runtime(synchronous_dispatch: bool = True) -> None:
     host_memory.cpu_dispatch(synchronous_dispatch)
 
 
+def output_dirs() -> list[str]:
+    """The directory a command writes, which it holds for itself (`locks.output_lock`): OUTPUT_DIR when it is
+    bound to a path, otherwise MODEL_DIR."""
+    for name in ("OUTPUT_DIR", "MODEL_DIR"):
+        try:
+            value = gin.query_parameter(f"{name}/macro.value")
+        except ValueError:
+            continue
+        if isinstance(value, (str, os.PathLike)) and str(value):
+            return [str(value)]
+    return []
+
+
 def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = (), root: str | None = None,
               allow_unused: Sequence[str] = ()):
     """The body of a `python -m gr_jax.<command>` entry point: split the flags, parse gin, call the configured
@@ -257,7 +320,10 @@ def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = (), root
         with command(root, allow_unused):
             parse(files, [*extra_bindings, *bindings], paths, ignore_unused_macros=extra_macros)
             cpu_runtime()
-            return 0, call_configured(get_fn())
+            with contextlib.ExitStack() as held:
+                for path in output_dirs():
+                    held.enter_context(locks.output_lock(path, f"gr_jax {root or 'command'}"))
+                return 0, call_configured(get_fn())
     except expected_errors() as e:
         log.debug("the error's traceback", exc_info=True)
         # gin appends "In call to configurable ..." lines naming its wrapper: noise for the user

@@ -12,24 +12,85 @@
   already checked), the old content is replaced.
 * `clean_stale(path)`: temporaries of a killed writer (named with its process id) are removed on the next
   write to the same path, and an output that a killed swap had renamed aside is put back.
+* Files and folders follow the umask (a temporary file is created 0600 and renamed into place: it is given
+  the mode an `open` would have given it).
+* `json_text(obj)`: strict JSON (no bare NaN/Infinity, which strict parsers reject): a non-finite number is
+  written as `null`, and the caller says why beside it where it knows.
+* `read_text` / `read_json` / `read_jsonl`: a file that is not UTF-8, truncated or not JSON is an error naming
+  the file (and the line).
+* `fault_point(name)`: where the reliability tests inject a kill or a full disk (environment variable
+  `GR_JAX_FAULT=<name>:<n>:<kill|enospc>`: the n-th time this process passes that point); nothing otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import filecmp
 import importlib.util
+import json
 import logging
+import math
 import os
 import re
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from gr_jax.errors import UserError
+
 log = logging.getLogger(__name__)
 
 _TMP, _OLD = ".tmp-", ".old-"
+
+
+class FileFormatError(UserError, ValueError):
+    """A file that cannot be read as what it should be; the message names the file (and line)."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fault injection (tests/reliability)
+# ----------------------------------------------------------------------------------------------------------
+
+_FAULT_COUNTS: dict[str, int] = {}
+
+
+def fault_point(name: str, path: str | os.PathLike | None = None) -> None:
+    """Does nothing unless `GR_JAX_FAULT=<name>:<n>:<action>` names this point: then, the n-th time this
+    process passes it, `kill` sends itself SIGKILL (a crash at that moment) and `enospc` raises the OSError a
+    full disk raises (for `path`)."""
+    spec = os.environ.get("GR_JAX_FAULT")
+    if not spec:
+        return
+    for one in spec.split(","):
+        where, n, action = one.split(":")
+        if where != name:
+            continue
+        _FAULT_COUNTS[name] = _FAULT_COUNTS.get(name, 0) + 1
+        if _FAULT_COUNTS[name] != int(n):
+            continue
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if action == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path) if path is not None else None)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# modes
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: Path, directory: bool = False) -> None:
+    """The mode `open` / `mkdir` would have given `path` (mkstemp/mkdtemp create 0600/0700)."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
 
 
 def _remove(p: Path) -> None:
@@ -107,20 +168,30 @@ def _publish(tmp: Path, path: Path, keep_previous: bool) -> None:
     if keep_previous and not _same(path, tmp):
         kept = _previous_name(path)
         os.replace(path, kept)
+        fault_point("publish", path)
         os.replace(tmp, path)
         log.warning("%s existed with a different result: the earlier one is kept as %s", path, kept.name)
         return
     aside = path.with_name(f".{path.name}{_OLD}{os.getpid()}-{os.urandom(4).hex()}")
     os.replace(path, aside)
+    fault_point("publish", path)  # the old output aside, the new one not yet in: clean_stale restores it
     os.replace(tmp, path)
     _remove(aside)
 
 
+def make_dirs(path: str | os.PathLike, what: str = "output directory") -> Path:
+    """`mkdir -p path`; a part of it that is a file is an error that names it (not `[Errno 17] File exists`)."""
+    path = Path(path)
+    for part in [path, *path.parents]:
+        if _exists(part) and not part.is_dir():
+            raise FileFormatError(f"cannot use {path} as the {what}: {part} is a file, not a directory; choose "
+                                  f"another path or move the file")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _prepare_parent(path: Path) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise OSError(f"cannot write {path}: a part of its parent path is a file, not a directory") from None
+    make_dirs(path.parent, f"folder of {path.name}")
     clean_stale(path)
 
 
@@ -140,6 +211,7 @@ class atomic_dir:
                                   f"choose another destination or allow overwriting")
         _prepare_parent(self.path)
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}{_TMP}{os.getpid()}-", dir=self.path.parent))
+        follow_umask(self.tmp, directory=True)
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb):
@@ -162,8 +234,10 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", keep_previous: bool = 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP}{os.getpid()}-", dir=path.parent)
     tmp = Path(tmp)
     try:
+        follow_umask(tmp)
         with os.fdopen(fd, mode, **open_kwargs) as f:
             yield f
+            fault_point("write", path)
         _publish(tmp, path, keep_previous)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -178,6 +252,99 @@ def write_text(path: str | os.PathLike, text: str, keep_previous: bool = False) 
 def write_bytes(path: str | os.PathLike, data: bytes, keep_previous: bool = False) -> None:
     with atomic_file(path, "wb", keep_previous=keep_previous) as f:
         f.write(data)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# strict JSON, and reading files with errors that name them
+# ----------------------------------------------------------------------------------------------------------
+
+
+def finite_or_none(obj):
+    """`obj` with every non-finite float (NaN, ±inf; numpy scalars included) replaced by None."""
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    if isinstance(obj, float) or type(obj).__module__ == "numpy" and hasattr(obj, "dtype") and obj.dtype.kind == "f":
+        return float(obj) if math.isfinite(obj) else None
+    if type(obj).__module__ == "numpy" and hasattr(obj, "item"):
+        return obj.item()
+    return obj
+
+
+def json_text(obj, **kwargs) -> str:
+    """Strict JSON: non-finite numbers become null (`finite_or_none`), never a bare NaN."""
+    return json.dumps(finite_or_none(obj), allow_nan=False, **kwargs)
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def open_skipping_bom(path: str | os.PathLike):
+    """The file opened in binary, past a UTF-8 byte-order mark if it starts with one (editors on Windows write
+    it; left in, it would become part of the first id, and a lookup of that id fail in another file)."""
+    f = open(path, "rb")
+    if f.read(len(BOM)) != BOM:
+        f.seek(0)
+    return f
+
+
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """The file's text (UTF-8; a leading byte-order mark is dropped); bytes that are not UTF-8 → an error naming
+    the file, the line and the offset."""
+    path = Path(path)
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise FileFormatError(f"{what} {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}, "
+                              f"line {line}); save it as UTF-8") from None
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def _json_error(path: Path, what: str, e: json.JSONDecodeError, line_offset: int = 0) -> FileFormatError:
+    return FileFormatError(f"{what} {path}: line {e.lineno + line_offset} column {e.colno}: {e.msg} (is the "
+                           f"file truncated or not JSON?)")
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file"):
+    path = Path(path)
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _json_error(path, what, e) from None
+
+
+def read_jsonl(path: str | os.PathLike, what: str = "JSON-lines file") -> list:
+    """One JSON value per non-empty line; a bad line is an error naming the file and the line."""
+    path = Path(path)
+    rows = []
+    for n, line in enumerate(read_text(path, what).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise _json_error(path, what, e, n - 1) from None
+    return rows
+
+
+def load_npz(path: str | os.PathLike, what: str = "array file") -> dict:
+    """The arrays of a .npz file (no pickled objects), as a dict; a truncated or foreign file is an error naming it."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise FileFormatError(f"{what} {path}: no such file") from None
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
+        raise FileFormatError(f"{what} {path}: not a readable .npz file ({type(e).__name__}: {e}); truncated or "
+                              f"damaged?") from None
 
 
 def package_data(package: str, relative: str, install: str) -> Path:

@@ -8,19 +8,28 @@ fix — a file is never silently reused for other inputs, nor silently overwritt
 
 `file_digest(path)`: the one digest of a file's bytes used in such records (blake2b, 12 bytes, read in blocks,
 so a multi-GB weight file costs one pass and no memory).
+
+`records_text(head, rows)` / `read_records(path, what)`: the JSON-lines format of such files — a header line
+(the record, statistics, the number of rows and a digest of the row lines), then one row a line. Reading checks
+the rows against the header's digest, so a file whose rows were edited, deleted or cut off is refused, not
+reused with its settings' blessing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Callable, Mapping, Optional, TypeVar
 
 from gr_jax.errors import UserError
+from gr_jax.io_utils import FileFormatError, read_text
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class ProvenanceError(UserError, ValueError):
@@ -66,3 +75,40 @@ def reuse(path: str | os.PathLike, built_from: Mapping, load: Callable[[Path], T
                               f"the settings it was built with (the config.gin beside it), another output "
                               f"directory, or delete the file to build it again")
     return held
+
+
+def _rows_digest(lines: list[str]) -> str:
+    return hashlib.blake2b("\n".join(lines).encode("utf-8"), digest_size=12).hexdigest()
+
+
+def records_text(head: Mapping, rows: list) -> str:
+    """The file's text: `head` plus the row count and digest on the first line, then a row a line."""
+    lines = [json.dumps(r, ensure_ascii=False, allow_nan=False) for r in rows]
+    head = {**head, "rows": len(lines), "rows_digest": _rows_digest(lines)}
+    return "".join(line + "\n" for line in [json.dumps(head, sort_keys=True, allow_nan=False), *lines])
+
+
+def read_records(path: str | os.PathLike, what: str) -> tuple[dict, list]:
+    """(header, rows) of a file written from `records_text`; anything else — not UTF-8, not JSON, no header,
+    rows that are not the ones the header's digest was computed over — is an error naming the file (and line)
+    that says to delete it to build it again."""
+    path = Path(path)
+    fix = "delete it to build it again"
+    lines = [line for line in read_text(path, what).splitlines() if line.strip()]
+    parsed = []
+    for n, line in enumerate(lines, 1):
+        try:
+            parsed.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise FileFormatError(f"{what} {path}: line {n}: {e.msg} (truncated or edited?); {fix}") from None
+    if not parsed or not isinstance(parsed[0], dict) or "built_from" not in parsed[0]:
+        raise FileFormatError(f"{what} {path}: no header line with what it was built from; not a file of this "
+                              f"library, or emptied; {fix}")
+    head, rows = parsed[0], parsed[1:]
+    if "rows_digest" not in head:
+        log.warning("%s: written before row checksums were recorded: its rows are read unchecked", path)
+    elif head.get("rows") != len(rows) or head["rows_digest"] != _rows_digest(lines[1:]):
+        raise ProvenanceError(f"{what} {path}: its rows are not the ones it was written with ({len(rows)} rows, "
+                              f"{head.get('rows')} written; the checksum differs): edited, cut off or damaged; "
+                              f"{fix}")
+    return head, rows

@@ -25,7 +25,7 @@ from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
-from gr_jax.io_utils import write_bytes
+from gr_jax.io_utils import read_json, write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ def load_vocabulary(path: str | os.PathLike, extra_ids: int | None = None) -> Vo
         cfg_path = p / "tokenizer_config.json"
         if cfg_path.exists():
             try:
-                extra_ids = int(json.loads(cfg_path.read_text()).get("extra_ids", T5_EXTRA_IDS))
+                extra_ids = int(read_json(cfg_path).get("extra_ids", T5_EXTRA_IDS))
             except (json.JSONDecodeError, TypeError, ValueError) as e:
                 raise ValueError(f"{cfg_path}: cannot read extra_ids ({e})") from None
     if (p / "spiece.model").exists():

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from gr_jax.data.trec import Run, fetch_deciding_ties, top_k
-from gr_jax.io_utils import atomic_dir
+from gr_jax.io_utils import atomic_dir, read_json
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class BM25:
         if not (path / "doc_ids.json").exists():
             raise ValueError(f"{path}: not a saved BM25 index (doc_ids.json missing)")
         retriever = bm25s.BM25.load(str(path), show_progress=False, allow_pickle=False)
-        return cls(retriever, json.loads((path / "doc_ids.json").read_text()))
+        return cls(retriever, read_json(path / "doc_ids.json"))
 
 
 def hard_negatives(corpus, qids: Sequence[str], texts: Sequence[str], rows: Sequence[int], depth: int) -> np.ndarray:

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from gr_jax.data.trec import Run, fetch_deciding_ties, top_k
 from gr_jax.docids.quantize import exact_search
-from gr_jax.io_utils import atomic_dir
+from gr_jax.io_utils import atomic_dir, read_json
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class DenseIndex:
     def load(cls, path: str | os.PathLike, embedder) -> "DenseIndex":
         path = Path(path)
         try:
-            meta = json.loads((path / "dense.json").read_text())
+            meta = read_json(path / "dense.json")
             matrix = np.load(path / "matrix.npy", allow_pickle=False)
         except (OSError, ValueError) as e:
             raise ValueError(f"{path}: not a saved DenseIndex ({e})") from None

@@ -25,6 +25,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 
 from gr_jax.data.trec import Qrels, read_qrels
+from gr_jax.io_utils import BOM, open_skipping_bom
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ def _decode(raw: bytes, path: Path, line_no: int) -> str:
 
 def _open(path: Path):
     try:
-        return open(path, "rb")
+        return open_skipping_bom(path)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
 
@@ -346,7 +347,7 @@ def read_nq320k_genret(data_dir: str | os.PathLike) -> Dataset:
         path = d / f"dev.json.{part}"
         if not path.exists():
             continue
-        raw = _decode(path.read_bytes(), path, 1).strip()
+        raw = _decode(path.read_bytes().removeprefix(BOM), path, 1).strip()
         try:
             rows = json.loads(raw) if raw.startswith("[") else [int(x) for x in raw.split()]
         except ValueError as e:

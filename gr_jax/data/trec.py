@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from gr_jax.io_utils import atomic_file
+from gr_jax.io_utils import atomic_file, open_skipping_bom
 
 Run = dict[str, dict[str, float]]
 Qrels = dict[str, dict[str, int]]
@@ -78,7 +78,7 @@ def _fields(path: Path, line_no: int, line: str, n: int, what: str) -> list[str]
 
 def _lines(path: Path) -> Iterable[tuple[int, str]]:
     try:
-        with open(path, "rb") as f:
+        with open_skipping_bom(path) as f:
             for i, raw in enumerate(f, 1):
                 try:
                     line = raw.decode("utf-8")

@@ -42,7 +42,7 @@ import numpy as np
 
 from gr_jax.data.readers import DataError, QuerySet, fingerprint
 from gr_jax.io_utils import package_data, write_text
-from gr_jax.provenance import file_digest, normalized, reuse
+from gr_jax.provenance import file_digest, normalized, read_records, records_text, reuse
 
 log = logging.getLogger(__name__)
 
@@ -426,13 +426,12 @@ class _SavedVariations:
 
 
 def _read_variations(path: Path) -> _SavedVariations:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-        head = json.loads(lines[0])
-        rows = [json.loads(line) for line in lines[1:] if line.strip()]
-        return _SavedVariations(QuerySet([r["qid"] for r in rows], [r["text"] for r in rows]), head["built_from"])
-    except (OSError, IndexError, KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{path}: not a query-variation file ({e}); delete it to generate it again") from None
+    head, rows = read_records(path, "query-variation file")
+    if not all(isinstance(r, dict) and isinstance(r.get("qid"), str) and isinstance(r.get("text"), str)
+               for r in rows):
+        raise DataError(f"{path}: not a query-variation file (rows without 'qid' and 'text'); delete it to "
+                        f"generate it again")
+    return _SavedVariations(QuerySet([r["qid"] for r in rows], [r["text"] for r in rows]), head["built_from"])
 
 
 def variation_set(path: Path, generator: Generator, queries: QuerySet, seed: int, variation: str) -> QuerySet:
@@ -453,10 +452,7 @@ def variation_set(path: Path, generator: Generator, queries: QuerySet, seed: int
     stats = {"queries": len(texts), "changed": changed}
     if getattr(generator, "fallbacks", None) is not None:  # the LM paraphraser: queries given the rule-based one
         stats["fallbacks"] = int(generator.fallbacks)
-    head = {"built_from": normalized(built_from), "stats": stats}
-    lines = [json.dumps(head, sort_keys=True)]
-    lines += [json.dumps({"qid": q, "text": t, "source": s}, ensure_ascii=False)
-              for q, t, s in zip(queries.qids, texts, queries.texts)]
-    write_text(path, "\n".join(lines) + "\n")
+    rows = [{"qid": q, "text": t, "source": s} for q, t, s in zip(queries.qids, texts, queries.texts)]
+    write_text(path, records_text({"built_from": normalized(built_from), "stats": stats}, rows))
     log.info("%s (seed %d): %d of %d queries changed → %s", variation, seed, changed, len(texts), path)
     return QuerySet(list(queries.qids), texts)

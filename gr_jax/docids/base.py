@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from gr_jax.io_utils import atomic_dir
+from gr_jax.io_utils import atomic_dir, read_json
 from gr_jax.vocab import EOS_ID, PAD_ID
 from gr_jax.vocab import DocidTokenSpace
 
@@ -221,7 +221,7 @@ class DocidTable:
     def load(cls, path: str | os.PathLike) -> "DocidTable":
         path = Path(path)
         try:
-            meta = json.loads((path / "docids.json").read_text())
+            meta = read_json(path / "docids.json")
             with np.load(path / "docids.npz", allow_pickle=False) as z:
                 arrays = {k: z[k] for k in ("sequences", "lengths", "doc_rows", "weights") if k in z.files}
                 extras = {k: z[f"extra_{k}"] for k in meta.get("extras", [])}
@@ -321,7 +321,7 @@ def load_scheme_state(scheme: DocidScheme, path: str | os.PathLike,
     things (each key compared), else a ValueError says what differs and how to rebuild."""
     path = Path(path)
     try:
-        meta = json.loads((path / "scheme.json").read_text())
+        meta = read_json(path / "scheme.json")
         with np.load(path / "scheme.npz", allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError) as e:

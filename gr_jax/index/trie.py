@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from gr_jax.io_utils import atomic_dir
+from gr_jax.io_utils import atomic_dir, read_json
 
 log = logging.getLogger(__name__)
 
@@ -817,7 +817,7 @@ class TrieIndex:
     def load(cls, path: str | os.PathLike) -> "TrieIndex":
         path = Path(path)
         try:
-            meta = json.loads((path / "index.json").read_text())
+            meta = read_json(path / "index.json")
             data = (path / "index.npz").read_bytes()
         except FileNotFoundError as e:
             raise ValueError(f"{path}: not a saved TrieIndex ({e.filename} missing)") from None

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping
 import jax
 import numpy as np
 
-from gr_jax.io_utils import atomic_dir
+from gr_jax.io_utils import atomic_dir, read_json
 from gr_jax.models.t5 import T5Config, init_params
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ def _read_torch_bin(path: Path) -> dict[str, np.ndarray]:
 
 def _read_sharded(index_path: Path, reader) -> dict[str, np.ndarray]:
     try:
-        weight_map = json.loads(index_path.read_text())["weight_map"]
+        weight_map = read_json(index_path)["weight_map"]
     except (OSError, json.JSONDecodeError, KeyError) as e:
         raise CheckpointError(f"{index_path}: not a valid shard index ({e})") from None
     tensors: dict[str, np.ndarray] = {}
@@ -251,7 +251,7 @@ def hf_tensor_names(hf_dir: str | os.PathLike) -> set[str]:
     for index in (HF_SAFETENSORS_INDEX, HF_TORCH_BIN_INDEX):
         if (d / index).exists():
             try:
-                return set(json.loads((d / index).read_text())["weight_map"])
+                return set(read_json(d / index)["weight_map"])
             except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
                 raise CheckpointError(f"{d / index}: not a valid shard index ({e})") from None
     return set(read_hf_tensors(d))
@@ -260,7 +260,7 @@ def hf_tensor_names(hf_dir: str | os.PathLike) -> set[str]:
 def is_hf_dir(path) -> bool:
     """An HF T5 directory: a config.json without our format tag (the weights beside it are read later)."""
     try:
-        meta = json.loads((Path(path) / HF_CONFIG).read_text())
+        meta = read_json(Path(path) / HF_CONFIG)
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and meta.get("format") != FORMAT_TAG
@@ -268,7 +268,7 @@ def is_hf_dir(path) -> bool:
 
 def _read_json_object(path: Path, missing_hint: str) -> dict[str, Any]:
     try:
-        obj = json.loads(path.read_text())
+        obj = read_json(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: not found ({missing_hint})") from None
     except json.JSONDecodeError as e:

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from gr_jax.io_utils import package_data
+from gr_jax.io_utils import package_data, read_json
 from gr_jax.provenance import file_digest
 from gr_jax.models.convert import (CheckpointError, CheckpointMismatchError, read_hf_config, read_hf_tensors)
 from gr_jax.models.gguf import GGUFFile
@@ -226,9 +226,7 @@ def is_lm_spec(spec) -> bool:
     if spec == "smollm2_135m" or (p.is_file() and p.suffix == ".gguf"):
         return True
     try:
-        import json
-
-        meta = json.loads((p / "config.json").read_text())
+        meta = read_json(p / "config.json")
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and meta.get("model_type") in ("llama", "mistral")

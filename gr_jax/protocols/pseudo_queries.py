@@ -16,7 +16,6 @@ file as an uninterrupted one; a file built from anything else is refused, never 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from gr_jax.data.readers import Corpus, DataError
 from gr_jax.io_utils import write_text
 from gr_jax.models.lm import LMContext, PseudoQueryGenerator
 from gr_jax.data.batches import batch_seed, pending_batches, restrict
-from gr_jax.provenance import normalized, reuse
+from gr_jax.provenance import normalized, read_records, records_text, reuse
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +45,12 @@ class GeneratedQueries:
     stats: dict = dataclasses.field(default_factory=dict)
 
     def save(self, path: Path) -> None:
-        lines = [json.dumps({"built_from": self.built_from, "stats": self.stats}, sort_keys=True)]
-        lines += [json.dumps({"doc_id": d, "queries": self.queries[d]}, ensure_ascii=False)
-                  for d in sorted(self.queries)]
-        write_text(path, "\n".join(lines) + "\n")
+        rows = [{"doc_id": d, "queries": self.queries[d]} for d in sorted(self.queries)]
+        write_text(path, records_text({"built_from": self.built_from, "stats": self.stats}, rows))
 
     @classmethod
     def load(cls, path: Path) -> "GeneratedQueries":
-        try:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
-            head = json.loads(lines[0])
-            rows = [json.loads(line) for line in lines[1:] if line.strip()]
-        except (OSError, IndexError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{path}: not a pseudo-query file of this library ({e}); delete it to regenerate") \
-                from None
+        head, rows = read_records(path, "pseudo-query file")
         bad = [i for i, r in enumerate(rows) if not (isinstance(r, dict) and isinstance(r.get("doc_id"), str)
                                                      and isinstance(r.get("queries"), list))]
         if not isinstance(head, dict) or "built_from" not in head or bad:

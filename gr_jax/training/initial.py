@@ -29,7 +29,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from gr_jax.models import convert, llama_io, t5
-from gr_jax.training.trainer import TrainingError
+from gr_jax.training.trainer import TrainingError, read_checkpoint
 from gr_jax.training.vocabulary import VOCAB_DIR
 from gr_jax.vocab import load_vocabulary
 
@@ -122,11 +122,7 @@ def _run_config(path) -> t5.T5Config:
 
 def _run_network(path) -> tuple[t5.T5Config, dict]:
     manager, step, meta = trained_run(path)
-    try:
-        state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
-    except Exception as e:  # as above
-        raise TrainingError(f"INITIAL_CHECKPOINT_PATH {path}: checkpoint {step} is damaged ({type(e).__name__})") \
-            from None
+    state = read_checkpoint(manager, step, f"INITIAL_CHECKPOINT_PATH {Path(path) / 'checkpoints' / str(step)}")["state"]
     return t5.T5Config.from_dict(meta["config"]), state["params"]["network"]
 
 

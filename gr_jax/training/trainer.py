@@ -19,8 +19,11 @@ drew; the data order is the iterator's, whose state is saved in every checkpoint
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -34,6 +37,7 @@ import orbax.checkpoint as ocp
 
 from gr_jax import host_memory, validation
 from gr_jax.errors import UserError
+from gr_jax.io_utils import fault_point, json_text, write_text
 from gr_jax.training import partitioning
 
 log = logging.getLogger(__name__)
@@ -89,11 +93,20 @@ def make_optimizer(name: str = "adamw", learning_rate: float = 1e-3, warmup_step
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _line_step(line: str) -> float:
+    try:
+        return float(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return float("inf")  # a torn last line of a killed run
+
+
 class ScalarWriter:
     """metrics.jsonl always; TensorBoard event files when tensorboardX is importable."""
 
-    def __init__(self, model_dir: Path, name: str):
+    def __init__(self, model_dir: Path, name: str, resumed_at: Optional[int] = None):
         self.path = model_dir / f"{name}_metrics.jsonl"
+        if resumed_at is not None:
+            self._forget_after(resumed_at)
         self._tb = None
         try:
             from tensorboardX import SummaryWriter
@@ -102,10 +115,20 @@ class ScalarWriter:
         except ImportError:
             log.info("tensorboardX not installed: scalars go to %s only", self.path)
 
+    def _forget_after(self, step: int) -> None:
+        """A resumed run logs again the steps after its checkpoint: the lines an interrupted run wrote for them
+        are dropped, so that each step appears once."""
+        if not self.path.exists():
+            return
+        lines = self.path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if _line_step(line) <= step]
+        if len(kept) != len(lines):
+            write_text(self.path, "".join(kept))
+
     def write(self, step: int, scalars: dict[str, float]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
-            f.write(json.dumps({"step": step, **scalars}) + "\n")
+            f.write(json_text({"step": step, **scalars}) + "\n")
         if self._tb is not None:
             for k, v in scalars.items():
                 self._tb.add_scalar(k, v, step)
@@ -159,6 +182,114 @@ def _checkpoint_manager(model_dir: Path, keep: int) -> ocp.CheckpointManager:
     return ocp.CheckpointManager((model_dir / "checkpoints").absolute(), options=options)
 
 
+class DamagedCheckpoint(TrainingError):
+    """A checkpoint that cannot be read, whose arrays differ from the checksums recorded when it was saved, or
+    whose parameters are not finite."""
+
+
+def array_digests(tree) -> dict[str, str]:
+    """{key path: blake2b-12 of dtype, shape and bytes} of every array of `tree` (a checkpoint's state): saved
+    beside the state, so that a restore notices an array that changed on disk (a flipped bit is not NaN)."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]:
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h = hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode(), digest_size=12)
+        h.update(a.view(np.uint8).reshape(-1) if a.size else b"")
+        out[_key(path)] = h.hexdigest()
+    return out
+
+
+def _key(path) -> str:
+    """'opt_state/1/0/mu/...': the same for a tree and for the plain dicts and lists orbax restores it as
+    without a template (a named tuple's field and a dict key, a tuple index and a list index alike)."""
+    parts = []
+    for k in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+def nonfinite_arrays(params) -> list[str]:
+    """Key paths of the floating-point arrays of `params` that hold a NaN or an infinity."""
+    bad = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if jnp.issubdtype(leaf.dtype, jnp.floating) and not bool(jnp.isfinite(leaf).all()):
+            bad.append(_key(path))
+    return bad
+
+
+def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=None, with_data: bool = False) -> dict:
+    """The checkpoint's items (`state`, and `data` with `with_data`), checked: its arrays against the checksums
+    recorded at save (checkpoints written before checksums were recorded are read unchecked, with a note) and
+    its parameters for finite values. Anything else → `DamagedCheckpoint` naming the checkpoint and the array."""
+    items = {"state": ocp.args.StandardRestore(template)}
+    if with_data:
+        items["data"] = ocp.args.JsonRestore()
+    try:
+        restored = manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as e:  # orbax/tensorstore raise many types for unreadable files
+        raise DamagedCheckpoint(f"{where}: damaged, its arrays cannot be read ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    try:
+        recorded = manager.restore(step, args=ocp.args.Composite(digests=ocp.args.JsonRestore()))["digests"]
+    except Exception:  # no such item: written before checksums were recorded
+        recorded = None
+    if recorded is None:
+        log.info("%s: no checksums recorded (an older checkpoint): its arrays are read unchecked", where)
+    else:
+        held = array_digests(restored["state"])
+        changed = sorted(k for k in set(held) | set(recorded) if held.get(k) != recorded.get(k))
+        if changed:
+            raise DamagedCheckpoint(f"{where}: damaged, {len(changed)} array(s) differ from the checksums recorded "
+                                    f"when it was saved (first: {changed[0]})")
+    bad = nonfinite_arrays(restored["state"]["params"])
+    if bad:
+        raise DamagedCheckpoint(f"{where}: its parameters hold NaN or infinite values ({len(bad)} array(s), first: "
+                                f"{bad[0]}); it cannot give a meaningful result")
+    return restored
+
+
+def save_checkpoint(manager: ocp.CheckpointManager, step: int, state, **json_items) -> None:
+    """A synchronous orbax save of `state` with its array checksums and the given JSON items. A full disk
+    is an OSError naming the checkpoint folder and the space left there."""
+    items = {k: ocp.args.JsonSave(v) for k, v in json_items.items()}
+    host_state = jax.device_get(state)
+    fault_point("checkpoint", manager.directory)
+    try:
+        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                   digests=ocp.args.JsonSave(array_digests(host_state)), **items),
+                     force=True)
+        manager.wait_until_finished()
+    except Exception as e:
+        if not no_space(e):
+            raise
+        raise OSError(errno.ENOSPC, f"no space left on the device while saving checkpoint {step} in "
+                      f"{manager.directory} ({free_space(manager.directory)} free there); free some space and run "
+                      f"the same command again: it resumes from the last complete checkpoint") from None
+
+
+def no_space(e: BaseException) -> bool:
+    """Whether `e` or an exception it came from is a full disk (orbax wraps the OSError of tensorstore)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def free_space(path) -> str:
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return f"{shutil.disk_usage(path).free / 2**20:.0f} MiB"
+
+
 def _set_aside(model_dir: Path, step: int) -> Path:
     """Moves a damaged checkpoint out of checkpoints/ (kept for inspection, never deleted)."""
     dest_dir = model_dir / "damaged_checkpoints"
@@ -208,12 +339,12 @@ def restore_latest_intact(model_dir: Path, keep: int, template, meta: dict):
         if saved is not None:
             check_provenance(saved, meta, f"{model_dir / 'checkpoints' / str(step)}")
             try:
-                restored = manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(template), data=ocp.args.JsonRestore()))
+                restored = read_checkpoint(manager, step, model_dir / "checkpoints" / str(step), template,
+                                           with_data=True)
                 if damaged:
                     log.warning("resuming from step %d, the newest intact checkpoint", step)
                 return manager, step, restored
-            except Exception as e:  # as above
+            except DamagedCheckpoint as e:
                 error = e
         where = _set_aside(model_dir, step)
         damaged.append(step)
@@ -261,7 +392,8 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
         checkpoint_period: int = 500, keep_checkpoints: int = 3, num_partitions: int = 1, progress: bool = True,
         evaluate: Optional[Callable[[dict], dict]] = None, step_callback: Optional[Callable[[int], None]] = None,
         initial_checkpoint_path: Optional[str] = None, name: str = "train",
-        refresh: Optional[Callable[[int, dict], None]] = None, refresh_period: int = 0) -> dict:
+        refresh: Optional[Callable[[int, dict], None]] = None, refresh_period: int = 0,
+        on_start: Optional[Callable[[], None]] = None) -> dict:
     """Trains `model` from `params` (or from the newest intact checkpoint in `model_dir`) to `train_steps`,
     drawing batches from `iterator` (a resumable `MixtureIterator`). `meta` (what the run was built from) is
     saved in every checkpoint and must match on resume. Returns {"state", "step", "resumed_from",
@@ -270,7 +402,10 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     `refresh(step, params)` rebuilds state that follows the parameters (GLEN's docids, re-decoded from the
     corpus): once before the first step (after a resume: with the resumed parameters) and, with
     `refresh_period` R > 0, after every step that is a multiple of R. A resumed run repeats an uninterrupted
-    one only if it resumes at a multiple of R, hence `checkpoint_period` must be one."""
+    one only if it resumes at a multiple of R, hence `checkpoint_period` must be one.
+
+    `on_start()` runs once the checkpoints in `model_dir` have been accepted (a run refused for another
+    provenance has written nothing by then): `compose.train` writes the run's config.gin there."""
     validate_loop(train_steps, batch_size, log_period, eval_period, checkpoint_period, keep_checkpoints,
                   num_partitions, seed)
     validation.integer("refresh period", refresh_period, minimum=0)
@@ -300,10 +435,12 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     if step > train_steps:
         raise TrainingError(f"{model_dir / 'checkpoints'} holds step {step}, past TRAIN_STEPS = {train_steps}; "
                             f"raise TRAIN_STEPS or use a new MODEL_DIR")
+    if on_start is not None:
+        on_start()
     if refresh is not None:
         refresh(step, state["params"])
     scalars = _Scalars(model_dir, name, progress, train_steps, step)
-    eval_writer = ScalarWriter(model_dir, "eval") if evaluate is not None and eval_period else None
+    eval_writer = ScalarWriter(model_dir, "eval", step) if evaluate is not None and eval_period else None
     # The step's temporaries are allocated afresh on every call: keep the freed blocks (host_memory).
     with host_memory.reuse_freed_memory():
         while step < train_steps:
@@ -353,10 +490,7 @@ class _Saver:
         self.steps = [latest] if latest is not None else []
 
     def save(self, step: int, state) -> None:
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                        data=ocp.args.JsonSave(self.iterator.get_state()),
-                                                        meta=ocp.args.JsonSave(self.meta)), force=True)
-        self.manager.wait_until_finished()
+        save_checkpoint(self.manager, step, state, data=self.iterator.get_state(), meta=self.meta)
         self.steps.append(step)
 
 
@@ -365,7 +499,7 @@ class _Scalars:
     written (sum / count, steps/s, epoch) and shown on the progress bar (a terminal) or logged."""
 
     def __init__(self, model_dir: Path, name: str, progress: bool, total: int, initial: int):
-        self.writer = ScalarWriter(model_dir, name)
+        self.writer = ScalarWriter(model_dir, name, initial)
         self.acc: dict = {}
         self.t, self.since = time.time(), 0
         self.bar = None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from gr_jax.data.readers import Dataset, fingerprint
-from gr_jax.io_utils import atomic_dir
+from gr_jax.io_utils import atomic_dir, read_json
 from gr_jax.models import llama_io
 from gr_jax.vocab import load_vocabulary, train_sentencepiece
 
@@ -64,7 +64,7 @@ def _kept(vdir: Path, built_from: dict):
     """The SentencePiece model a MODEL_DIR trained earlier, refused when its file or what it was trained on
     differs from this run's."""
     try:
-        saved = json.loads((vdir / "provenance.json").read_text())
+        saved = read_json(vdir / "provenance.json")
     except (OSError, ValueError):
         raise ValueError(f"{vdir}: no readable provenance.json (what the vocabulary was trained on); delete "
                          f"{vdir} to train it again, or use a new MODEL_DIR") from None

@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from pathlib import Path
 from typing import Optional, Sequence
@@ -39,6 +38,7 @@ from gr_jax.models import llama, lm_generate
 from gr_jax.models.contract import Capabilities
 from gr_jax.models.lm import LMContext, PseudoQueryGenerator, batches, clean_text
 from gr_jax.models.search import Searcher
+from gr_jax.provenance import read_records, records_text
 
 log = logging.getLogger(__name__)
 
@@ -222,19 +222,12 @@ class DocidBank:
                                source="docid bank"), report
 
     def save(self, path: str | Path) -> None:
-        lines = [json.dumps({"built_from": self.built_from, "stats": self.stats}, sort_keys=True)]
-        lines += [json.dumps(r, ensure_ascii=False) for r in self.records]
-        write_text(Path(path), "\n".join(lines) + "\n")
+        write_text(Path(path), records_text({"built_from": self.built_from, "stats": self.stats}, self.records))
 
     @classmethod
     def load(cls, path: str | Path) -> "DocidBank":
         path = Path(path)
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-            head = json.loads(lines[0])
-            records = [json.loads(line) for line in lines[1:] if line.strip()]
-        except (OSError, IndexError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: not a docid bank ({e}); delete it to regenerate") from None
+        head, records = read_records(path, "docid bank")
         need = {"doc_id", "k", "tokens", "text", "source"}
         bad = [i for i, r in enumerate(records) if not isinstance(r, dict) or need - set(r)]
         if "built_from" not in head or bad:

@@ -11,7 +11,6 @@ beam log-probabilities and cosines). Keys ending in `_diff` are max absolute dif
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -24,18 +23,17 @@ from gr_jax.index.device import leaf_documents
 from gr_jax.methods.glen.ranker import collision_free_arrays
 from gr_jax.models import t5
 from gr_jax.methods.glen import model as glen
+from gr_jax.io_utils import load_npz, read_json
 
 
 def _read(fixture: Path):
     for name in ("model", "inputs.npz", "outputs.npz", "ranking.json", "glen_docid.tsv", "meta.json"):
         if not (fixture / name).exists():
             raise ValueError(f"{fixture}: no {name}; not a GLEN parity fixture folder")
-    meta = json.loads((fixture / "meta.json").read_text())
-    with np.load(fixture / "inputs.npz", allow_pickle=False) as z:
-        inputs = {k: z[k] for k in z.files}
-    with np.load(fixture / "outputs.npz", allow_pickle=False) as z:
-        outputs = {k: z[k] for k in z.files}
-    ranking = json.loads((fixture / "ranking.json").read_text())
+    meta = read_json(fixture / "meta.json")
+    inputs = load_npz(fixture / "inputs.npz", "parity fixture file")
+    outputs = load_npz(fixture / "outputs.npz", "parity fixture file")
+    ranking = read_json(fixture / "ranking.json")
     return meta, inputs, outputs, ranking
 
 

@@ -4,13 +4,13 @@ it was aligned from, the pairs' digest, per-epoch loss and dev TokJaccard, the c
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import flax
 import jax
 import jax.numpy as jnp
+from gr_jax.io_utils import read_json
 
 PARAMS_FILE = "aligned_params.msgpack"
 META_FILE = "aligned.json"
@@ -24,7 +24,7 @@ def load_aligned(directory: str | Path, params: dict, teacher: Optional[dict] = 
     if not path.exists() or not meta_path.exists():
         raise FileNotFoundError(f"{directory}: no aligned planner ({PARAMS_FILE}, {META_FILE}); run "
                                 f"python -m gr_jax.align_planner first")
-    meta = json.loads(meta_path.read_text())
+    meta = read_json(meta_path)
     if teacher is not None and meta.get("teacher") != teacher:
         raise ValueError(f"{meta_path}: aligned from {meta.get('teacher')}, not from {teacher}; align again")
     try:

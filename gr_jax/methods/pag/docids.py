@@ -33,6 +33,7 @@ from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.docids.numeric import checked_embeddings
 from gr_jax.docids.quantize import ResidualQuantizer
 from gr_jax.vocab import DocidTokenSpace
+from gr_jax.io_utils import read_json
 
 FIRST_TEXT_ID = 3  # ids below (PAD, EOS, UNK) never enter a set docid built here
 
@@ -52,7 +53,7 @@ def read_docid_to_tokenids(path, what: str = "docid_to_tokenids.json") -> dict[s
     """PAG's `docid_to_tokenids.json` → {docid: token ids}; every list must have the same length."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
     except OSError as e:
         raise ValueError(f"{what} {path}: cannot read it ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -16,7 +16,6 @@ tie group only the set is compared.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jax
@@ -27,6 +26,7 @@ from gr_jax.decoding import rankers
 from gr_jax.methods.pag import docids as pag_docids
 from gr_jax.index.device import leaf_documents
 from gr_jax.methods.pag import model as pag
+from gr_jax.io_utils import load_npz, read_json
 
 FILES = ("model", "inputs.npz", "outputs.npz", "decoding.json", "smt_docid_to_tokenids.json",
          "lex_docid_to_tokenids.json", "lex_run.json", "meta.json")
@@ -36,12 +36,10 @@ def _read(fixture: Path):
     for name in FILES:
         if not (fixture / name).exists():
             raise ValueError(f"{fixture}: no {name}; not a PAG parity fixture folder")
-    with np.load(fixture / "inputs.npz", allow_pickle=False) as z:
-        inputs = {k: z[k] for k in z.files}
-    with np.load(fixture / "outputs.npz", allow_pickle=False) as z:
-        outputs = {k: z[k] for k in z.files}
-    meta = json.loads((fixture / "meta.json").read_text())
-    decoding = json.loads((fixture / "decoding.json").read_text())
+    inputs = load_npz(fixture / "inputs.npz", "parity fixture file")
+    outputs = load_npz(fixture / "outputs.npz", "parity fixture file")
+    meta = read_json(fixture / "meta.json")
+    decoding = read_json(fixture / "decoding.json")
     return meta, inputs, outputs, decoding
 
 
@@ -103,7 +101,7 @@ def check_fixture(fixture_dir) -> dict:
     rows, planned = jax.device_get(model.plan(params, queries))
     out["planning_set_identical"] = bool(np.array_equal(rows, outputs["planning_doc_idx"]))
     out["planning_scores_diff"] = _max_diff(planned, outputs["planning_scores"])
-    lex_run = json.loads((fixture / "lex_run.json").read_text())
+    lex_run = read_json(fixture / "lex_run.json")
     run_diff = 0.0
     for b, qid in enumerate(sorted(lex_run, key=int)):
         for doc, score in lex_run[qid].items():
