@@ -29,6 +29,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -59,6 +60,7 @@ from gr_jax.training import initial, trainer
 from gr_jax.training.objectives import ObjectiveInputs, Objectives, example_store
 from gr_jax.training.trainer import TrainingError, check_provenance
 from gr_jax.training.vocabulary import run_vocabulary
+from gr_jax.validation import Count
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,7 @@ class Setup:
 
 
 @gin.configurable
-def prepare(model_dir: str, batch_size: int, feature_lengths: dict, task: str, seed: int = 0,
+def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str, seed: int = 0,
             train_split: str = "train", vocabulary: Optional[str] = None, vocab_size: int = 1000,
             network: t5.T5Config | str = "tiny", head=None, docid_scheme=None,
             objectives_config: Optional[Objectives] = None, initial_checkpoint_path: Optional[str] = None,
@@ -301,11 +303,11 @@ def bm25_metrics(dataset: Dataset, split: str, qrels, eval_config: EvalConfig) -
 
 
 @gin.configurable
-def train(model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, batch_size: int = gin.REQUIRED,
+def train(model_dir: str = gin.REQUIRED, train_steps: Count = gin.REQUIRED, batch_size: Count = gin.REQUIRED,
           feature_lengths: dict = gin.REQUIRED, task: str = gin.REQUIRED, seed: int = 0,
           initial_checkpoint_path: Optional[str] = None, optimizer: Optional[optax.GradientTransformation] = None,
-          log_period: int = 50, eval_period: int = 0, checkpoint_period: int = 500, keep_checkpoints: int = 3,
-          eval_config: Optional[EvalConfig] = None, num_partitions: int = 1, progress: bool = True,
+          log_period: Count = 50, eval_period: int = 0, checkpoint_period: Count = 500, keep_checkpoints: Count = 3,
+          eval_config: Optional[EvalConfig] = None, num_partitions: Count = 1, progress: bool = True,
           final_eval: bool = True, step_callback: Optional[Callable[[int], None]] = None,
           dataset: Optional[Dataset] = None) -> dict:
     """Builds the system, trains it (`trainer.fit`), evaluates it; returns a summary (final metrics, paths,
@@ -450,6 +452,17 @@ def import_checkpoint(model_dir: str = gin.REQUIRED, initial_checkpoint_path: st
                          "converted checkpoint or a trained MODEL_DIR)")
     if (model_dir / "checkpoints").exists():
         raise ValueError(f"MODEL_DIR {model_dir} already holds checkpoints/; import into a new MODEL_DIR")
+    before = set(model_dir.iterdir()) if model_dir.is_dir() else set()
+    try:
+        return _import(model_dir, initial_checkpoint_path)
+    except BaseException:
+        for made in (set(model_dir.iterdir()) if model_dir.is_dir() else set()) - before:
+            log.warning("the import failed: removing %s, which it had written", made)
+            shutil.rmtree(made) if made.is_dir() and not made.is_symlink() else made.unlink()
+        raise
+
+
+def _import(model_dir: Path, initial_checkpoint_path: str) -> dict:
     setup = gin_checks.call_configured(lambda: prepare(
         model_dir=str(model_dir), batch_size=1, feature_lengths=_macro("TASK_FEATURE_LENGTHS"),
         task=_macro("MIXTURE_OR_TASK_NAME"), with_training_data=False, may_fit=True,
@@ -471,8 +484,8 @@ def import_checkpoint(model_dir: str = gin.REQUIRED, initial_checkpoint_path: st
 
 
 @gin.configurable
-def infer(model_dir: str = gin.REQUIRED, split: str = "dev", num_beams: int = 10, step: Optional[int] = None,
-          evaluate: bool = False, batch_size: int = 32) -> dict:
+def infer(model_dir: str = gin.REQUIRED, split: str = "dev", num_beams: Count = 10, step: Optional[int] = None,
+          evaluate: bool = False, batch_size: Count = 32) -> dict:
     """Queries of `split` → TREC run with the checkpoint of `step` (default: latest) in `model_dir`.
 
     Refuses a vocabulary, corpus or docid table other than the checkpoint's (its recorded provenance). The

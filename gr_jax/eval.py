@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -49,7 +48,7 @@ def main(argv=None) -> int:
             results[path] = {**values, "queries": len(evaluated)}
         sys.stdout.write(report.metrics_table(results) + "\n")
         if args.out:
-            io_utils.write_text(args.out, json.dumps({"qrels": args.qrels, "rel_threshold": args.rel_threshold,
+            io_utils.write_text(args.out, io_utils.json_text({"qrels": args.qrels, "rel_threshold": args.rel_threshold,
                                                       "msmarco_official": args.msmarco_official, "runs": results},
                                                      indent=2), keep_previous=True)
     except (ValueError, OSError) as e:

@@ -35,9 +35,9 @@ import gin
 import gin.config
 from gin import config_parser
 
-from gr_jax import host_memory, locks
+from gr_jax import host_memory, locks, validation
 from gr_jax.errors import UserError
-from gr_jax.io_utils import FileFormatError, read_text
+from gr_jax.io_utils import FileFormatError, free_space, no_space, read_text
 from gr_jax.gin_checks import MACRO, GinConfigError, call_configured, command  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -150,10 +150,14 @@ class _GinFile:
             raise GinConfigError(str(e)) from None
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None and issubclass(exc_type, tokenize.TokenError):
+        if exc_type is None or issubclass(exc_type, GinConfigError):  # an included file's error names it
+            return False
+        if issubclass(exc_type, tokenize.TokenError):
             what, (line, _) = exc.args
             raise GinConfigError(f"gin file {self.path}: {what.lower()} (a bracket or quote opened and never "
                                  f"closed; the file ends at line {line})") from None
+        if issubclass(exc_type, (SyntaxError, ValueError, KeyError)):
+            raise GinConfigError(f"gin file {self.path}: {_explain(exc)}") from None
         return False
 
 
@@ -250,14 +254,6 @@ def parse(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[
     register_configurables()
     resolved = [str(resolve(f, search_paths)) for f in files]
     with _include_resolution(search_paths):
-        for f in resolved:  # each file on its own first, so that an error names its file
-            try:
-                gin.parse_config_file(f, skip_unknown=True)
-            except GinConfigError as e:  # from the reader: it names the file (an included one, maybe)
-                raise GinConfigError(str(e).splitlines()[0]) from None
-            except (ValueError, KeyError, SyntaxError, OSError) as e:
-                raise GinConfigError(f"bad gin file {f}: {_explain(e)}") from None
-        gin.clear_config()
         bad = _bad_binding(bindings)
         if bad:
             raise GinConfigError(f"bad gin binding (a --gin. flag or --gin_bindings) {bad}; gin strings keep their "
@@ -265,17 +261,65 @@ def parse(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[
         try:
             gin.parse_config_files_and_bindings(resolved, bindings, finalize_config=False)
         except (ValueError, KeyError, SyntaxError, OSError, tokenize.TokenError) as e:
-            raise GinConfigError(f"bad gin configuration: {_explain(e)}") from None
+            message = _explain(e)
+            if isinstance(e, GinConfigError) and message.startswith("gin file "):  # names the file: gin's
+                message = message.splitlines()[0]                                 # "In bindings…" is noise
+            raise GinConfigError(f"bad gin configuration: {message}") from None
     check_macros(ignore_unused_macros)
     missing = [m for m in re.findall(r"^(\w+) = %gin.REQUIRED$", gin.config_str(), re.M)]
     if missing:
         examples = " ".join(f"--gin.{m}=..." for m in missing)
         raise GinConfigError(f"required gin macros not set: {missing}; set them in a gin file or on the command "
                              f"line ({examples}; gin strings keep their quotes: --gin.MODEL_DIR=\"'runs/x'\")")
+    check_bound_values()
     try:
         gin.finalize()
     except ValueError as e:
         raise GinConfigError(f"bad gin configuration: {e}") from None
+
+
+def _bound_value(value, depth: int = 0):
+    """A bound value with macro references replaced by the macros' values; `_UNKNOWN` for a configurable's
+    result (`@fn()`), which is checked where that configurable's own bindings are."""
+    if isinstance(value, gin.config.ConfigurableReference):
+        if value.configurable.selector != MACRO or depth > 20:
+            return _UNKNOWN
+        held = gin.config._CONFIG.get((value.scoped_selector.rsplit("/", 1)[0], MACRO), {})
+        return _bound_value(held.get("value", _UNKNOWN), depth + 1)
+    if isinstance(value, (list, tuple)):
+        items = [_bound_value(v, depth + 1) for v in value]
+        return _UNKNOWN if any(v is _UNKNOWN for v in items) else type(value)(items)
+    return value
+
+
+_UNKNOWN = object()
+
+
+def check_bound_values() -> None:
+    """Every value that the configuration binds to a parameter, checked against the range its signature
+    declares (`validation.check_value`: an explicit range, or its type's) before anything runs; the error
+    names the binding as a user writes it."""
+    for (scope, selector), params in sorted(gin.config._CONFIG.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        if selector == MACRO:
+            continue
+        try:
+            configurable = gin.config._REGISTRY.get_match(selector)
+        except (KeyError, ValueError):
+            continue
+        if configurable is None:
+            continue
+        hints = validation.annotations_of(configurable.wrapped)
+        for name, value in sorted(params.items()):
+            if name not in hints:
+                continue
+            value = _bound_value(value)
+            if value is _UNKNOWN:
+                continue
+            where = f"{scope + '/' if scope else ''}{configurable.name}.{name}"
+            try:
+                validation.check_value(where, hints[name], value)
+            except ValueError as e:
+                raise GinConfigError(f"bad gin binding: {e}") from None
 
 
 def expected_errors() -> tuple[type[BaseException], ...]:
@@ -324,9 +368,32 @@ def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = (), root
                 for path in output_dirs():
                     held.enter_context(locks.output_lock(path, f"gr_jax {root or 'command'}"))
                 return 0, call_configured(get_fn())
-    except expected_errors() as e:
+    except Exception as e:
+        if not isinstance(e, expected_errors()) and not no_space(e):
+            raise
         log.debug("the error's traceback", exc_info=True)
+        if no_space(e) and "no space left" not in str(e).lower():
+            e = OSError(f"no space left on the device ({free_space((output_dirs() or ['.'])[0])} free where this command "
+                        f"writes, {', '.join(output_dirs()) or 'its output'}); free some space and run it again")
         # gin appends "In call to configurable ..." lines naming its wrapper: noise for the user
         message = "\n".join(line for line in str(e).splitlines() if not line.startswith("  In call to configurable"))
         sys.stderr.write(f"error: {message}\n")
+        quiet_abandoned_work()
         return 2, None
+
+
+def quiet_abandoned_work() -> None:
+    """After an error: orbax's asynchronous reads that the failed restore abandoned are collected now, and what
+    they report when collected ("Event loop is closed", "never awaited") goes to the debug log, not after the
+    one error message."""
+    import gc
+    import warnings
+
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda u: log.debug("after the error: %s %s", u.err_msg, u.exc_value)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            gc.collect()
+    finally:
+        sys.unraisablehook = previous

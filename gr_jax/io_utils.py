@@ -347,6 +347,25 @@ def load_npz(path: str | os.PathLike, what: str = "array file") -> dict:
                               f"damaged?") from None
 
 
+def no_space(e: BaseException) -> bool:
+    """Whether `e`, or an exception it came from, is a full disk (orbax and tensorstore wrap the OSError)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def free_space(path: str | os.PathLike) -> str:
+    """The free space of the file system that holds `path` (or its nearest existing parent), for messages."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return f"{shutil.disk_usage(path).free / 2**20:.0f} MiB"
+
+
 def package_data(package: str, relative: str, install: str) -> Path:
     """A data file shipped inside an installed package, found without importing the package (whose import
     may need dependencies we do not install). `install`: the command that provides it, for the error."""

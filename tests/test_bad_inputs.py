@@ -370,10 +370,10 @@ def test_glen_phase2_before_phase1_is_named_and_writes_nothing(tmp_path, capsys)
 def test_nonfinite_message_points_to_a_checkpoint_only_when_one_exists(tmp_path):
     from gr_jax.training.trainer import _nonfinite_message
 
-    assert "last good checkpoint is" in _nonfinite_message(tmp_path, 0, 50, [50], None)
+    assert "last checkpoint saved before it is" in _nonfinite_message(tmp_path, 0, 50, [50], None)
     msg = _nonfinite_message(tmp_path, 0, 50, [], "ckpt/t5")
     assert "no checkpoint was saved before this" in msg and "INITIAL_CHECKPOINT_PATH ckpt/t5" in msg
-    assert "last good checkpoint" not in msg
+    assert "checkpoint saved before it" not in msg
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gr_jax import cli
 from gr_jax.cli import setup_logging
 from gr_jax.data.readers import read_msmarco_collection
 
@@ -38,7 +39,7 @@ def write_synthetic_collection(path: Path, rows: int, words: int = 55, seed: int
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rows", type=int, default=None)
+    parser.add_argument("--rows", type=cli.count, default=None)
     parser.add_argument("--no_write", action="store_true")
     args = parser.parse_args(argv)
     setup_logging()

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gr_jax import cli
 from gr_jax.cli import setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,11 +49,11 @@ def _timed(fn, repeats: int) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--new_tokens", type=int, default=32)
-    parser.add_argument("--prompt_tokens", type=int, default=64)
-    parser.add_argument("--num_beams", type=int, default=4)
-    parser.add_argument("--index_docs", type=int, default=32, help="documents for the indexing figure")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--new_tokens", type=cli.count, default=32)
+    parser.add_argument("--prompt_tokens", type=cli.count, default=64)
+    parser.add_argument("--num_beams", type=cli.count, default=4)
+    parser.add_argument("--index_docs", type=cli.count, default=32, help="documents for the indexing figure")
+    parser.add_argument("--repeats", type=cli.count, default=2)
     parser.add_argument("--quick", action="store_true", help="batch 1 only, no indexing figure")
     parser.add_argument("--no_index", action="store_true", help="generation figures only")
     parser.add_argument("--no_write", action="store_true")

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gr_jax import cli
 from gr_jax.cli import setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,9 +227,9 @@ def _write(command: str, path: Path):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", help="the trained demo PAG (experiments/demo/pag.gin)")
-    parser.add_argument("--synthetic", type=int, default=0, help="documents of the synthetic index (0: skip)")
-    parser.add_argument("--eval_queries", type=int, default=2000)
-    parser.add_argument("--search_error_queries", type=int, default=200)
+    parser.add_argument("--synthetic", type=cli.natural, default=0, help="documents of the synthetic index (0: skip)")
+    parser.add_argument("--eval_queries", type=cli.count, default=2000)
+    parser.add_argument("--search_error_queries", type=cli.count, default=200)
     parser.add_argument("--latency_only", action="store_true",
                         help="demo part: memory and latency only (no effectiveness, no search error)")
     parser.add_argument("--no_write", action="store_true", help="print JSON lines only, do not touch BENCHMARKS.md")

@@ -29,9 +29,12 @@ import subprocess
 import sys
 import tempfile
 import time
+
 from pathlib import Path
 
 import numpy as np
+
+from gr_jax import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -230,13 +233,13 @@ def bench(config_name: str, batch: int, inputs: int, targets: int, dtype: str, s
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="tiny,t5_small")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--inputs", type=int, default=64)
-    parser.add_argument("--targets", type=int, default=8)
+    parser.add_argument("--batch", type=cli.count, default=32)
+    parser.add_argument("--inputs", type=cli.count, default=64)
+    parser.add_argument("--targets", type=cli.count, default=8)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--steps", type=int, default=0, help="steps per timed round (default: 20 tiny, 3 others)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=cli.natural, default=0, help="steps per timed round (default: 20 tiny, 3 others)")
+    parser.add_argument("--rounds", type=cli.count, default=5)
+    parser.add_argument("--warmup", type=cli.natural, default=3)
     parser.add_argument("--no_torch", action="store_true", help="skip the PyTorch step (e.g. on a GPU run)")
     parser.add_argument("--async_dispatch", action="store_true",
                         help="'ours' with JAX's asynchronous CPU dispatch instead of the entry points' synchronous one")

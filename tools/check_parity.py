@@ -37,6 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gr_jax import cli
 from gr_jax import methods
 from gr_jax.cli import setup_logging
 from gr_jax.models import convert, parity
@@ -62,12 +63,12 @@ def main(argv=None) -> int:
     src.add_argument("--fixture", help="--method <name>: a fixture folder of the method's reference outputs")
     parser.add_argument("--gr_jax_checkpoint", help="compare this converted gr_jax checkpoint (default: "
                         "convert --hf_dir in memory)")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--encoder_length", type=int, default=32)
-    parser.add_argument("--decoder_length", type=int, default=8)
-    parser.add_argument("--greedy_steps", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tolerance", type=float, default=1e-4)
+    parser.add_argument("--batch", type=cli.count, default=4)
+    parser.add_argument("--encoder_length", type=cli.count, default=32)
+    parser.add_argument("--decoder_length", type=cli.count, default=8)
+    parser.add_argument("--greedy_steps", type=cli.count, default=5)
+    parser.add_argument("--seed", type=cli.natural, default=0)
+    parser.add_argument("--tolerance", type=cli.positive, default=1e-4)
     args = parser.parse_args(argv)
     setup_logging()
     kwargs = dict(batch=args.batch, encoder_length=args.encoder_length, decoder_length=args.decoder_length,

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gr_jax import cli
 from gr_jax.cli import setup_logging
 from gr_jax.data import sources
 from gr_jax.docids.atomic import AtomicDocids, NaiveDocids
@@ -102,12 +103,12 @@ def main(argv=None) -> int:
     parser.add_argument("--scheme", required=True, choices=sorted(SCHEMES))
     parser.add_argument("--corpus", default="demo", choices=sources.NAMES)
     parser.add_argument("--data_dir", default=None)
-    parser.add_argument("--docs", type=int, default=2000, help="demo corpus size")
+    parser.add_argument("--docs", type=cli.count, default=2000, help="demo corpus size")
     parser.add_argument("--vocab", default=None, help="SentencePiece model (default: trained on the corpus)")
     parser.add_argument("--familiarity_lm", default=None,
                         help="also report semantic familiarity S under this LM (smollm2_135m, a GGUF file or an "
                              "HF Llama directory)")
-    parser.add_argument("--familiarity_docids", type=int, default=500)
+    parser.add_argument("--familiarity_docids", type=cli.count, default=500)
     args = parser.parse_args(argv)
     setup_logging()
     try:

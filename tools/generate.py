@@ -15,6 +15,7 @@ import argparse
 import logging
 import sys
 
+from gr_jax import cli
 from gr_jax.cli import setup_logging
 
 
@@ -24,7 +25,7 @@ def main(argv=None) -> int:
     src.add_argument("--model", choices=("smollm2_135m",), help="a named pretrained model")
     src.add_argument("--gguf", help="a Llama-family GGUF file (its tokenizer is read from the file)")
     parser.add_argument("--prompt", required=True)
-    parser.add_argument("--max_new_tokens", type=int, default=32)
+    parser.add_argument("--max_new_tokens", type=cli.count, default=32)
     parser.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of a chat")
     args = parser.parse_args(argv)
     setup_logging()

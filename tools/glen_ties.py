@@ -18,6 +18,7 @@ from pathlib import Path
 
 import gin
 
+from gr_jax import cli
 from gr_jax import gin_utils
 from gr_jax.cli import setup_logging
 
@@ -68,9 +69,9 @@ def main(argv=None) -> int:
     setup_logging()
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--seeds", type=cli.count, default=10)
     parser.add_argument("--split", default="test")
-    parser.add_argument("--num_beams", type=int, default=10)
+    parser.add_argument("--num_beams", type=cli.count, default=10)
     own, rest = parser.parse_known_args(argv)
     if own.seeds < 1 or own.num_beams < 1:
         sys.stderr.write("error: --seeds and --num_beams must be ≥ 1\n")

@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tqdm.auto import tqdm
-
+from gr_jax.progress import bar as progress_bar
 from gr_jax.data.trec import Run, fetch_deciding_ties, top_k
 from gr_jax.docids.quantize import exact_search
 from gr_jax.io_utils import atomic_dir, read_json
+from gr_jax.validation import Count, Positive
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,8 @@ class DenseIndex:
     embedder: object
     doc_ids: list = dataclasses.field(default_factory=list)
     matrix: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), np.float32))
-    query_block: int = 256
-    doc_block: int = 65536
+    query_block: Count = 256
+    doc_block: Count = 65536
 
     @classmethod
     def build(cls, embedder, corpus, rows: Optional[Sequence[int]] = None, fit: bool = True,
@@ -123,8 +123,8 @@ def in_batch_loss(q_BxD, d_BxD, temperature: float):
 
 
 @gin.configurable
-def finetune_dual_encoder(embedder, queries: Sequence[str], documents: Sequence[str], steps: int = 200,
-                          batch_size: int = 32, learning_rate: float = 1e-3, temperature: float = 0.05,
+def finetune_dual_encoder(embedder, queries: Sequence[str], documents: Sequence[str], steps: Count = 200,
+                          batch_size: Count = 32, learning_rate: Positive = 1e-3, temperature: Positive = 0.05,
                           seed: int = 0, progress: bool = True):
     """Train `embedder` (a `T5MeanEmbedder`) on (query, positive document) pairs; returns a copy with the new
     parameters and the loss per step. Batches hold distinct documents, so in-batch negatives are real
@@ -155,7 +155,7 @@ def finetune_dual_encoder(embedder, queries: Sequence[str], documents: Sequence[
     if batch_size < 2:
         raise ValueError("finetune_dual_encoder: need at least two distinct documents")
     losses = []
-    for _ in tqdm(range(steps), desc="dual encoder", disable=not progress):
+    for _ in progress_bar(iterable=range(steps), desc="dual encoder", unit="step", disable=not progress):
         order = rng.permutation(len(queries))
         _, first = np.unique(doc_key[order], return_index=True)  # one pair per distinct document
         pick = order[np.sort(first)][:batch_size]

@@ -26,6 +26,7 @@ from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
+from gr_jax.progress import bar as progress_bar
 from gr_jax.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,7 @@ def tokenize(texts: Iterable[str], vocab, length: int, what: str = "text", progr
     """
     texts = list(texts)
     if progress:
-        from tqdm.auto import tqdm
-
-        texts_iter = tqdm(texts, desc=f"tokenize {what}", unit="ex", mininterval=2.0)
+        texts_iter = progress_bar(iterable=texts, desc=f"tokenize {what}", unit="ex", mininterval=2.0)
     else:
         texts_iter = texts
     encoded = []

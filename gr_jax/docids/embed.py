@@ -19,6 +19,8 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
+from gr_jax.validation import Count
+
 log = logging.getLogger(__name__)
 
 
@@ -30,8 +32,8 @@ def normalise(x: np.ndarray) -> np.ndarray:
 @gin.configurable
 @dataclasses.dataclass
 class TfidfSvdEmbedder:
-    dim: int = 64
-    max_features: int = 50_000
+    dim: Count = 64
+    max_features: Count = 50_000
     seed: int = 0
     name = "tfidf_svd"
     _vectorizer: object = dataclasses.field(default=None, repr=False)
@@ -76,7 +78,7 @@ class TfidfSvdEmbedder:
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (384-d, mean pooling, normalised) through sentence-transformers on the host (torch)."""
 
-    batch_size: int = 64
+    batch_size: Count = 64
     device: Optional[str] = None  # None: CUDA when torch sees a GPU, else CPU
     name = "minilm"
     _model: object = dataclasses.field(default=None, repr=False)

@@ -12,6 +12,7 @@ import numpy as np
 
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.vocab import DocidTokenSpace
+from gr_jax.validation import Count
 
 FIELDS = ("title", "url")
 
@@ -20,7 +21,7 @@ FIELDS = ("title", "url")
 @dataclasses.dataclass
 class FieldDocids(DocidScheme):
     field: str = "title"
-    max_tokens: int = 32
+    max_tokens: Count = 32
     text_vocab_size: int = 0
     _vocab: object = dataclasses.field(default=None, repr=False)
 
@@ -85,7 +86,7 @@ class KeywordDocids(DocidScheme):
     document with fewer than n distinct keyword tokens is an error naming it (collisions stay: GLEN ranks them
     apart at inference)."""
 
-    n: int = 3
+    n: Count = 3
     k1: float = 0.9
     b: float = 0.4
     split_collisions: bool = False

@@ -21,15 +21,16 @@ import numpy as np
 
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.vocab import DocidTokenSpace
+from gr_jax.validation import Count
 
 
 @gin.configurable
 @dataclasses.dataclass
 class NgramDocids(DocidScheme):
-    n: int = 10
-    stride: int = 5
+    n: Count = 10
+    stride: Count = 5
     max_per_document: Optional[int] = 64
-    max_text_tokens: int = 512
+    max_text_tokens: Count = 512
     title_first: bool = False
     name = "ngram"
     text_vocab_size: int = 0

@@ -24,6 +24,7 @@ import numpy as np
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.docids.quantize import ProductQuantizer, ResidualQuantizer, kmeans
 from gr_jax.vocab import DocidTokenSpace
+from gr_jax.validation import Count
 
 
 def checked_embeddings(corpus, embeddings, rows, what: str) -> np.ndarray:
@@ -82,8 +83,8 @@ class _QuantizedDocids(DocidScheme):
 @gin.configurable
 @dataclasses.dataclass
 class PQDocids(_QuantizedDocids):
-    m: int = 4
-    k: int = 256
+    m: Count = 4
+    k: Count = 256
     seed: int = 0
     q: Optional[ProductQuantizer] = None
     name = "pq"
@@ -95,9 +96,9 @@ class PQDocids(_QuantizedDocids):
 @gin.configurable
 @dataclasses.dataclass
 class RQDocids(_QuantizedDocids):
-    levels: int = 4
-    k: int = 256
-    beam: int = 1
+    levels: Count = 4
+    k: Count = 256
+    beam: Count = 1
     seed: int = 0
     q: Optional[ResidualQuantizer] = None
     name = "rq"
@@ -111,9 +112,9 @@ class RQDocids(_QuantizedDocids):
 class SemanticDocids(DocidScheme):
     """Hierarchical k-means paths of fixed depth `depth` (levels of clustering), then a leaf digit < c."""
 
-    k: int = 10
-    c: int = 100
-    depth: int = 2
+    k: Count = 10
+    c: Count = 100
+    depth: Count = 2
     seed: int = 0
     name = "semantic"
     # tree: for node n (0 = root) the centroids of its children and the node ids of the children (-1: leaf)

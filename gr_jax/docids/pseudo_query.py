@@ -29,6 +29,7 @@ import numpy as np
 from gr_jax.data.readers import DataError, PackedStrings
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.vocab import DocidTokenSpace
+from gr_jax.validation import Count
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +96,8 @@ def read_queries_file(path: str | Path) -> dict[str, list[str]]:
 class PseudoQueryDocids(DocidScheme):
     source: str = "train"
     queries_file: Optional[str] = None
-    per_document: int = 5
-    max_tokens: int = 32
+    per_document: Count = 5
+    max_tokens: Count = 32
     fallback: str = "leading"
     split: str = "train"
     name = "pseudo_query"

@@ -17,6 +17,7 @@ import numpy as np
 from gr_jax import validation
 from gr_jax.data.pipeline import ExampleStore, eval_batches
 from gr_jax.data.trec import Run, check_finite
+from gr_jax.validation import Count
 
 
 @gin.configurable
@@ -26,8 +27,8 @@ class EvalConfig:
 
     split: str = "dev"
     final_split: Optional[str] = None  # None: same as `split`
-    num_beams: int = 10
-    batch_size: int = 32
+    num_beams: Count = 10
+    batch_size: Count = 32
     max_queries: int = 0  # 0: all (periodic evaluation only; the final evaluation uses every query)
     metrics: Sequence[str] = ("Hit@1", "Hit@10", "MRR@10")
     compare_bm25: bool = False

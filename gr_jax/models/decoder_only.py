@@ -24,12 +24,13 @@ from jax.sharding import PartitionSpec as P
 from gr_jax.models import llama
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.vocab import PAD_ID
+from gr_jax.validation import Count, Signed
 
 
 @gin.configurable
 class DecoderOnlyRetriever(GenerativeRetriever):
     def __init__(self, config: llama.LlamaConfig, head=None, score_mode: str = "log_softmax",
-                 length_penalty: float = 0.0, **kwargs):
+                 length_penalty: Signed = 0.0, **kwargs):
         if not isinstance(config, llama.LlamaConfig):
             raise ValueError(f"DecoderOnlyRetriever needs a decoder-only config (prepare.network = "
                              f"@llama.get_config()), got {type(config).__name__}")
@@ -66,7 +67,7 @@ class DecoderOnlyRetriever(GenerativeRetriever):
         return cache.start_generation()
 
     @staticmethod
-    def _tile(cache, n: int):
+    def _tile(cache, n: Count):
         return cache.repeat(n)
 
 

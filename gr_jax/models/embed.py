@@ -18,6 +18,7 @@ import numpy as np
 from gr_jax.data.pipeline import tokenize
 from gr_jax.docids.embed import normalise
 from gr_jax.models import t5
+from gr_jax.validation import Count
 
 
 def t5_mean_pool(model, params, ids, mask=None):
@@ -35,8 +36,8 @@ class T5MeanEmbedder:
     model: object = None  # gr_jax.models.t5.T5
     params: object = None
     vocab: object = None
-    length: int = 128
-    batch_size: int = 64
+    length: Count = 128
+    batch_size: Count = 64
     name = "t5_mean"
 
     def fit(self, texts) -> "T5MeanEmbedder":

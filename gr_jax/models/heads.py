@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from gr_jax.models import t5
 from gr_jax.vocab import PAD_ID
+from gr_jax.validation import Count, Positive
 
 
 def _apply(network, params, *args, method, **kwargs):
@@ -70,9 +71,9 @@ class TextHead:
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class CodebookHead:
-    length: int = 8  # L docid positions
-    codes: int = 256  # V codes per position
-    init_std: float = 1.0
+    length: Count = 8  # L docid positions
+    codes: Count = 256  # V codes per position
+    init_std: Positive = 1.0
     kind = "codebook"
     candidate_logits = False
 

@@ -12,6 +12,7 @@ from typing import Sequence
 import gin
 
 from gr_jax.models import llama, lm_generate
+from gr_jax.validation import Count, Positive
 
 # InPars-style pseudo-query prompt: document → a query it answers. Three demonstrations of our own.
 QG_DEMONSTRATIONS = (
@@ -39,10 +40,10 @@ class PseudoQueryGenerator:
     the pseudo-query objective (`Objectives.pseudo_queries_file`)."""
 
     demonstrations: tuple = QG_DEMONSTRATIONS
-    max_document_tokens: int = 160
-    max_query_tokens: int = 24
-    temperature: float = 1.0
-    top_k: int = 40
+    max_document_tokens: Count = 160
+    max_query_tokens: Count = 24
+    temperature: Positive = 1.0
+    top_k: Count = 40
 
     def prefix(self) -> str:
         return "".join(f"Document: {d}\nRelevant query: {q}\n\n" for d, q in self.demonstrations)

@@ -21,6 +21,7 @@ import gin
 from gr_jax.data.variations import RuleParaphraser, split_word, stop_words
 from gr_jax.models import lm_generate
 from gr_jax.models.lm import LMContext
+from gr_jax.validation import Count, Fraction, Positive
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,12 @@ DEMONSTRATIONS = (("how do i make cold brew coffee at home", "steps for making c
 @dataclasses.dataclass(frozen=True)
 class LMParaphraser:
     lm: str = "smollm2_135m"
-    samples: int = 3
-    max_new_tokens: int = 24
-    temperature: float = 0.8
-    top_k: int = 40
-    batch_size: int = 16
-    min_shared: float = 0.5
+    samples: Count = 3
+    max_new_tokens: Count = 24
+    temperature: Positive = 0.8
+    top_k: Count = 40
+    batch_size: Count = 16
+    min_shared: Fraction = 0.5
     demonstrations: tuple = DEMONSTRATIONS
     name = "paraphrase"
 

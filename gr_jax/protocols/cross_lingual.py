@@ -23,7 +23,6 @@ Translators (`translate(texts, language) -> texts`, `settings()`):
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from pathlib import Path
@@ -37,10 +36,11 @@ from gr_jax.data import variations as V
 from gr_jax.data.readers import DataError, QuerySet, read_mmarco_queries, read_queries_tsv
 from gr_jax.evaluation import drift
 from gr_jax.evaluation.report import fmt, markdown_table
-from gr_jax.io_utils import atomic_file, write_text
+from gr_jax.io_utils import atomic_file, write_text, json_text
 from gr_jax.provenance import file_digest
 from gr_jax.evaluation.metrics import mean_metric
 from gr_jax.protocols.systems import Probe, TrainedSystem, probe, run_names
+from gr_jax.validation import Count
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,8 @@ TRANSLATION_DEMOS = {
 @dataclasses.dataclass(frozen=True)
 class LMTranslator:
     lm: str = "smollm2_135m"
-    max_new_tokens: int = 32
-    batch_size: int = 16
+    max_new_tokens: Count = 32
+    batch_size: Count = 16
     _loaded: Optional[tuple] = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def _context(self):
@@ -155,8 +155,8 @@ def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str
                       split: str = "dev", output_dir: Optional[str] = None, settings: Sequence[str] = SETTINGS,
                       translator=None, aligned_dirs: Optional[Mapping[str, str]] = None, max_queries: int = 0,
                       metrics: Sequence[str] = ("MRR@10", "Recall@10"), primary_metric: str = "MRR@10",
-                      rel_threshold: int = 1, k: int = 100, ell: int = 100, num_beams: int = 10,
-                      batch_size: int = 32) -> dict:
+                      rel_threshold: int = 1, k: Count = 100, ell: Count = 100, num_beams: Count = 10,
+                      batch_size: Count = 32) -> dict:
     """`languages`: {language code: mMARCO query file (qid<TAB>text) of `split`'s queries}. Settings that
     need what is not given are refused: 'translate' without a translator, 'aligned' without a directory per
     language, 'seq_only' for a model without that mode."""
@@ -213,7 +213,7 @@ def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str
         qrels = {q: ds.qrels[split][q] for q in q_l.qids}
         result["languages"][lang] = {"queries": len(q_l), "settings": _setting_rows(
             probes, qrels, metrics, rel_threshold, run_names(system), k, ell)}
-    write_text(out_dir / "cross_lingual.json", json.dumps(result, indent=1, sort_keys=True), keep_previous=True)
+    write_text(out_dir / "cross_lingual.json", json_text(result, indent=1, sort_keys=True), keep_previous=True)
     write_text(out_dir / "cross_lingual.md", cross_lingual_markdown(result), keep_previous=True)
     plot_effectiveness(result, out_dir / "cross_lingual.png")
     return result

@@ -24,7 +24,6 @@ the qrels leaves P, F_n, GA_n and IDBI unchanged (tests/protocols/test_dynamic_c
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import resource
@@ -44,8 +43,10 @@ from gr_jax.evaluation.metrics import evaluate
 from gr_jax.data.trec import Run, ranked
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.evaluation.retrieval import EvalConfig
-from gr_jax.io_utils import atomic_dir
+from gr_jax.progress import bar as progress_bar
+from gr_jax.io_utils import atomic_dir, json_text, write_text
 from gr_jax.protocols.systems import BM25System, DenseSystem, ProtocolError, TrainedSystem
+from gr_jax.validation import Count, Fraction, Positive
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +166,9 @@ class Replay:
     (sharding, NaN guard, checkpoints in MODEL_DIR/model/replay/D<o>; a re-run resumes)."""
 
     steps: int = 100
-    batch_size: int = 32
-    learning_rate: float = 1e-3
-    replay_fraction: float = 0.5
+    batch_size: Count = 32
+    learning_rate: Positive = 1e-3
+    replay_fraction: Fraction = 0.5
     seed: int = 0
 
 
@@ -239,13 +240,11 @@ def _hit10(run: Run, qrels, qids) -> float:
 
 @gin.configurable
 def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = gin.REQUIRED, seed: int = 0,
-                initial_fraction: float = 0.5, n_parts: int = 5, train_split: str = "train",
-                test_split: str = "test", k: int = 10, embedder=None, replay: Optional[Replay] = None,
+                initial_fraction: Fraction = 0.5, n_parts: Count = 5, train_split: str = "train",
+                test_split: str = "test", k: Count = 10, embedder=None, replay: Optional[Replay] = None,
                 eval_batch_size: int = 32, max_test_queries_per_part: int = 0,
                 memory_limit_mb: Optional[int] = None, label: Optional[str] = None, progress: bool = True) -> dict:
     """Runs the protocol for one system and writes OUTPUT_DIR/{dynamic.json, dynamic.md, dynamic.png}."""
-    from tqdm.auto import tqdm
-
     _validate(method, k, n_parts, seed, eval_batch_size, max_test_queries_per_part, memory_limit_mb,
               initial_fraction)
     out_dir = Path(output_dir)
@@ -269,14 +268,16 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
         system = trained_system(data, out_dir / "model", k, eval_batch_size)
         label = label or f"gr-{system.setup.scheme.name}" + ("++" if replay is not None else "")
     gin_checks.check_bindings_used("run_dynamic")
-    steps = [{"step": 0, "documents": len(data.part_rows[0]), "index_s": time.perf_counter() - t0}]
+    steps = [{"step": 0, "documents": len(data.part_rows[0])}]
+    timings = [{"step": 0, "index_s": time.perf_counter() - t0}]
 
     n = len(data.split.parts) - 1
     P = np.full((n + 1, n + 1), np.nan)
     idbi_per_step: list[Optional[float]] = [None]
+    why_null = {"idbi[0]": "D0 only: no new documents to be biased against"}
     label = label or method
-    bar = tqdm(range(n + 1), desc=f"dynamic {label}", disable=not progress)
-    for o in bar:
+    bar = progress_bar(total=n + 1, desc=f"dynamic {label}", unit="step", disable=not progress)
+    for o in range(n + 1):
         if o > 0:
             rows = data.part_rows[o]
             guard.check(f"step {o} (indexing {len(rows)} documents)", system.estimate_bytes(rows))
@@ -284,21 +285,34 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
             info = system.add(rows)
             if method == "gr" and replay is not None and replay.steps > 0:
                 replay_fine_tune(system, data, rows, replay, o, out_dir / "model")
-            steps.append({"step": o, "index_s": time.perf_counter() - t, **info})
+            steps.append({"step": o, **info})
+            timings.append({"step": o, "index_s": time.perf_counter() - t})
         P[o, : o + 1], idbi, timing = _evaluate_step(system, data, parts_q, o)
-        steps[-1].update(timing)
+        steps[-1]["queries"] = timing.pop("queries")
+        timings[-1].update(timing)
         if o > 0:
+            if not len(data.part_rows[o]):
+                idbi, why_null[f"idbi[{o}]"] = None, f"D{o} added no documents"
+            elif idbi is None:
+                why_null[f"idbi[{o}]"] = "no test query returned a document"
             idbi_per_step.append(idbi)
-        log.info("step %d: %s", o, {"P": [round(float(x), 4) for x in P[o, : o + 1]], **steps[-1]})
+        log.info("step %d: %s", o, {"P": [round(float(x), 4) for x in P[o, : o + 1]], **steps[-1], **timings[-1]})
         bar.set_postfix(P_oo=f"{P[o, o]:.3f}", P_o0=f"{P[o, 0]:.3f}")
+        bar.update(1)
         if not np.isfinite(P[o]).any() and o == 0:
             raise ProtocolError("no test queries for D0: check test_split and the split of the dataset")
+    bar.close()
 
+    for o in range(n + 1):
+        for j in range(o + 1):
+            if not np.isfinite(P[o, j]):
+                why_null[f"P[{o}][{j}]"] = f"no test queries for D{j}"
+    why_null["P[o][j], j > o"] = "not evaluated: D_j is not indexed yet at step o"
     result = {"method": label, "P": P.tolist(), "idbi": idbi_per_step, "steps": steps,
               "parts": [len(p) for p in data.split.parts], "test_queries": [len(q) for q in parts_q],
-              "seed": seed, **summarize(P)}
-    write_outputs(out_dir, result)
-    return result
+              "seed": seed, **summarize(P), "null_means": why_null}
+    write_outputs(out_dir, result, timings)
+    return {**result, "timings": timings}
 
 
 def _validate(method: str, k: int, n_parts: int, seed: int, eval_batch_size: int, max_test_queries_per_part: int,
@@ -380,8 +394,12 @@ def plot(results: Sequence[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(out_dir: Path, result: dict) -> None:
+def write_outputs(out_dir: Path, result: dict, timings: Optional[list] = None) -> None:
+    """OUTPUT_DIR/dynamic/ (results: a re-run with equal results replaces it quietly, a different one is kept
+    as dynamic.prev-<n>) and OUTPUT_DIR/dynamic_timing.json (the seconds and memory of the latest run only)."""
     with atomic_dir(out_dir / "dynamic", keep_previous=True) as tmp:
-        (tmp / "dynamic.json").write_text(json.dumps(result, indent=1, default=float))
+        (tmp / "dynamic.json").write_text(json_text(result, indent=1))
         (tmp / "dynamic.md").write_text(tables_markdown([result]))
         plot([result], tmp / "dynamic.png")
+    if timings is not None:
+        write_text(out_dir / "dynamic_timing.json", json_text(timings, indent=1))

@@ -26,10 +26,12 @@ import gin
 from gr_jax import gin_checks, validation
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus, DataError
+from gr_jax.progress import bar as progress_bar
 from gr_jax.io_utils import write_text
 from gr_jax.models.lm import LMContext, PseudoQueryGenerator
 from gr_jax.data.batches import batch_seed, pending_batches, restrict
 from gr_jax.provenance import normalized, read_records, records_text, reuse
+from gr_jax.validation import Count
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +71,7 @@ def generate_for_corpus(lm: LMContext, corpus: Corpus, generator: PseudoQueryGen
     todo = pending_batches(corpus, batch_size, set(held.queries), path)
     if not todo:
         return held
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=len(corpus), initial=len(corpus) - sum(len(r) for _, r in todo), desc="pseudo-queries",
+    bar = progress_bar(total=len(corpus), initial=len(corpus) - sum(len(r) for _, r in todo), desc="pseudo-queries",
                unit="doc", disable=not progress, mininterval=5.0)
     for b, rows in todo:
         t = time.time()
@@ -87,8 +87,8 @@ def generate_for_corpus(lm: LMContext, corpus: Corpus, generator: PseudoQueryGen
 
 @gin.configurable
 def write_pseudo_queries(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str = "smollm2_135m",
-                         generator: Optional[PseudoQueryGenerator] = None, num_queries: int = 5,
-                         seed: int = 0, batch_size: int = 16, max_documents: int = 0) -> dict:
+                         generator: Optional[PseudoQueryGenerator] = None, num_queries: Count = 5,
+                         seed: int = 0, batch_size: Count = 16, max_documents: int = 0) -> dict:
     """`num_queries` pseudo-queries for every document of `task` (the first `max_documents` by id; 0: all),
     written to MODEL_DIR/pseudo_queries.jsonl. Returns a summary (file, documents, queries, distinct, seconds)."""
     generator = generator if generator is not None else PseudoQueryGenerator()

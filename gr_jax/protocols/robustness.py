@@ -24,7 +24,6 @@ an earlier one there is kept as `.prev-<n>`.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
@@ -41,8 +40,10 @@ from gr_jax.data.trec import Run, write_run
 from gr_jax.evaluation import drift
 from gr_jax.evaluation.metrics import mean_metric, metric_values
 from gr_jax.evaluation.report import fmt, markdown_table
-from gr_jax.io_utils import write_text
+from gr_jax.progress import bar as progress_bar
+from gr_jax.io_utils import write_text, json_text
 from gr_jax.protocols.systems import BM25System, DenseSystem, Probe, TrainedSystem, probe, run_names
+from gr_jax.validation import Count
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +146,8 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
                    splits: Sequence[str] = ("test",), variations: Sequence[str] = V.VARIATIONS,
                    seeds: Sequence[int] = V.SEEDS, generators: Optional[Mapping[str, Any]] = None,
                    max_queries: int = 0, metrics: Sequence[str] = ("MRR@10", "Hit@10"),
-                   primary_metric: Any = "MRR@10", rel_threshold: Any = 1, k: int = 100, ell: int = 100,
-                   num_beams: int = 10, batch_size: int = 32, depth: int = 100, embedder=None,
+                   primary_metric: Any = "MRR@10", rel_threshold: Any = 1, k: Count = 100, ell: Count = 100,
+                   num_beams: Count = 10, batch_size: Count = 32, depth: Count = 100, embedder=None,
                    percentile: float = 10.0, delta: float = 0.05, sweep_percentiles: Sequence[float] = (5, 10, 25),
                    sweep_deltas: Sequence[float] = (0.025, 0.05, 0.1), progress: bool = True) -> dict:
     """The protocol (module docstring). `primary_metric` and `rel_threshold`: one value or {split: value}
@@ -177,9 +178,7 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text(out_dir / "config.gin", gin.config_str(), keep_previous=True)
 
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=len(splits) * (1 + len(variations) * len(seeds)), desc="robustness", unit="condition",
+    bar = progress_bar(total=len(splits) * (1 + len(variations) * len(seeds)), desc="robustness", unit="condition",
                disable=not progress)
     diagnostics = dict(k=k, ell=ell, percentile=percentile, delta=delta, sweep_percentiles=sweep_percentiles,
                        sweep_deltas=sweep_deltas)
@@ -195,7 +194,7 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
     bar.close()
     primary, planning = run_names(sut)
     result["system_runs"] = {"primary": primary, "planning": planning}
-    write_text(out_dir / "robustness.json", json.dumps(result, indent=1, sort_keys=True), keep_previous=True)
+    write_text(out_dir / "robustness.json", json_text(result, indent=1, sort_keys=True), keep_previous=True)
     write_text(out_dir / "robustness.md", tables_markdown(result), keep_previous=True)
     plot(result, out_dir, var_dir)
     return result

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from gr_jax.validation import Count
+
 
 DEFAULT_RULES: tuple[tuple[str, Optional[str]], ...] = (
     ("batch", "data"),
@@ -29,7 +31,7 @@ DEFAULT_RULES: tuple[tuple[str, Optional[str]], ...] = (
 
 
 @gin.configurable
-def make_mesh(num_partitions: int = 1, devices: Optional[Sequence] = None) -> Mesh:
+def make_mesh(num_partitions: Count = 1, devices: Optional[Sequence] = None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     if len(devices) % num_partitions:
         raise ValueError(f"{len(devices)} devices cannot be split into model partitions of {num_partitions}")

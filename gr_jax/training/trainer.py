@@ -23,7 +23,6 @@ import errno
 import hashlib
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -36,9 +35,11 @@ import optax
 import orbax.checkpoint as ocp
 
 from gr_jax import host_memory, validation
+from gr_jax.progress import bar as progress_bar
 from gr_jax.errors import UserError
-from gr_jax.io_utils import fault_point, json_text, write_text
+from gr_jax.io_utils import fault_point, free_space, json_text, no_space, write_text
 from gr_jax.training import partitioning
+from gr_jax.validation import Positive
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class TrainingError(UserError, RuntimeError):
 
 
 @gin.configurable
-def make_optimizer(name: str = "adamw", learning_rate: float = 1e-3, warmup_steps: int = 0,
+def make_optimizer(name: str = "adamw", learning_rate: Positive = 1e-3, warmup_steps: int = 0,
                    decay: str = "constant", total_steps: int = 0, end_factor: float = 0.0,
                    weight_decay: float = 0.01, clip_norm: Optional[float] = 1.0) -> optax.GradientTransformation:
     """AdamW or Adafactor with linear warm-up then constant / linear / cosine / rsqrt decay."""
@@ -246,7 +247,7 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
         if changed:
             raise DamagedCheckpoint(f"{where}: damaged, {len(changed)} array(s) differ from the checksums recorded "
                                     f"when it was saved (first: {changed[0]})")
-    bad = nonfinite_arrays(restored["state"]["params"])
+    bad = nonfinite_arrays({"params": restored["state"]["params"]})
     if bad:
         raise DamagedCheckpoint(f"{where}: its parameters hold NaN or infinite values ({len(bad)} array(s), first: "
                                 f"{bad[0]}); it cannot give a meaningful result")
@@ -270,24 +271,6 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state, **json_ite
         raise OSError(errno.ENOSPC, f"no space left on the device while saving checkpoint {step} in "
                       f"{manager.directory} ({free_space(manager.directory)} free there); free some space and run "
                       f"the same command again: it resumes from the last complete checkpoint") from None
-
-
-def no_space(e: BaseException) -> bool:
-    """Whether `e` or an exception it came from is a full disk (orbax wraps the OSError of tensorstore)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left on device" in str(e):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def free_space(path) -> str:
-    path = Path(path)
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return f"{shutil.disk_usage(path).free / 2**20:.0f} MiB"
 
 
 def _set_aside(model_dir: Path, step: int) -> Path:
@@ -363,7 +346,8 @@ def _nonfinite_message(model_dir: Path, first: int, last: int, saved_steps: list
     msg = (f"loss or gradient became NaN/Inf between steps {first} and {last} (updates were skipped); lower "
            f"make_optimizer.learning_rate or check the data")
     if saved_steps:
-        return f"{msg}; the last good checkpoint is {model_dir / 'checkpoints' / str(saved_steps[-1])}"
+        return (f"{msg}; the last checkpoint saved before it is {model_dir / 'checkpoints' / str(saved_steps[-1])} "
+                f"(resuming from it repeats the same steps: change the settings or data first)")
     msg += "; no checkpoint was saved before this"
     if initial:
         msg += f" — the parameters came from INITIAL_CHECKPOINT_PATH {initial}: check that checkpoint"
@@ -430,7 +414,7 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     step_fn = jax.jit(make_train_step(model.loss_fn, tx), in_shardings=(state_shardings, b_shard, scalar),
                       out_shardings=(state_shardings, scalar), donate_argnums=(0,))
     dropout_key = jax.random.PRNGKey(seed + 1)
-    saver = _Saver(manager, iterator, meta, latest)
+    saver = _Saver(manager, iterator, meta, latest, int(state["nonfinite"]))
     step = int(state["step"])
     if step > train_steps:
         raise TrainingError(f"{model_dir / 'checkpoints'} holds step {step}, past TRAIN_STEPS = {train_steps}; "
@@ -485,13 +469,14 @@ def _initial_state(model, params, tx: optax.GradientTransformation, mesh) -> tup
 class _Saver:
     """Synchronous orbax saves of the composite checkpoint: state, the data iterator's position, the provenance."""
 
-    def __init__(self, manager, iterator, meta: dict, latest: Optional[int]):
+    def __init__(self, manager, iterator, meta: dict, latest: Optional[int], latest_nonfinite: int = 0):
         self.manager, self.iterator, self.meta = manager, iterator, meta
-        self.steps = [latest] if latest is not None else []
+        self.steps = [latest] if latest is not None and not latest_nonfinite else []  # saved before any NaN
 
     def save(self, step: int, state) -> None:
         save_checkpoint(self.manager, step, state, data=self.iterator.get_state(), meta=self.meta)
-        self.steps.append(step)
+        if not int(state["nonfinite"]):  # a save between a NaN step and the next log step is not a good one
+            self.steps.append(step)
 
 
 class _Scalars:
@@ -504,9 +489,7 @@ class _Scalars:
         self.t, self.since = time.time(), 0
         self.bar = None
         if progress:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, desc=name, unit="step", mininterval=1.0)
+            self.bar = progress_bar(total=total, initial=initial, desc=name, unit="step", mininterval=1.0)
 
     def add(self, sums) -> None:
         self.acc = sums if not self.acc else _accumulate(self.acc, sums)

@@ -55,8 +55,12 @@ GR = {  # a text-docid DSI, MDGR, and a numeric-docid DSI with DSI++ replay (cov
 
 
 def _check_outputs(out: Path, method: str):
-    result = json.loads((out / "dynamic" / "dynamic.json").read_text())
-    P = np.array(result["P"], float)
+    def refuse(constant):  # strict JSON: a bare NaN/Infinity is not JSON (null with a reason instead)
+        raise AssertionError(f"dynamic.json holds {constant}")
+
+    result = json.loads((out / "dynamic" / "dynamic.json").read_text(), parse_constant=refuse)
+    P = np.array([[np.nan if x is None else x for x in row] for row in result["P"]], float)
+    assert "P[o][j], j > o" in result["null_means"] and "idbi[0]" in result["null_means"]
     assert P.shape == (6, 6)
     assert np.isfinite(P[np.tril_indices(6)]).all() and np.isnan(P[np.triu_indices(6, 1)]).all()
     assert ((P[np.tril_indices(6)] >= 0) & (P[np.tril_indices(6)] <= 1)).all()
@@ -64,7 +68,10 @@ def _check_outputs(out: Path, method: str):
     assert result["GA_5"] == pytest.approx(np.mean(np.diag(P)[1:]))
     assert result["idbi"][0] is None and all(v is not None and -3 <= v <= 1 for v in result["idbi"][1:])
     assert [s["step"] for s in result["steps"]] == list(range(6))
-    assert all(s["rss_mb"] > 0 and s["search_s"] >= 0 for s in result["steps"])
+    timings = json.loads((out / "dynamic_timing.json").read_text())  # kept apart from the results
+    assert [t["step"] for t in timings] == list(range(6))
+    assert all(t["rss_mb"] > 0 and t["search_s"] >= 0 for t in timings)
+    assert not any(k in s for s in result["steps"] for k in ("rss_mb", "search_s", "index_s"))
     assert result["parts"] == [30, 6, 6, 6, 6, 6]
     md = (out / "dynamic" / "dynamic.md").read_text()
     assert "F_5" in md and "GA_5" in md and "IDBI" in md and result["method"] in md
@@ -80,6 +87,9 @@ def test_command_with_bm25(tmp_path, capsys):
     result = _check_outputs(tmp_path / "bm25", "bm25")
     assert result["method"] == "bm25" and result["P"][0][0] > 0.5  # BM25 finds most demo documents
     assert "| bm25 |" in capsys.readouterr().out
+    # a re-run gives the same results (other timings): it replaces them quietly, no dynamic.prev-1
+    assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / 'bm25'}'"]) == 0
+    assert sorted(p.name for p in (tmp_path / "bm25").iterdir()) == ["dynamic", "dynamic_timing.json"]
     import subprocess
     import sys
 

@@ -39,6 +39,7 @@ from gr_jax.models.contract import Capabilities
 from gr_jax.models.lm import LMContext, PseudoQueryGenerator, batches, clean_text
 from gr_jax.models.search import Searcher
 from gr_jax.provenance import read_records, records_text
+from gr_jax.validation import Count, Positive
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +72,14 @@ class FewShotPrompt:
 class DocidWriter:
     """Writes n docids per document with the LM (see the module docstring for the two input modes)."""
 
-    num_docids: int = 10
-    min_tokens: int = 3
-    max_tokens: int = 15
+    num_docids: Count = 10
+    min_tokens: Count = 3
+    max_tokens: Count = 15
     inputs: str = "pseudo_queries"  # or 'document'
-    batch_size: int = 16  # documents per generation batch
-    max_document_tokens: int = 160
-    temperature: float = 1.0
-    top_k: int = 40
+    batch_size: Count = 16  # documents per generation batch
+    max_document_tokens: Count = 160
+    temperature: Positive = 1.0
+    top_k: Count = 40
     seed: int = 0
     prompt: FewShotPrompt = FewShotPrompt()
     query_generator: PseudoQueryGenerator = PseudoQueryGenerator()
@@ -249,7 +250,7 @@ class FewShotRetriever:
     `evaluation.retrieval.retrieve` evaluates it like any other model; nothing is trained (its parameters are
     the LM's, and `loss_fn` / `param_axes` refuse)."""
 
-    def __init__(self, lm: LMContext, prompt: FewShotPrompt = FewShotPrompt(), max_query_tokens: int = 48,
+    def __init__(self, lm: LMContext, prompt: FewShotPrompt = FewShotPrompt(), max_query_tokens: Count = 48,
                  ranker=None):
         self.lm, self.prompt, self.max_query_tokens = lm, prompt, max_query_tokens
         self.ranker = ranker if ranker is not None else rankers.FirstOccurrence()
@@ -309,7 +310,7 @@ class FewShotRetriever:
     def _step(self, params, cache, tokens):
         return self.lm.model.apply({"params": params["lm"]}, cache, tokens, method=llama.Llama.decode_step)
 
-    def searcher(self, num_beams: int) -> Searcher:
+    def searcher(self, num_beams: Count) -> Searcher:
         if num_beams not in self._searchers:
             self._searchers[num_beams] = Searcher(
                 self._step, self._cache, start_token=self.start_token, eos_id=self.lm.newline_id,
@@ -317,13 +318,13 @@ class FewShotRetriever:
                 tile_fn=lambda cache, n: cache.repeat(n))
         return self._searchers[num_beams]
 
-    def predict_arrays(self, params, query_tokens, index, num_beams: int = 10):
+    def predict_arrays(self, params, query_tokens, index, num_beams: Count = 10):
         # int32 always: the evaluation batches store narrower ints, and another dtype would compile again
         query_tokens = np.asarray(query_tokens).astype(np.int32)
         res = self.searcher(num_beams).search(params, query_tokens, index.device())
         docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
         return jax.device_get((docs, valid, res.scores))
 
-    def rank(self, params, query_tokens, index, num_beams: int = 10):
+    def rank(self, params, query_tokens, index, num_beams: Count = 10):
         docs, valid, scores = self.predict_arrays(params, query_tokens, index, num_beams)
         return self.ranker(docs, valid, scores)

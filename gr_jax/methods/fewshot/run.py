@@ -13,7 +13,6 @@ each document of the n_max bank (the samples of a document are drawn independent
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Optional, Sequence
 import gin
 
 from gr_jax import gin_checks, validation
+from gr_jax.progress import bar as progress_bar
 from gr_jax.baselines.bm25 import BM25
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus
@@ -29,10 +29,11 @@ from gr_jax.data.trec import write_qrels, write_run
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.report import markdown_table
 from gr_jax.data.batches import batch_seed, pending_batches, restrict
-from gr_jax.io_utils import write_text
+from gr_jax.io_utils import write_text, json_text
 from gr_jax.provenance import normalized, reuse
 from gr_jax.methods.fewshot import model as fewshot
 from gr_jax.models.lm import LMContext
+from gr_jax.validation import Count
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,7 @@ def build_bank(lm: LMContext, corpus: Corpus, writer: fewshot.DocidWriter, path:
     todo = pending_batches(corpus, writer.batch_size, set(bank.documents()), path)
     if not todo:
         return bank
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=len(corpus), initial=len(corpus) - sum(len(r) for _, r in todo), desc="docid bank",
+    bar = progress_bar(total=len(corpus), initial=len(corpus) - sum(len(r) for _, r in todo), desc="docid bank",
                unit="doc", disable=not progress, mininterval=5.0)
     t0 = time.time()
     for b, rows in todo:
@@ -69,8 +68,8 @@ def build_bank(lm: LMContext, corpus: Corpus, writer: fewshot.DocidWriter, path:
 @gin.configurable
 def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str = "smollm2_135m",
                 writer: Optional[fewshot.DocidWriter] = None, bank_sizes: Sequence[int] = (1, 3, 10),
-                policy: str = "first", split: str = "test", num_beams: int = 10, batch_size: int = 16,
-                max_queries: int = 0, max_documents: int = 0, max_query_tokens: int = 48,
+                policy: str = "first", split: str = "test", num_beams: Count = 10, batch_size: Count = 16,
+                max_queries: int = 0, max_documents: int = 0, max_query_tokens: Count = 48,
                 metrics: Sequence[str] = ("Hit@1", "Hit@10", "MRR@10"), compare_bm25: bool = True) -> dict:
     """Few-Shot GR on `task`: the docid bank, then retrieval of `split` for each bank size; writes
     MODEL_DIR/{docid_bank.jsonl, fewshot.json, fewshot.md, runs/<split>.fewshot_n<n>.run}."""
@@ -132,9 +131,9 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
     # the qrels of the evaluated queries: any other system's run compares on the same queries with
     # python -m gr_jax.eval --run RUN --qrels MODEL_DIR/runs/<split>.qrels --msmarco_official
     write_qrels(model_dir / "runs" / f"{split}.qrels", sub)
-    write_text(model_dir / "fewshot.json", json.dumps(results, indent=1), keep_previous=True)
+    write_text(model_dir / "fewshot.json", json_text(results, indent=1), keep_previous=True)
     write_text(model_dir / "fewshot.md", tables_markdown(results) + "\n", keep_previous=True)
-    write_text(model_dir / "timing.json", json.dumps(timing, indent=1))  # a measurement of this run only
+    write_text(model_dir / "timing.json", json_text(timing, indent=1))  # a measurement of this run only
     results["timing"] = timing
     return results
 

@@ -29,6 +29,7 @@ from gr_jax.docids.base import DocidScheme, DocidTable
 from gr_jax.io_utils import write_text
 from gr_jax.provenance import file_digest
 from gr_jax.vocab import DocidTokenSpace
+from gr_jax.validation import Count
 
 SEP = "<->"
 
@@ -143,7 +144,7 @@ class GlenDocids(DocidScheme):
     instead — tokens and logits as written — and the scheme records the file's digest: a changed file is an
     error, never silently reused."""
 
-    length: int = 3
+    length: Count = 3
     round_weights: Optional[int] = 4
     docid_file: Optional[str] = None
     name = "glen"

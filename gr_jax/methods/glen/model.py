@@ -36,6 +36,7 @@ from gr_jax.models.contract import Capabilities
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.models.search import Searcher
 from gr_jax.training import initial
+from gr_jax.validation import Count, Signed
 
 FEEDS = ("hidden", "tokens")
 PHASE1_KEY = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"
@@ -145,8 +146,8 @@ class GlenRetriever(GenerativeRetriever):
     the ids never generated (default: UNK = 2; GLEN's code masks UNK and the sentinel ids of its tokenizer)."""
 
     def __init__(self, config: t5.T5Config, head=None, score_mode: str = "log_softmax",
-                 length_penalty: float = 0.0, *, docid_length: int = 3, masked_ids: Sequence[int] = (2,),
-                 beam_factor: int = 2, feed: str = "hidden", ranker: Optional[Callable] = None, **kwargs):
+                 length_penalty: Signed = 0.0, *, docid_length: Count = 3, masked_ids: Sequence[int] = (2,),
+                 beam_factor: Count = 2, feed: str = "hidden", ranker: Optional[Callable] = None, **kwargs):
         if feed not in FEEDS:
             raise ValueError(f"GlenRetriever.feed must be one of {FEEDS}, got {feed!r}")
         if score_mode != "log_softmax":
@@ -197,7 +198,7 @@ class GlenRetriever(GenerativeRetriever):
                              f"{self.feed!r} (the token-fed ablation) trains with phase 1's L_key and keyword "
                              f"docids only")
 
-    def decode_docids(self, params, doc_tokens, batch_size: int = 64):
+    def decode_docids(self, params, doc_tokens, batch_size: Count = 64):
         self._hidden_only("decoding docids from documents (GlenDocids)")
         return decode_docids(self.network, params["network"], doc_tokens, self.docid_length, self.masked_ids,
                              batch_size)
@@ -244,7 +245,7 @@ class GlenRetriever(GenerativeRetriever):
         logits, _ = self.step_table(params, query_tokens)
         return _table_cache(logits, self.masked_ids)
 
-    def searcher(self, num_beams: int) -> Searcher:
+    def searcher(self, num_beams: Count) -> Searcher:
         if self.feed == "tokens":
             return super().searcher(num_beams)
         if num_beams not in self._searchers:
@@ -255,7 +256,7 @@ class GlenRetriever(GenerativeRetriever):
                 length_penalty=self.length_penalty, bonus_fn=self.bonus_fn, tile_fn=_keep_per_query)
         return self._searchers[num_beams]
 
-    def _search_impl(self, params, query_tokens, trie, query_state, num_beams: int):
+    def _search_impl(self, params, query_tokens, trie, query_state, num_beams: Count):
         logits, _ = self.step_table(params, query_tokens)
         res = bs.beam_search(_table_step, _table_cache(logits, self.masked_ids), trie,
                              batch_size=query_tokens.shape[0], num_beams=self.beam_factor * num_beams,
@@ -267,7 +268,7 @@ class GlenRetriever(GenerativeRetriever):
         w_q = jnp.take_along_axis(logits[:, None], tokens[..., None], axis=-1)[..., 0]  # [B, N, M]
         return res, w_q
 
-    def beams(self, params, query_tokens_BxL, index, num_beams: int):
+    def beams(self, params, query_tokens_BxL, index, num_beams: Count):
         """GLEN's constrained top-K with K = beam_factor · N; the first N beams (BeamResult [B, N]) and the
         query's raw logits at each beam's tokens [B, N, M] (w^q of paper Eq. 9)."""
         if self.feed == "tokens":
@@ -277,7 +278,7 @@ class GlenRetriever(GenerativeRetriever):
         state = None if self.query_state_fn is None else self.query_state_fn(self, params, query_tokens_BxL)
         return self._search_jit(params, jnp.asarray(query_tokens_BxL), index.device(), state, num_beams)
 
-    def rank(self, params, query_tokens_BxL, index, num_beams: int = 10):
+    def rank(self, params, query_tokens_BxL, index, num_beams: Count = 10):
         if self.feed == "tokens":
             return super().rank(params, query_tokens_BxL, index, num_beams)
         res, w_q = self.beams(params, query_tokens_BxL, index, num_beams)

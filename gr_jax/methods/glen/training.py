@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gr_jax.validation import Count
+
 
 def temperature(epoch: float, floor: float = 1e-5) -> float:
     """τ = max(floor, exp(−epoch)); `epoch` counts passes over the training queries (fractional)."""
@@ -270,7 +272,7 @@ class GlenPhase2:
     num_negatives: int = 8
     negatives: str = "prefix"
     reassign_every: int = 0
-    bm25_depth: int = 100
+    bm25_depth: Count = 100
 
     def __post_init__(self):
         if self.negatives not in NEGATIVES:

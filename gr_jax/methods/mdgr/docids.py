@@ -31,6 +31,7 @@ from gr_jax.data.pairs import Pairs
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.docids.quantize import ProductQuantizer
 from gr_jax.vocab import DocidTokenSpace
+from gr_jax.validation import Count
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,10 @@ log = logging.getLogger(__name__)
 @gin.configurable
 @dataclasses.dataclass
 class ChunkedPQDocids(DocidScheme):
-    window: int = 256
-    stride: int = 128
-    m: int = 4
-    k: int = 1024
+    window: Count = 256
+    stride: Count = 128
+    m: Count = 4
+    k: Count = 1024
     constrain: bool = True
     multi_docid: bool = True
     seed: int = 0

@@ -18,7 +18,7 @@ chosen epoch).
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
 from pathlib import Path
 from typing import Optional, Sequence
@@ -34,9 +34,11 @@ from gr_jax import gin_checks, validation
 from gr_jax.data.pipeline import tokenize
 from gr_jax.data.readers import DataError, QuerySet, fingerprint, read_queries_tsv
 from gr_jax.evaluation import drift
-from gr_jax.io_utils import write_bytes, write_text
+from gr_jax.progress import bar as progress_bar
+from gr_jax.io_utils import atomic_dir, json_text
 from gr_jax.methods.pag.aligned import META_FILE, PARAMS_FILE, load_aligned  # noqa: F401 (re-exported)
 from gr_jax.methods.pag.model import PagRetriever, lexical_rep
+from gr_jax.validation import Count, Positive
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +109,8 @@ def train_aligned_planner(model, params, tokenize, train_pairs: tuple[QuerySet, 
     history = [{"epoch": 0, "dev_tok_jaccard": dev_jaccard(student)}]
     best, best_epoch = student, 0
     rng = np.random.default_rng(seed)
-    from tqdm.auto import tqdm
-
     n = len(t_xx)
-    bar = tqdm(total=epochs * ((n + batch_size - 1) // batch_size), desc="planner alignment", unit="step",
+    bar = progress_bar(total=epochs * ((n + batch_size - 1) // batch_size), desc="planner alignment", unit="step",
                disable=not progress)
     for epoch in range(1, epochs + 1):
         order = rng.permutation(n)
@@ -125,12 +125,14 @@ def train_aligned_planner(model, params, tokenize, train_pairs: tuple[QuerySet, 
             best, best_epoch = student, epoch
     bar.close()
     out_dir = Path(out_dir)
-    write_bytes(out_dir / PARAMS_FILE, flax.serialization.to_bytes(jax.device_get(best)))
-    meta = {"teacher": teacher, "chosen_epoch": best_epoch, "history": history, "tau": tau, "k": k, "ell": ell,
+    blob = flax.serialization.to_bytes(jax.device_get(best))
+    meta = {"params_digest": hashlib.blake2b(blob, digest_size=12).hexdigest(), "teacher": teacher, "chosen_epoch": best_epoch, "history": history, "tau": tau, "k": k, "ell": ell,
             "learning_rate": learning_rate, "epochs": epochs, "batch_size": batch_size, "trainable": list(TRAINABLE),
             "pairs": fingerprint(train_pairs[0].qids, train_pairs[1].texts),
             "dev_pairs": fingerprint(dev_pairs[0].qids, dev_pairs[1].texts)}
-    write_text(out_dir / META_FILE, json.dumps(meta, indent=1), keep_previous=True)
+    with atomic_dir(out_dir, keep_previous=True) as tmp:  # parameters and report as one: a kept earlier
+        (tmp / PARAMS_FILE).write_bytes(blob)                 # report keeps the parameters it describes
+        (tmp / META_FILE).write_text(json_text(meta, indent=1))
     log.info("planner alignment: epoch %d chosen (dev TokJaccard@%d %.4f, before %.4f)", best_epoch, ell,
              history[best_epoch]["dev_tok_jaccard"], history[0]["dev_tok_jaccard"])
     return meta
@@ -146,9 +148,9 @@ def paired(english: QuerySet, other: QuerySet, qids: Optional[Sequence[str]] = N
 @gin.configurable
 def align_planner(model_dir: str = gin.REQUIRED, language: str = gin.REQUIRED, train_file: str = gin.REQUIRED,
                   dev_file: Optional[str] = None, english_train_split: str = "train", dev_split: str = "dev",
-                  output_dir: Optional[str] = None, max_train: int = 0, max_dev: int = 500, tau: float = 2.0,
-                  k: int = 100, learning_rate: float = 1e-5, epochs: int = 5, batch_size: int = 32,
-                  ell: int = 100) -> dict:
+                  output_dir: Optional[str] = None, max_train: int = 0, max_dev: int = 500, tau: Positive = 2.0,
+                  k: Count = 100, learning_rate: Positive = 1e-5, epochs: Count = 5, batch_size: Count = 32,
+                  ell: Count = 100) -> dict:
     """Aligns the planner of the PAG model in MODEL_DIR to `language` (methods.pag.align): training pairs are
     the English `english_train_split` queries and `train_file` (qid<TAB>text, same query ids); the dev pairs
     (checkpoint selection) the English `dev_split` queries and `dev_file` — their query ids must not be

@@ -4,6 +4,7 @@ it was aligned from, the pairs' digest, per-epoch loss and dev TokJaccard, the c
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Optional
 
@@ -27,8 +28,12 @@ def load_aligned(directory: str | Path, params: dict, teacher: Optional[dict] = 
     meta = read_json(meta_path)
     if teacher is not None and meta.get("teacher") != teacher:
         raise ValueError(f"{meta_path}: aligned from {meta.get('teacher')}, not from {teacher}; align again")
+    blob = path.read_bytes()
+    if "params_digest" in meta and hashlib.blake2b(blob, digest_size=12).hexdigest() != meta["params_digest"]:
+        raise ValueError(f"{path}: its bytes differ from the checksum {meta_path} recorded when it was written "
+                         f"(damaged or replaced); run python -m gr_jax.align_planner again")
     try:
-        net = flax.serialization.from_bytes(jax.device_get(params["network"]), path.read_bytes())
+        net = flax.serialization.from_bytes(jax.device_get(params["network"]), blob)
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: does not fit this model's parameters ({e})") from None
     return {**params, "network": jax.tree_util.tree_map(jnp.asarray, net)}

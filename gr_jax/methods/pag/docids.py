@@ -34,6 +34,7 @@ from gr_jax.docids.numeric import checked_embeddings
 from gr_jax.docids.quantize import ResidualQuantizer
 from gr_jax.vocab import DocidTokenSpace
 from gr_jax.io_utils import read_json
+from gr_jax.validation import Count
 
 FIRST_TEXT_ID = 3  # ids below (PAD, EOS, UNK) never enter a set docid built here
 
@@ -87,11 +88,11 @@ def tfidf_set_ids(token_lists: Sequence[Sequence[int]], idf: np.ndarray, m: int)
 @gin.configurable
 @dataclasses.dataclass
 class PagDocids(DocidScheme):
-    levels: int = 8  # M
-    k: int = 2048  # K codes per level
-    beam: int = 1  # RQ encoding beam
+    levels: Count = 8  # M
+    k: Count = 2048  # K codes per level
+    beam: Count = 1  # RQ encoding beam
     seed: int = 0
-    set_size: int = 64  # m
+    set_size: Count = 64  # m
     base: int = 0  # first docid token id; 0: right above the text vocabulary (its size)
     docid_file: Optional[str] = None  # PAG's sequential docid_to_tokenids.json
     set_docid_file: Optional[str] = None  # PAG's set docid_to_tokenids.json

@@ -1,0 +1,325 @@
+"""Reliability, one test per class of failure a hostile user found (issue: nothing lost, nothing silently
+wrong, one writer at a time): integrity of checkpoints and saved files, strict JSON, ranges declared where a
+setting is declared, errors that name the file, modes that follow the umask, progress lines in log files,
+locks. The kill -9 / full-disk / two-process runs of whole commands are in test_faults.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import gin
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from gr_jax import gin_utils, io_utils, locks, progress, provenance, validation
+from gr_jax.training import trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY = """
+include 'experiments/demo/dsi_naive.gin'
+load_dataset.demo_docs = 40
+TRAIN_STEPS = 2
+BATCH_SIZE = 8
+prepare.vocab_size = 200
+train.progress = False
+train.log_period = 1
+EvalConfig.compare_bm25 = False
+EvalConfig.num_beams = 3
+"""
+
+
+def _main(entry, argv, capsys) -> tuple[int, str]:
+    gin.clear_config()
+    rc = entry.main(argv)
+    return rc, capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------------------
+# checkpoints: checksums and finite parameters
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _state(value: float) -> dict:
+    return {"step": jnp.zeros((), jnp.int32), "params": {"w": jnp.full((3, 2), value, jnp.float32)},
+            "nonfinite": jnp.zeros((), jnp.int32)}
+
+
+def _manager(d: Path) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(d.absolute(), options=ocp.CheckpointManagerOptions(create=True))
+
+
+def test_a_changed_array_is_caught_by_its_checksum(tmp_path):
+    """A flipped bit is a finite number: only the checksum recorded at save can tell. The forged checkpoint
+    holds other values than the ones its checksums were computed from (what a bit flip on disk amounts to)."""
+    m = _manager(tmp_path / "c")
+    trainer.save_checkpoint(m, 1, _state(1.0))
+    assert trainer.read_checkpoint(m, 1, "c/1")["state"]["params"]["w"].tolist() == [[1.0] * 2] * 3
+    m.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(_state(1.0 + 2 ** -20)),
+                                      digests=ocp.args.JsonSave(trainer.array_digests(_state(1.0)))), force=True)
+    m.wait_until_finished()
+    with pytest.raises(trainer.DamagedCheckpoint, match=r"c/2: damaged, 1 array\(s\) differ .*params/w"):
+        trainer.read_checkpoint(m, 2, "c/2")
+
+
+def test_nonfinite_parameters_are_refused_and_training_falls_back(tmp_path):
+    m = _manager(tmp_path / "checkpoints")
+    trainer.save_checkpoint(m, 1, _state(0.5), meta={}, data={})
+    trainer.save_checkpoint(m, 2, _state(float("nan")), meta={}, data={})  # checksums agree: the values are wrong
+    with pytest.raises(trainer.DamagedCheckpoint, match="NaN or infinite values .*params/w"):
+        trainer.read_checkpoint(m, 2, "checkpoints/2")
+    template = {k: ocp.utils.to_shape_dtype_struct(v) for k, v in _state(0.0).items()
+                if k != "params"} | {"params": {"w": ocp.utils.to_shape_dtype_struct(_state(0.0)["params"]["w"])}}
+    _, step, restored = trainer.restore_latest_intact(tmp_path, 3, template, meta={})
+    assert step == 1 and float(restored["state"]["params"]["w"][0, 0]) == 0.5
+    assert (tmp_path / "damaged_checkpoints" / "2").is_dir()  # set aside, never deleted
+
+
+def test_array_digests_do_not_depend_on_the_tree_type():
+    """orbax restores named tuples and tuples as dicts and lists when no template is given."""
+    import collections
+
+    T = collections.namedtuple("T", "count mu")
+    a = {"opt": (T(np.int32(1), np.ones(2, np.float32)),)}
+    b = {"opt": [{"count": np.int32(1), "mu": np.ones(2, np.float32)}]}
+    assert trainer.array_digests(a) == trainer.array_digests(b)
+    b["opt"][0]["mu"] = np.array([1.0, 1.0 + 2 ** -23], np.float32)
+    assert trainer.array_digests(a) != trainer.array_digests(b)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# saved files: their rows, not only their settings
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["edit", "delete", "cut at a line break", "cut mid-line", "empty"])
+def test_saved_records_are_checked_against_their_digest(tmp_path, damage):
+    path = tmp_path / "variations.jsonl"
+    rows = [{"qid": str(i), "text": f"query {i}"} for i in range(3)]
+    io_utils.write_text(path, provenance.records_text({"built_from": {"seed": 1}, "stats": {}}, rows))
+    head, got = provenance.read_records(path, "query-variation file")
+    assert got == rows and head["built_from"] == {"seed": 1} and head["rows"] == 3
+    lines = path.read_text().splitlines(keepends=True)
+    broken = {"edit": "".join(lines[:2] + [lines[2].replace("query 1", "query 7")] + lines[3:]),
+              "delete": "".join(lines[:2] + lines[3:]),
+              "cut at a line break": "".join(lines[:3]),
+              "cut mid-line": "".join(lines[:3]) + lines[3][:9],
+              "empty": ""}[damage]
+    path.write_text(broken)
+    with pytest.raises(ValueError, match=f"{path}.*(delete it to build it again)"):
+        provenance.read_records(path, "query-variation file")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# strict JSON, files named in errors, byte-order marks
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_json_is_strict():
+    text = io_utils.json_text({"a": float("nan"), "b": [np.float32("inf"), 1.5], "c": np.int64(3)})
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(c)) == {"a": None, "b": [None, 1.5], "c": 3}
+
+
+def test_decode_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "meta.json"
+    bad.write_text('{"a": 1,\n "b": [1, 2')
+    with pytest.raises(io_utils.FileFormatError, match=f"{bad}: line 2 column"):
+        io_utils.read_json(bad)
+    latin = tmp_path / "x.gin"
+    latin.write_bytes(b"A = 1\nB = 'caf\xe9'\n")
+    with pytest.raises(io_utils.FileFormatError, match=f"{latin}: not UTF-8 .*line 2"):
+        io_utils.read_text(latin)
+    npz = tmp_path / "inputs.npz"
+    np.savez(npz, a=np.arange(100))
+    npz.write_bytes(npz.read_bytes()[:50])
+    with pytest.raises(io_utils.FileFormatError, match=f"{npz}: not a readable .npz"):
+        io_utils.load_npz(npz)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_id(tmp_path):
+    from gr_jax.data.readers import read_corpus, read_msmarco_collection
+    from gr_jax.data.trec import read_qrels
+
+    (tmp_path / "collection.tsv").write_bytes(b"\xef\xbb\xbf1\tfirst passage\n2\tsecond passage\n")
+    assert list(read_msmarco_collection(tmp_path / "collection.tsv").doc_ids) == ["1", "2"]
+    (tmp_path / "corpus.tsv").write_bytes(b"\xef\xbb\xbfd1\tone\nd2\ttwo\n")
+    assert list(read_corpus(tmp_path / "corpus.tsv").doc_ids) == ["d1", "d2"]
+    (tmp_path / "qrels.tsv").write_bytes(b"\xef\xbb\xbfq1\t0\t1\t1\n")
+    assert list(read_qrels(tmp_path / "qrels.tsv")) == ["q1"]
+
+
+@pytest.mark.parametrize("where", ["file", "flag", "included file", "not utf-8"])
+def test_gin_syntax_errors_name_the_file_or_flag(tmp_path, capsys, where):
+    from gr_jax import train
+
+    broken = tmp_path / "broken.gin"
+    broken.write_text(TINY + "TRAIN_STEPS = [2\n")  # a bracket never closed, at the end of the file
+    exp = tmp_path / "exp.gin"
+    argv = [f"--gin.MODEL_DIR='{tmp_path / 'm'}'"]
+    if where == "file":
+        argv.append(f"--gin_file={broken}")
+    elif where == "included file":
+        exp.write_text(f"include '{broken}'\n")
+        argv.append(f"--gin_file={exp}")
+    elif where == "not utf-8":
+        exp.write_bytes(TINY.encode() + b"# caf\xe9\n")
+        argv.append(f"--gin_file={exp}")
+    else:
+        exp.write_text(TINY)
+        argv += [f"--gin_file={exp}", "--gin.TRAIN_STEPS=[2"]
+    rc, err = _main(train, argv, capsys)
+    assert rc == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    named = {"file": str(broken), "included file": str(broken), "not utf-8": str(exp), "flag": "'TRAIN_STEPS = [2'"}
+    assert named[where] in err, err
+    assert not (tmp_path / "m").exists()  # a refused command writes nothing
+
+
+# ----------------------------------------------------------------------------------------------------------
+# ranges declared where the setting is declared
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_every_numeric_setting_has_a_range():
+    """What is not annotated with a range gets its type's (int ≥ 0, float finite): a parameter with a numeric
+    default whose annotation yields no range would go unchecked; the ones here take strings too, on purpose."""
+    gin_utils.register_configurables()
+    unchecked, seen = [], set()
+    for selector, c in gin.config._REGISTRY.items():
+        if not selector.startswith("gr_jax") or id(c) in seen:
+            continue
+        seen.add(id(c))
+        hints = validation.annotations_of(c.wrapped)
+        import inspect
+
+        for p in inspect.signature(c.wrapped).parameters.values():
+            numeric = isinstance(p.default, (int, float)) and not isinstance(p.default, bool)
+            if numeric and validation._range_of(hints.get(p.name))[0] is None:
+                unchecked.append(f"{c.name}.{p.name}")
+    # relevance thresholds: an int, or a dict per split
+    assert sorted(unchecked) == ["EvalConfig.rel_threshold", "run_robustness.rel_threshold"], unchecked
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("write_pseudo_queries.max_documents = -1998", "write_pseudo_queries.max_documents must be an integer ≥ 0"),
+    ("finetune_dual_encoder.temperature = -0.05", "finetune_dual_encoder.temperature must be a finite number > 0"),
+    ("PseudoQueryGenerator.temperature = -1.0", "PseudoQueryGenerator.temperature must be a finite number > 0"),
+    ("BATCH_SIZE = 0", "train.batch_size must be an integer ≥ 1"),
+    ("make_optimizer.learning_rate = 1e999", "make_optimizer.learning_rate must be a finite number > 0"),
+])
+def test_out_of_range_bindings_are_refused_before_anything_runs(tmp_path, capsys, binding, message):
+    from gr_jax import train
+
+    exp = tmp_path / "exp.gin"
+    exp.write_text(TINY + "import gr_jax.protocols.pseudo_queries\n")
+    name, value = (x.strip() for x in binding.split("="))
+    rc, err = _main(train, [f"--gin_file={exp}", f"--gin.MODEL_DIR='{tmp_path / 'm'}'", f"--gin.{name}={value}"],
+                    capsys)
+    assert rc == 2 and message in err, err
+    assert not (tmp_path / "m").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# side effects: modes, progress in log files, a refused run writes nothing
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_outputs_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        io_utils.write_text(tmp_path / "a" / "run.txt", "x")
+        with io_utils.atomic_dir(tmp_path / "d") as d:
+            (d / "f").write_text("y")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a" / "run.txt").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+
+
+def test_progress_in_a_log_file_is_a_few_lines(caplog):
+    with caplog.at_level(logging.INFO, logger="gr_jax.progress"):
+        bar = progress.LogProgress(1000, "train", "step")
+        for _ in range(1000):
+            bar.update(1)
+            bar.set_postfix(loss="1.000")
+        bar.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert 9 <= len(lines) <= 11 and all("\r" not in line for line in lines)
+    assert lines[-1].startswith("train: 1000/1000 step (100%)") and "loss=1.000" in lines[-1]
+
+
+def test_a_refused_resume_leaves_config_gin_as_it_was(tmp_path, capsys):
+    """The run is refused for another docid scheme than its checkpoint's: the config.gin that the message
+    tells the user to read is still the one of the checkpoint's run."""
+    from gr_jax import train
+
+    exp = tmp_path / "exp.gin"
+    exp.write_text(TINY)
+    run = [f"--gin_file={exp}", f"--gin.MODEL_DIR='{tmp_path / 'm'}'"]
+    assert _main(train, run, capsys)[0] == 0
+    before = (tmp_path / "m" / "config.gin").read_bytes()
+    rc, err = _main(train, run + ["--gin.TRAIN_STEPS=4", "--gin.load_dataset.demo_docs=41"], capsys)
+    assert rc == 2 and "config.gin" in err, err
+    assert (tmp_path / "m" / "config.gin").read_bytes() == before
+    assert not list((tmp_path / "m").glob("config.gin.prev-*"))
+    assert not (tmp_path / "m" / locks.LOCK_NAME).exists()  # released
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one writer per directory
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_a_second_writer_is_refused_and_a_dead_ones_lock_taken_over(tmp_path, caplog):
+    d = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from gr_jax import locks
+        with locks.output_lock({str(d)!r}, "gr_jax train"):
+            print("held", flush=True)
+            sys.stdin.readline()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(locks.LockedError, match=f"{d} is being written by process {holder.pid} on host .*gr_jax train"):
+            with locks.output_lock(d, "gr_jax dynamic"):
+                pass
+    finally:
+        holder.communicate("\n", timeout=60)
+    d.mkdir(exist_ok=True)  # the holder removed it: it wrote nothing there
+    (d / locks.LOCK_NAME).write_text(json.dumps({"pid": 2 ** 22 + 7, "host": "h", "command": "gr_jax train",
+                                                 "started": 0}))
+    with caplog.at_level(logging.WARNING, logger="gr_jax.locks"):
+        with locks.output_lock(d, "gr_jax train"):
+            held = json.loads((d / locks.LOCK_NAME).read_text())
+            assert held["pid"] == os.getpid()
+    assert "took over the lock that process 4194311 on host h" in caplog.text
+    assert not (d / locks.LOCK_NAME).exists()
+
+
+def test_a_lock_on_a_new_directory_leaves_nothing_when_nothing_was_written(tmp_path):
+    with locks.output_lock(tmp_path / "new" / "run", "gr_jax train"):
+        pass
+    assert not (tmp_path / "new" / "run").exists()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(io_utils.FileFormatError, match="afile is a file, not a directory"):
+        with locks.output_lock(tmp_path / "afile" / "sub", "gr_jax train"):
+            pass
+
+
+def test_tools_validate_their_numeric_arguments():
+    """No tool takes a bare `type=int` / `type=float` (argparse would accept 0 or -5 and fail later with a
+    traceback); one of them run with a bad value stops at once."""
+    bare = [f"{p.name}: {line.strip()}" for p in sorted((ROOT / "tools").glob("*.py"))
+            for line in p.read_text().splitlines() if "add_argument" in line and ("type=int" in line or "type=float" in line)]
+    assert not bare, bare
+    res = subprocess.run([sys.executable, "tools/bench_train.py", "--batch", "0"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "--batch: '0': must be an integer ≥ 1" in res.stderr and "Traceback" not in res.stderr
