@@ -21,27 +21,9 @@ import pytest
 
 from gr_jax import gin_utils, io_utils, locks, progress, provenance, validation
 from gr_jax.training import trainer
+from tests.test_bad_inputs import TINY, _main
 
 ROOT = Path(__file__).resolve().parents[2]
-
-TINY = """
-include 'experiments/demo/dsi_naive.gin'
-load_dataset.demo_docs = 40
-TRAIN_STEPS = 2
-BATCH_SIZE = 8
-prepare.vocab_size = 200
-train.progress = False
-train.log_period = 1
-EvalConfig.compare_bm25 = False
-EvalConfig.num_beams = 3
-"""
-
-
-def _main(entry, argv, capsys) -> tuple[int, str]:
-    gin.clear_config()
-    rc = entry.main(argv)
-    return rc, capsys.readouterr().err
-
 
 # ----------------------------------------------------------------------------------------------------------
 # checkpoints: checksums and finite parameters

@@ -60,7 +60,7 @@ def test_bank_index_and_files(tmp_path):
     again = fewshot.DocidBank.load(path)
     assert again.records == bank.records and again.built_from == {"lm": "x"}
     path.write_text(path.read_text().splitlines()[0] + "\n{\"doc_id\": \"d1\"}\n")
-    with pytest.raises(ValueError, match="bank.jsonl: not a docid bank"):
+    with pytest.raises(ValueError, match="bank.jsonl: its rows are not the ones it was written with"):
         fewshot.DocidBank.load(path)
 
 
