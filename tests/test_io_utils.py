@@ -95,7 +95,7 @@ def test_keep_previous_keeps_a_different_result_and_not_an_identical_one(tmp_pat
 
 def test_unwritable_destinations_are_clear_errors(tmp_path):
     (tmp_path / "file").write_text("I am a file")
-    with pytest.raises(OSError, match="a part of its parent path is a file"):
+    with pytest.raises(io_utils.FileFormatError, match=f"{tmp_path / 'file'} is a file, not a directory"):
         io_utils.write_text(tmp_path / "file" / "out.json", "{}")
     with pytest.raises(FileExistsError, match="exists"):
         with io_utils.atomic_dir(tmp_path / "file", overwrite=False):
