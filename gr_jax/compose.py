@@ -383,7 +383,7 @@ def _final_evaluation(setup: Setup, params, step: int, eval_config: EvalConfig, 
            "run": str(run_path)}
     if eval_config.compare_bm25:
         out["bm25_metrics"] = bm25_metrics(setup.dataset, split, qrels, eval_config)
-    writer = trainer.ScalarWriter(model_dir, "eval")
+    writer = trainer.ScalarWriter(model_dir, "eval", resumed_at=step - 1)  # a re-run replaces its final line
     writer.write(step, {f"final/{k}": v for k, v in metrics.items()})
     writer.close()
     return out

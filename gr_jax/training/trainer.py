@@ -259,8 +259,8 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state, **json_ite
     is an OSError naming the checkpoint folder and the space left there."""
     items = {k: ocp.args.JsonSave(v) for k, v in json_items.items()}
     host_state = jax.device_get(state)
-    fault_point("checkpoint", manager.directory)
     try:
+        fault_point("checkpoint", manager.directory)
         manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                    digests=ocp.args.JsonSave(array_digests(host_state)), **items),
                      force=True)
