@@ -458,7 +458,10 @@ def import_checkpoint(model_dir: str = gin.REQUIRED, initial_checkpoint_path: st
     except BaseException:
         for made in (set(model_dir.iterdir()) if model_dir.is_dir() else set()) - before:
             log.warning("the import failed: removing %s, which it had written", made)
-            shutil.rmtree(made) if made.is_dir() and not made.is_symlink() else made.unlink()
+            if made.is_dir() and not made.is_symlink():
+                shutil.rmtree(made)
+            else:
+                made.unlink()
         raise
 
 

@@ -31,6 +31,7 @@ import importlib.util
 import json
 import logging
 import math
+import numbers
 import os
 import re
 import shutil
@@ -260,16 +261,19 @@ def write_bytes(path: str | os.PathLike, data: bytes, keep_previous: bool = Fals
 
 
 def finite_or_none(obj):
-    """`obj` with every non-finite float (NaN, ±inf; numpy scalars included) replaced by None."""
+    """`obj` with every non-finite float (NaN, ±inf; numpy scalars included) replaced by None, and numpy
+    scalars made Python numbers."""
     if isinstance(obj, dict):
         return {k: finite_or_none(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [finite_or_none(v) for v in obj]
-    if isinstance(obj, float) or type(obj).__module__ == "numpy" and hasattr(obj, "dtype") and obj.dtype.kind == "f":
-        return float(obj) if math.isfinite(obj) else None
-    if type(obj).__module__ == "numpy" and hasattr(obj, "item"):
-        return obj.item()
-    return obj
+    if type(obj).__module__ == "numpy" and getattr(obj, "ndim", None) == 0:
+        obj = obj.item()  # numpy scalars (np.bool_ is no number) as Python values
+    if isinstance(obj, bool) or not isinstance(obj, numbers.Real):
+        return obj
+    if isinstance(obj, numbers.Integral):
+        return int(obj)
+    return float(obj) if math.isfinite(obj) else None
 
 
 def json_text(obj, **kwargs) -> str:
@@ -293,7 +297,7 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
     """The file's text (UTF-8; a leading byte-order mark is dropped); bytes that are not UTF-8 → an error naming
     the file, the line and the offset."""
     path = Path(path)
-    data = Path(path).read_bytes()
+    data = path.read_bytes()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -19,14 +19,21 @@ LOG_EVERY = 0.1  # the fraction of the total between two lines in a file
 
 
 class LogProgress:
-    """tqdm's `update` / `set_postfix` / `close`, writing a log line every `LOG_EVERY` of the total."""
+    """tqdm's `update` / `set_postfix` / `close` (and iteration over `iterable`), writing a log line every
+    `LOG_EVERY` of the total."""
 
-    def __init__(self, total: Optional[int], desc: str, unit: str = "it", initial: int = 0):
-        self.total, self.desc, self.unit, self.n = total, desc, unit, initial
+    def __init__(self, total: Optional[int], desc: str, unit: str = "it", initial: int = 0, iterable=None):
+        self.total, self.desc, self.unit, self.n, self.iterable = total, desc, unit, initial, iterable
         self.postfix: dict = {}
         self._t0, self._n0 = time.time(), initial
         self._every = max(1, int((total or 0) * LOG_EVERY)) if total else None
         self._next = initial + self._every if self._every else None
+
+    def __iter__(self):
+        for x in self.iterable:
+            yield x
+            self.update(1)
+        self.close()
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -50,9 +57,6 @@ class LogProgress:
         extra = "".join(f", {k}={v}" for k, v in self.postfix.items())
         log.info("%s: %s, %.1f %s/s%s", self.desc, where, rate, self.unit, extra)
 
-    def __iter__(self):
-        raise TypeError("LogProgress wraps no iterable: use update()")
-
 
 class _Silent:
     def update(self, n: int = 1) -> None:
@@ -63,18 +67,6 @@ class _Silent:
 
     def close(self) -> None:
         pass
-
-
-class _Iterating(LogProgress):
-    def __init__(self, iterable, **kwargs):
-        super().__init__(**kwargs)
-        self.iterable = iterable
-
-    def __iter__(self):
-        for x in self.iterable:
-            yield x
-            self.update(1)
-        self.close()
 
 
 def on_terminal() -> bool:
@@ -90,10 +82,9 @@ def bar(total: Optional[int] = None, desc: str = "", unit: str = "it", initial: 
         from tqdm.auto import tqdm
 
         return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, **tqdm_kwargs)
-    if iterable is not None:
-        return _Iterating(iterable, total=total if total is not None else _len(iterable), desc=desc, unit=unit,
-                          initial=initial)
-    return LogProgress(total, desc, unit, initial)
+    if total is None and iterable is not None:
+        total = _len(iterable)
+    return LogProgress(total, desc, unit, initial, iterable)
 
 
 def _len(iterable) -> Optional[int]:

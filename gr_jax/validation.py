@@ -61,7 +61,7 @@ SignedInt = Annotated[int, Range(integer=True)]
 _DEFAULT = {int: Range(integer=True, low=0), float: Range()}
 
 
-def _range_of(annotation) -> tuple[Optional[Range], bool, bool]:
+def range_of(annotation) -> tuple[Optional[Range], bool, bool]:
     """(range, None allowed, is a sequence) of an annotation; (None, ...) when it declares no number."""
     optional = sequence = False
     while True:
@@ -89,7 +89,7 @@ def _range_of(annotation) -> tuple[Optional[Range], bool, bool]:
 
 def check_value(name: str, annotation, value) -> None:
     """A `ValueError` naming `name` when `value` is outside what `annotation` declares (module docstring)."""
-    rng, optional, sequence = _range_of(annotation)
+    rng, optional, sequence = range_of(annotation)
     if rng is None or (value is None and optional):
         return
     values = value if sequence and isinstance(value, (list, tuple)) else [value]

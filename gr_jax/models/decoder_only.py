@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from gr_jax.models import llama
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.vocab import PAD_ID
-from gr_jax.validation import Count, Signed
+from gr_jax.validation import Signed
 
 
 @gin.configurable
@@ -67,7 +67,7 @@ class DecoderOnlyRetriever(GenerativeRetriever):
         return cache.start_generation()
 
     @staticmethod
-    def _tile(cache, n: Count):
+    def _tile(cache, n: int):
         return cache.repeat(n)
 
 

@@ -31,7 +31,7 @@ from gr_jax.models.search import Searcher, share_encoder, t5_cache
 from gr_jax.models import t5
 from gr_jax.models.contract import Capabilities
 from gr_jax.models.heads import TextHead
-from gr_jax.validation import Count, Signed
+from gr_jax.validation import Signed
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class GenerativeRetriever:
     def _project(self, params, hidden, tokens=None):
         return self.head.project(self.network, params, hidden, tokens)
 
-    def searcher(self, num_beams: Count) -> Searcher:
+    def searcher(self, num_beams: int) -> Searcher:
         if num_beams not in self._searchers:
             # a head that scores candidate tokens alone lets "renormalized" / "raw" skip the full projection
             split = self.head.candidate_logits
@@ -153,29 +153,29 @@ class GenerativeRetriever:
         return self._searchers[num_beams]
 
     @staticmethod
-    def _tile(cache, n: Count):
+    def _tile(cache, n: int):
         """Beam tiling of the decode cache (T5: the encoder's keys/values stay once per query)."""
         return share_encoder(cache, n)
 
-    def predict(self, params, query_tokens_BxL, index, num_beams: Count = 10) -> BeamResult:
+    def predict(self, params, query_tokens_BxL, index, num_beams: int = 10) -> BeamResult:
         """Constrained beam search over `index` (a TrieIndex); every returned docid is in the index. With a
         `bonus_fn`, `query_state_fn` gives it the per-query state."""
         state = None if self.query_state_fn is None else self.query_state_fn(self, params, query_tokens_BxL)
         return self.searcher(num_beams).search(params, query_tokens_BxL, index.device(), query_state=state)
 
-    def predict_arrays(self, params, query_tokens_BxL, index, num_beams: Count = 10):
+    def predict_arrays(self, params, query_tokens_BxL, index, num_beams: int = 10):
         """The beams' documents as arrays, gathered on the device from the index's leaf → documents payload:
         (docs [B, N, P] corpus rows, valid [B, N, P], beam scores [B, N]) on the host."""
         res = self.predict(params, query_tokens_BxL, index, num_beams)
         docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
         return jax.device_get((docs, valid, res.scores))
 
-    def rank(self, params, query_tokens_BxL, index, num_beams: Count = 10):
+    def rank(self, params, query_tokens_BxL, index, num_beams: int = 10):
         """The ranker's flat output: (query [R], document row [R], score [R]), each pair once."""
         docs, valid, scores = self.predict_arrays(params, query_tokens_BxL, index, num_beams)
         return self.ranker(docs, valid, scores)
 
-    def predict_documents(self, params, query_tokens_BxL, index, num_beams: Count = 10,
+    def predict_documents(self, params, query_tokens_BxL, index, num_beams: int = 10,
                           keys=None) -> list[list[tuple[int, float]]]:
         """Per query, (document row, score) best first, by the ranker (decoding/rankers.py). With the default
         ranker a docid shared by several documents (collision) yields each of them at that docid's score;

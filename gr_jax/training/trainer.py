@@ -257,13 +257,10 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
 def save_checkpoint(manager: ocp.CheckpointManager, step: int, state, **json_items) -> None:
     """A synchronous orbax save of `state` with its array checksums and the given JSON items. A full disk
     is an OSError naming the checkpoint folder and the space left there."""
-    items = {k: ocp.args.JsonSave(v) for k, v in json_items.items()}
-    host_state = jax.device_get(state)
+    items = {k: ocp.args.JsonSave(v) for k, v in {**json_items, "digests": array_digests(state)}.items()}
     try:
         fault_point("checkpoint", manager.directory)
-        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                   digests=ocp.args.JsonSave(array_digests(host_state)), **items),
-                     force=True)
+        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), **items), force=True)
         manager.wait_until_finished()
     except Exception as e:
         if not no_space(e):

@@ -20,44 +20,30 @@ from pathlib import Path
 
 import pytest
 
+from tests.protocols.test_dynamic_corpora import PROTOCOL, SMALL
+from tests.test_bad_inputs import TINY
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow  # each test starts two to four processes of several seconds each
 
-# the TINY DSI of tests/test_bad_inputs.py, with a checkpoint every 2 of its 4 steps (checkpoints 2 and 4)
-TINY_TRAIN = """
-include 'experiments/demo/dsi_naive.gin'
-load_dataset.demo_docs = 40
+# the TINY DSI of tests/test_bad_inputs.py, with a checkpoint every 2 of 4 steps (checkpoints 2 and 4); later
+# bindings override earlier ones
+TINY_TRAIN = TINY + """
 TRAIN_STEPS = 4
-BATCH_SIZE = 8
-prepare.vocab_size = 200
-train.progress = False
-train.log_period = 1
 train.checkpoint_period = 2
-EvalConfig.compare_bm25 = False
-EvalConfig.num_beams = 3
 """
 
 # the dynamic-corpora protocol (tests/protocols/test_dynamic_corpora.py): BM25, and the text-docid DSI made smaller
-DYNAMIC_BM25 = """
-include 'experiments/demo/dynamic_bm25.gin'
-load_dataset.demo_docs = 60
-run_dynamic.progress = False
-"""
+DYNAMIC_BM25 = "include 'experiments/demo/dynamic_bm25.gin'\n" + PROTOCOL
 DYNAMIC_GR = """
 include 'runs/dynamic.gin'
 include 'experiments/demo/dsi_naive.gin'
 run_dynamic.method = 'gr'
 EvalConfig.compare_bm25 = False
+""" + SMALL + """
 load_dataset.demo_docs = 40
-run_dynamic.progress = False
 TRAIN_STEPS = 2
-BATCH_SIZE = 16
-prepare.vocab_size = 300
-train.progress = False
-train.log_period = 2
-train.checkpoint_period = 100
-EvalConfig.batch_size = 32
 EvalConfig.num_beams = 3
 """
 
@@ -146,6 +132,17 @@ def reference(tiny_gin, tmp_path_factory) -> Path:
     return model_dir
 
 
+def _resumes_to_the_reference(args: list, model_dir: Path, reference: Path) -> None:
+    """The same command again resumes and ends with the uninterrupted run's run file and metrics, each step
+    logged once."""
+    res = _ok(_run("train", args))
+    assert "resumed from" in res.stderr
+    assert (model_dir / "runs" / "test.step4.run").read_bytes() == (reference / "runs" / "test.step4.run").read_bytes()
+    assert _train_result(model_dir) == _train_result(reference)
+    steps = _steps(model_dir / "train_metrics.jsonl")
+    assert len(steps) == len(set(steps)) and sorted(steps) == [1, 2, 3, 4], steps
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 1. killed at a checkpoint save
 # ---------------------------------------------------------------------------------------------------------------
@@ -159,12 +156,7 @@ def test_train_killed_at_a_checkpoint_save_resumes_to_the_uninterrupted_result(t
     assert not (model_dir / "final_metrics.json").exists()
     assert _steps(model_dir / "train_metrics.jsonl") == [1, 2, 3, 4]  # logged before the kill
 
-    res = _ok(_run("train", args))
-    assert "resumed from" in res.stderr
-    assert (model_dir / "runs" / "test.step4.run").read_bytes() == (reference / "runs" / "test.step4.run").read_bytes()
-    assert _train_result(model_dir) == _train_result(reference)
-    steps = _steps(model_dir / "train_metrics.jsonl")
-    assert len(steps) == len(set(steps)) and sorted(steps) == [1, 2, 3, 4], steps
+    _resumes_to_the_reference(args, model_dir, reference)
     assert not (model_dir / ".gr_jax.lock").exists()
 
 
@@ -231,12 +223,7 @@ def test_no_space_at_a_checkpoint_save_is_one_error_and_a_rerun_resumes(no_space
     assert not (model_dir / "checkpoints" / "4").exists() and not (model_dir / "final_metrics.json").exists()
     assert not (model_dir / ".gr_jax.lock").exists()
 
-    res = _ok(_run("train", args))
-    assert "resumed from" in res.stderr
-    assert (model_dir / "runs" / "test.step4.run").read_bytes() == (reference / "runs" / "test.step4.run").read_bytes()
-    assert _train_result(model_dir) == _train_result(reference)
-    steps = _steps(model_dir / "train_metrics.jsonl")
-    assert len(steps) == len(set(steps)) and sorted(steps) == [1, 2, 3, 4], steps
+    _resumes_to_the_reference(args, model_dir, reference)
     assert _leftovers(model_dir) == []
 
 

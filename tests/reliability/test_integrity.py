@@ -183,7 +183,7 @@ def test_every_numeric_setting_has_a_range():
 
         for p in inspect.signature(c.wrapped).parameters.values():
             numeric = isinstance(p.default, (int, float)) and not isinstance(p.default, bool)
-            if numeric and validation._range_of(hints.get(p.name))[0] is None:
+            if numeric and validation.range_of(hints.get(p.name))[0] is None:
                 unchecked.append(f"{c.name}.{p.name}")
     # relevance thresholds: an int, or a dict per split
     assert sorted(unchecked) == ["EvalConfig.rel_threshold", "run_robustness.rel_threshold"], unchecked

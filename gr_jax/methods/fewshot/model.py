@@ -310,7 +310,7 @@ class FewShotRetriever:
     def _step(self, params, cache, tokens):
         return self.lm.model.apply({"params": params["lm"]}, cache, tokens, method=llama.Llama.decode_step)
 
-    def searcher(self, num_beams: Count) -> Searcher:
+    def searcher(self, num_beams: int) -> Searcher:
         if num_beams not in self._searchers:
             self._searchers[num_beams] = Searcher(
                 self._step, self._cache, start_token=self.start_token, eos_id=self.lm.newline_id,
@@ -318,13 +318,13 @@ class FewShotRetriever:
                 tile_fn=lambda cache, n: cache.repeat(n))
         return self._searchers[num_beams]
 
-    def predict_arrays(self, params, query_tokens, index, num_beams: Count = 10):
+    def predict_arrays(self, params, query_tokens, index, num_beams: int = 10):
         # int32 always: the evaluation batches store narrower ints, and another dtype would compile again
         query_tokens = np.asarray(query_tokens).astype(np.int32)
         res = self.searcher(num_beams).search(params, query_tokens, index.device())
         docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
         return jax.device_get((docs, valid, res.scores))
 
-    def rank(self, params, query_tokens, index, num_beams: Count = 10):
+    def rank(self, params, query_tokens, index, num_beams: int = 10):
         docs, valid, scores = self.predict_arrays(params, query_tokens, index, num_beams)
         return self.ranker(docs, valid, scores)

@@ -198,7 +198,7 @@ class GlenRetriever(GenerativeRetriever):
                              f"{self.feed!r} (the token-fed ablation) trains with phase 1's L_key and keyword "
                              f"docids only")
 
-    def decode_docids(self, params, doc_tokens, batch_size: Count = 64):
+    def decode_docids(self, params, doc_tokens, batch_size: int = 64):
         self._hidden_only("decoding docids from documents (GlenDocids)")
         return decode_docids(self.network, params["network"], doc_tokens, self.docid_length, self.masked_ids,
                              batch_size)
@@ -245,7 +245,7 @@ class GlenRetriever(GenerativeRetriever):
         logits, _ = self.step_table(params, query_tokens)
         return _table_cache(logits, self.masked_ids)
 
-    def searcher(self, num_beams: Count) -> Searcher:
+    def searcher(self, num_beams: int) -> Searcher:
         if self.feed == "tokens":
             return super().searcher(num_beams)
         if num_beams not in self._searchers:
@@ -256,7 +256,7 @@ class GlenRetriever(GenerativeRetriever):
                 length_penalty=self.length_penalty, bonus_fn=self.bonus_fn, tile_fn=_keep_per_query)
         return self._searchers[num_beams]
 
-    def _search_impl(self, params, query_tokens, trie, query_state, num_beams: Count):
+    def _search_impl(self, params, query_tokens, trie, query_state, num_beams: int):
         logits, _ = self.step_table(params, query_tokens)
         res = bs.beam_search(_table_step, _table_cache(logits, self.masked_ids), trie,
                              batch_size=query_tokens.shape[0], num_beams=self.beam_factor * num_beams,
@@ -268,7 +268,7 @@ class GlenRetriever(GenerativeRetriever):
         w_q = jnp.take_along_axis(logits[:, None], tokens[..., None], axis=-1)[..., 0]  # [B, N, M]
         return res, w_q
 
-    def beams(self, params, query_tokens_BxL, index, num_beams: Count):
+    def beams(self, params, query_tokens_BxL, index, num_beams: int):
         """GLEN's constrained top-K with K = beam_factor · N; the first N beams (BeamResult [B, N]) and the
         query's raw logits at each beam's tokens [B, N, M] (w^q of paper Eq. 9)."""
         if self.feed == "tokens":
@@ -278,7 +278,7 @@ class GlenRetriever(GenerativeRetriever):
         state = None if self.query_state_fn is None else self.query_state_fn(self, params, query_tokens_BxL)
         return self._search_jit(params, jnp.asarray(query_tokens_BxL), index.device(), state, num_beams)
 
-    def rank(self, params, query_tokens_BxL, index, num_beams: Count = 10):
+    def rank(self, params, query_tokens_BxL, index, num_beams: int = 10):
         if self.feed == "tokens":
             return super().rank(params, query_tokens_BxL, index, num_beams)
         res, w_q = self.beams(params, query_tokens_BxL, index, num_beams)

@@ -445,7 +445,7 @@ class PagRetriever(GenerativeRetriever):
     def _simul(self, params, query_BxL, set_ids):
         return simul_scores(lexical_rep(self.network, params["network"], query_BxL), set_ids, self.simul_chunk)
 
-    def plan(self, params, query_tokens_BxL, n: Optional[Count] = None):
+    def plan(self, params, query_tokens_BxL, n: Optional[int] = None):
         """The planning set: (corpus rows [B, n], s_simul [B, n]), ties at the n-th place by document key
         (`top_n_by_key`); s_simul is recomputed on that rare path rather than kept."""
         n = min(int(n or self.planning_size), int(self.set_ids.shape[0]))
@@ -480,7 +480,7 @@ class PagRetriever(GenerativeRetriever):
     def _project(self, params, hidden, tokens=None):
         return pag_project(self.network, params["network"], hidden, tokens)
 
-    def searcher(self, num_beams: Count, guided: Optional[bool] = None) -> Searcher:
+    def searcher(self, num_beams: int, guided: Optional[bool] = None) -> Searcher:
         """mode "seq_only": plain raw-score search; otherwise the planning-set search, selected with the bonus
         (`guided`, default: mode "pag") or without."""
         guided = (self.mode == "pag") if guided is None else guided
@@ -495,18 +495,18 @@ class PagRetriever(GenerativeRetriever):
                 project_fn=self._project)
         return self._searchers[key]
 
-    def query_state(self, params, query_tokens_BxL, index, n: Optional[Count] = None):
+    def query_state(self, params, query_tokens_BxL, index, n: Optional[int] = None):
         rows, s = self.plan(params, query_tokens_BxL, n)
         paths, leaves = self._doc_paths(index)
         fn = self._jits.setdefault("tables", jax.jit(bonus_tables, static_argnums=4))
         return fn(paths, leaves, rows, s, self._dense_sizes)
 
-    def predict(self, params, query_tokens_BxL, index, num_beams: Count = 10, guided: Optional[bool] = None):
+    def predict(self, params, query_tokens_BxL, index, num_beams: int = 10, guided: Optional[bool] = None):
         if self.mode == "simul_only":
             raise ValueError("PagRetriever mode 'simul_only' ranks by s_simul and decodes nothing")
         return self.beams_and_state(params, query_tokens_BxL, index, num_beams, guided)[0]
 
-    def _planned_search(self, params, q, set_ids, paths, leaves, trie, n: Count, num_beams: Count, guided: bool,
+    def _planned_search(self, params, q, set_ids, paths, leaves, trie, n: int, num_beams: int, guided: bool,
                         dense_sizes: tuple):
         """Planner and guided search under one jit, the query read once (`pag_prefill`): → (BeamResult, state,
         whether a tie crossed the n-th planning place)."""
@@ -522,7 +522,7 @@ class PagRetriever(GenerativeRetriever):
                              accumulate_bonus=False, project_fn=functools.partial(pag_project, self.network, net))
         return res, state, tie
 
-    def beams_and_state(self, params, query_tokens_BxL, index, num_beams: Count, guided: Optional[bool] = None):
+    def beams_and_state(self, params, query_tokens_BxL, index, num_beams: int, guided: Optional[bool] = None):
         """(BeamResult, look-ahead state or None in mode "seq_only")."""
         q = self._queries(query_tokens_BxL)
         if self.mode == "seq_only":
@@ -544,7 +544,7 @@ class PagRetriever(GenerativeRetriever):
             return res.scores
         return jnp.where(res.valid, res.scores + leaf_bonus(jnp.where(res.valid, res.leaf_ids, -1), state), -jnp.inf)
 
-    def rank(self, params, query_tokens_BxL, index, num_beams: Count = 10):
+    def rank(self, params, query_tokens_BxL, index, num_beams: int = 10):
         if self.mode == "simul_only":
             rows, s = jax.device_get(self.plan(params, query_tokens_BxL))
             B, n = rows.shape
@@ -556,7 +556,7 @@ class PagRetriever(GenerativeRetriever):
         return self.ranker(docs, valid, final)
 
     # -- diagnostics (the robustness protocol's plan probes) ------------------------------------------------
-    def planner_tokens(self, params, query_tokens_BxL, ell: Count) -> list[list[int]]:
+    def planner_tokens(self, params, query_tokens_BxL, ell: int) -> list[list[int]]:
         """P_ℓ(q) of 004 Eq. 8: per query, its top-ℓ planning-vocabulary ids (below the docid tokens) by the
         planner's weight rep_q[v], heaviest first, ties by smaller id; only ids with positive weight (a query
         that fires fewer than ℓ tokens has a smaller set, so unrelated zero-weight ids never count as shared)."""
@@ -566,7 +566,7 @@ class PagRetriever(GenerativeRetriever):
         vals, ids = jax.device_get(fn(rep))
         return [[int(i) for i, v in zip(ri, rv) if v > 0] for ri, rv in zip(ids, vals)]
 
-    def rank_with_plan(self, params, query_tokens_BxL, plan_tokens_BxL, index, num_beams: Count = 10):
+    def rank_with_plan(self, params, query_tokens_BxL, plan_tokens_BxL, index, num_beams: int = 10):
         """Guided search of each query under the plan of another query (row by row): the counterfactual plan
         swap of 004 Eq. 10 (PlanSwapDrop decodes q̃ with the clean query's plan). The final scores add the
         look-ahead of that plan, as `rank` adds the query's own."""
