@@ -126,7 +126,8 @@ def train_aligned_planner(model, params, tokenize, train_pairs: tuple[QuerySet, 
     bar.close()
     out_dir = Path(out_dir)
     blob = flax.serialization.to_bytes(jax.device_get(best))
-    meta = {"params_digest": hashlib.blake2b(blob, digest_size=12).hexdigest(), "teacher": teacher, "chosen_epoch": best_epoch, "history": history, "tau": tau, "k": k, "ell": ell,
+    meta = {"params_digest": hashlib.blake2b(blob, digest_size=12).hexdigest(), "teacher": teacher,
+            "chosen_epoch": best_epoch, "history": history, "tau": tau, "k": k, "ell": ell,
             "learning_rate": learning_rate, "epochs": epochs, "batch_size": batch_size, "trainable": list(TRAINABLE),
             "pairs": fingerprint(train_pairs[0].qids, train_pairs[1].texts),
             "dev_pairs": fingerprint(dev_pairs[0].qids, dev_pairs[1].texts)}
