@@ -233,8 +233,9 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
     try:
         restored = manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # orbax/tensorstore raise many types for unreadable files
-        raise DamagedCheckpoint(f"{where}: damaged, its arrays cannot be read ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+        detail = (str(e).splitlines() or [""])[0].split(" See full TensorStore details")[0][:200]
+        raise DamagedCheckpoint(f"{where}: damaged, its arrays cannot be read ({type(e).__name__}: {detail})") \
+            from None
     try:
         recorded = manager.restore(step, args=ocp.args.Composite(digests=ocp.args.JsonRestore()))["digests"]
     except Exception:  # no such item: written before checksums were recorded

@@ -383,3 +383,32 @@ def test_robustness_killed_at_a_random_moment_reruns_to_the_same_result(tmp_path
     assert json.loads((out / "robustness.json").read_text()) == expected
     assert {p.name: p.read_bytes() for p in (out / "runs").iterdir()} == runs
     assert _leftovers(tmp_path / "killed_variations") == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 6. a damaged checkpoint: one message, nothing after it
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", ["flipped bit", "truncated"])
+def test_a_damaged_checkpoint_stops_inference_with_one_line(tiny_gin, reference, tmp_path, damage):
+    """A flipped bit in an array file is caught by the checksum recorded at save; a truncated one by orbax, whose
+    abandoned asynchronous reads used to print an "Event loop is closed" traceback after the message."""
+    import shutil
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(reference, model_dir)
+    data = max((p for p in (model_dir / "checkpoints" / "4" / "state").rglob("*") if p.is_file() and "/d/" in p.as_posix()),
+               key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    if damage == "flipped bit":
+        raw[len(raw) // 2] ^= 0x01
+    else:
+        raw = raw[: len(raw) // 3]
+    data.write_bytes(bytes(raw))
+    res = _run("infer", [f"--gin_file={tiny_gin}", "--gin_file=runs/eval.gin", f"--gin.MODEL_DIR='{model_dir}'"])
+    assert res.returncode == 2, res.stderr[-4000:]
+    line = _one_error_line(res.stderr)
+    assert f"{model_dir / 'checkpoints' / '4'}: damaged" in line, line
+    assert "Event loop" not in res.stderr and "Exception ignored" not in res.stderr and "never awaited" not in res.stderr
+    if damage == "flipped bit":
+        assert "differ from the checksums recorded" in line, line
