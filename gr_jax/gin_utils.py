@@ -312,10 +312,12 @@ def check_bound_values() -> None:
         for name, value in sorted(params.items()):
             if name not in hints:
                 continue
-            value = _bound_value(value)
+            raw, value = value, _bound_value(value)
             if value is _UNKNOWN:
                 continue
             where = f"{scope + '/' if scope else ''}{configurable.name}.{name}"
+            if isinstance(raw, gin.config.ConfigurableReference):  # a macro: named as the user set it
+                where = f"{raw.scoped_selector.rsplit('/', 1)[0]} ({where})"
             try:
                 validation.check_value(where, hints[name], value)
             except ValueError as e:

@@ -94,7 +94,7 @@ def output_lock(path: str | os.PathLike, command: str) -> Iterator[Path]:
         finally:
             _held[key] -= 1
         return
-    created = not path.exists()
+    created = [p for p in [path, *path.parents] if not p.exists()]  # deepest first
     make_dirs(path)
     lock_path = path / LOCK_NAME
     fd = _acquire(lock_path)
@@ -117,6 +117,8 @@ def output_lock(path: str | os.PathLike, command: str) -> Iterator[Path]:
             lock_path.unlink(missing_ok=True)
     finally:
         os.close(fd)
-    if created:
-        with contextlib.suppress(OSError):
-            path.rmdir()  # only when empty: the command wrote nothing
+        for folder in created:  # those left empty: the command wrote nothing (a refused command, say)
+            try:
+                folder.rmdir()
+            except OSError:
+                break

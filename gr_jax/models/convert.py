@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping
 import jax
 import numpy as np
 
-from gr_jax.io_utils import atomic_dir, read_json
+from gr_jax.io_utils import FileFormatError, atomic_dir, read_json
 from gr_jax.models.t5 import T5Config, init_params
 
 log = logging.getLogger(__name__)
@@ -271,8 +271,8 @@ def _read_json_object(path: Path, missing_hint: str) -> dict[str, Any]:
         obj = read_json(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: not found ({missing_hint})") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: invalid JSON ({e})") from None
+    except FileFormatError as e:
+        raise CheckpointError(f"{path}: invalid JSON ({str(e).split(f'{path}: ', 1)[-1]})") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     return obj

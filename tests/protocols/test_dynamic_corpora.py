@@ -88,6 +88,7 @@ def test_command_with_bm25(tmp_path, capsys):
     assert result["method"] == "bm25" and result["P"][0][0] > 0.5  # BM25 finds most demo documents
     assert "| bm25 |" in capsys.readouterr().out
     # a re-run gives the same results (other timings): it replaces them quietly, no dynamic.prev-1
+    gin.clear_config()
     assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / 'bm25'}'"]) == 0
     assert sorted(p.name for p in (tmp_path / "bm25").iterdir()) == ["dynamic", "dynamic_timing.json"]
     import subprocess

@@ -193,7 +193,7 @@ def test_every_numeric_setting_has_a_range():
     ("write_pseudo_queries.max_documents = -1998", "write_pseudo_queries.max_documents must be an integer ≥ 0"),
     ("finetune_dual_encoder.temperature = -0.05", "finetune_dual_encoder.temperature must be a finite number > 0"),
     ("PseudoQueryGenerator.temperature = -1.0", "PseudoQueryGenerator.temperature must be a finite number > 0"),
-    ("BATCH_SIZE = 0", "train.batch_size must be an integer ≥ 1"),
+    ("BATCH_SIZE = 0", "BATCH_SIZE (train.batch_size) must be an integer ≥ 1"),
     ("make_optimizer.learning_rate = 1e999", "make_optimizer.learning_rate must be a finite number > 0"),
 ])
 def test_out_of_range_bindings_are_refused_before_anything_runs(tmp_path, capsys, binding, message):
