@@ -380,22 +380,5 @@ def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = (), root
         # gin appends "In call to configurable ..." lines naming its wrapper: noise for the user
         message = "\n".join(line for line in str(e).splitlines() if not line.startswith("  In call to configurable"))
         sys.stderr.write(f"error: {message}\n")
-        quiet_abandoned_work()
         return 2, None
 
-
-def quiet_abandoned_work() -> None:
-    """After an error: orbax's asynchronous reads that the failed restore abandoned are collected now, and what
-    they report when collected ("Event loop is closed", "never awaited") goes to the debug log, not after the
-    one error message."""
-    import gc
-    import warnings
-
-    previous = sys.unraisablehook
-    sys.unraisablehook = lambda u: log.debug("after the error: %s %s", u.err_msg, u.exc_value)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            gc.collect()
-    finally:
-        sys.unraisablehook = previous

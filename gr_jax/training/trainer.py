@@ -19,11 +19,15 @@ drew; the data order is the iterator's, whose state is saved in every checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
+import inspect
 import json
 import logging
+import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -231,7 +235,8 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
     if with_data:
         items["data"] = ocp.args.JsonRestore()
     try:
-        restored = manager.restore(step, args=ocp.args.Composite(**items))
+        with _abandoned_reads_quiet():
+            restored = manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # orbax/tensorstore raise many types for unreadable files
         detail = (str(e).splitlines() or [""])[0].split(" See full TensorStore details")[0][:200]
         raise DamagedCheckpoint(f"{where}: damaged, its arrays cannot be read ({type(e).__name__}: {detail})") \
@@ -253,6 +258,30 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
         raise DamagedCheckpoint(f"{where}: its parameters hold NaN or infinite values ({len(bad)} array(s), first: "
                                 f"{bad[0]}); it cannot give a meaningful result")
     return restored
+
+
+@contextlib.contextmanager
+def _abandoned_reads_quiet():
+    """When one array of a checkpoint cannot be read, orbax gives up on the others while tensorstore still
+    completes them: each completion then reports "Event loop is closed" (or a coroutine never awaited) as an
+    unraisable exception — a dozen tracebacks around the one error message, some after it. Those go to the
+    debug log: for the restore, and, if it failed, for the rest of the process (the abandoned reads finish
+    later). Other unraisable exceptions still reach the previous hook."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if inspect.iscoroutine(unraisable.object) or "Event loop is closed" in str(unraisable.exc_value):
+            log.debug("abandoned checkpoint read: %s", unraisable.exc_value)
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    except BaseException:
+        warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+        raise
+    sys.unraisablehook = previous
 
 
 def save_checkpoint(manager: ocp.CheckpointManager, step: int, state, **json_items) -> None:
