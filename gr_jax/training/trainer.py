@@ -280,8 +280,20 @@ def _abandoned_reads_quiet():
         yield
     except BaseException:
         warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+        if _abandoned_tasks not in logging.getLogger("asyncio").filters:  # "… exception was never retrieved"
+            logging.getLogger("asyncio").addFilter(_abandoned_tasks)
         raise
     sys.unraisablehook = previous
+
+
+def _abandoned_tasks(record: logging.LogRecord) -> bool:
+    """asyncio's "Task / _GatheringFuture exception was never retrieved", which follows a failed checkpoint read
+    (the filter is installed only then): the abandoned reads' futures, to the debug log."""
+    message = record.getMessage()
+    if "exception was never retrieved" in message.split("\n", 1)[0]:
+        log.debug("abandoned checkpoint read: %s", message[:200])
+        return False
+    return True
 
 
 def save_checkpoint(manager: ocp.CheckpointManager, step: int, state, **json_items) -> None:
