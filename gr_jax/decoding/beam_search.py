@@ -1,4 +1,9 @@
-"""Jit-compiled beam search over a batch of queries, constrained by a `TrieIndex` (or unconstrained).
+"""Jit-compiled beam search over a batch of queries, under a decoding constraint (or unconstrained).
+
+The constraint is any `index.constraint.Constraint`: a prefix tree of docids (`index.device.DeviceTrie`), a
+substring index (`index.substring.DeviceSubstrings`: any n-gram of any document), or a method's own. Each
+beam carries the constraint's state; the search asks the constraint for a beam's allowed next tokens and the
+states they lead to, so every constraint shares this one search.
 
 The model is any step function `step_fn(cache, tokens_R) -> (logits_RxV, cache)` over R = B·N rows, whose
 cache is a pytree with the row axis first (the T5 `DecodeCache`, or a toy scorer in tests). Rows are tiled
@@ -7,7 +12,8 @@ and reordered with `jnp.repeat`/`jnp.take` on every cache leaf whose leading axi
 Per level the beams gather the K child slots of their trie node (CSR) or read a dense row, score them, and
 keep the top N of N·K — never N·V on CSR levels. Beams that reach a leaf move to a *finished* pool of N;
 the rest stay *alive*. The search runs every level of the trie (no early stop), so the result is the
-canonical beam search: with N ≥ number of docids it equals the exhaustive ranking.
+canonical beam search: with N ≥ number of docids it equals the exhaustive ranking. With `keep_history` the
+alive beams of every level are returned too (SEAL keeps every n-gram its beams generate: `History`).
 
 Score modes (`score_mode`):
   "log_softmax"   log-softmax over the full vocabulary, then restricted to allowed children (what HF
@@ -28,7 +34,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from gr_jax.index.device import DeviceTrie, level_candidates
+from gr_jax.index.constraint import Constraint
 
 StepFn = Callable[[Any, jax.Array], tuple[jax.Array, Any]]
 BonusFn = Callable[[int, jax.Array, Any], jax.Array]
@@ -52,6 +58,18 @@ class BeamResult:
     prune_scores: jax.Array  # float32 [B, N] model score + bonuses, length-penalised
     leaf_ids: jax.Array  # int32 [B, N] leaf of the docid in the index (-1 where not valid)
     valid: jax.Array  # bool [B, N] False where fewer than N docids could be found
+    states: Any = None  # the constraint's state of each finished docid, leaves [B, N] (a substring range)
+    history: Optional["History"] = None  # with keep_history: the alive beams of every level
+
+
+@flax.struct.dataclass
+class History:
+    """The alive beams after each level d (prefixes of d + 1 tokens), in decreasing pruning-score order."""
+
+    tokens: jax.Array  # int32 [B, T, N, T], -1 after the prefix
+    scores: jax.Array  # float32 [B, T, N] model score (not length-penalised); -inf where not valid
+    states: Any  # the constraint's state of each prefix, leaves [B, T, N]
+    valid: jax.Array  # bool [B, T, N]
 
 
 def tile_rows(tree, n: int, rows: int):
@@ -92,27 +110,33 @@ class _State:
     tokens: jax.Array
     score: jax.Array
     prune: jax.Array
-    node: jax.Array  # alive: node id at the current depth; finished: leaf id
+    node: Any  # the constraint's state of the prefix (a trie: node id at the current depth)
+    leaf: jax.Array  # finished: leaf id of the docid
     length: jax.Array
     valid: jax.Array
 
 
-def _empty(B, N, T) -> _State:
+def _empty(B, N, T, node_like) -> _State:
+    """N dead beams; `node_like`: a constraint state whose structure and dtypes the dead states copy."""
     return _State(tokens=jnp.full((B, N, T), -1, jnp.int32), score=jnp.full((B, N), NEG_INF),
-                  prune=jnp.full((B, N), NEG_INF), node=jnp.full((B, N), -1, jnp.int32),
-                  length=jnp.zeros((B, N), jnp.int32), valid=jnp.zeros((B, N), bool))
+                  prune=jnp.full((B, N), NEG_INF),
+                  node=jax.tree_util.tree_map(lambda x: jnp.full((B, N), -1, x.dtype), node_like),
+                  leaf=jnp.full((B, N), -1, jnp.int32), length=jnp.zeros((B, N), jnp.int32),
+                  valid=jnp.zeros((B, N), bool))
 
 
-def _extend(alive: _State, flat_idx, C: int, d: int, tokens_BxNxC, score, prune, node, length: int) -> _State:
-    """The states reached by taking slot flat_idx % C of beam flat_idx // C; flat_idx [B, k]."""
+def _extend(alive: _State, flat_idx, C: int, d: int, tokens_BxNxC, score, prune, node, leaf, length: int) -> _State:
+    """The states reached by taking slot flat_idx % C of beam flat_idx // C; flat_idx [B, k]. `node` (the
+    constraint's states of the slots, leaves [B, n, C]) and `leaf` ([B, n, C]) may be None."""
     parent = flat_idx // C
     take = lambda x: jnp.take_along_axis(x.reshape(x.shape[0], -1), flat_idx, axis=1)  # noqa: E731
     seq = jnp.take_along_axis(alive.tokens, parent[..., None], axis=1)
     seq = seq.at[:, :, d].set(take(tokens_BxNxC))
     s, p = take(score), take(prune)
-    node = jnp.full(s.shape, -1, jnp.int32) if node is None else take(node)
-    return _State(tokens=seq, score=s, prune=p, node=node, length=jnp.full(s.shape, length, jnp.int32),
-                  valid=p > NEG_INF)
+    none = jnp.full(s.shape, -1, jnp.int32)
+    node = jax.tree_util.tree_map(lambda _: none, alive.node) if node is None else jax.tree_util.tree_map(take, node)
+    return _State(tokens=seq, score=s, prune=p, node=node, leaf=none if leaf is None else take(leaf),
+                  length=jnp.full(s.shape, length, jnp.int32), valid=p > NEG_INF)
 
 
 def _merge_finished(finished: _State, new: _State, N: int) -> _State:
@@ -134,31 +158,44 @@ def _step(step_fn: StepFn, cache, last, alive: _State, tile_fn, d: int, B: int, 
     return logits.reshape(B, N, -1).astype(jnp.float32), cache, alive
 
 
-def _root(B: int, N: int, T: int) -> _State:
+def _root(B: int, N: int, T: int, root_state) -> _State:
     """Beam 0 alive at the root with score 0; the others dead, so no docid can be found twice."""
     first = jnp.arange(N) == 0
     zero_or_dead = jnp.where(first, 0.0, NEG_INF)[None].repeat(B, 0)
-    return _empty(B, N, T).replace(score=zero_or_dead, prune=zero_or_dead, node=jnp.zeros((B, N), jnp.int32),
-                                   valid=first[None].repeat(B, 0))
+    return _empty(B, N, T, root_state).replace(score=zero_or_dead, prune=zero_or_dead, node=root_state,
+                                               valid=first[None].repeat(B, 0))
 
 
-def _advance(src: _State, idx, C: int, d: int, tokens, score, prune, node, cache, N: int, start_token: int):
-    """Moves the beams to the selected slots: new alive states, the reordered cache, the next input tokens."""
+def _select(src: _State, idx, C: int, d: int, tokens, score, prune, node, N: int) -> tuple[_State, jax.Array]:
+    """The new alive states at the selected slots (padded to N beams) and the padded selection."""
+    return _pad_beams(_extend(src, idx, C, d, tokens, score, prune, node, None, d + 1), idx, N)
+
+
+def _reorder(nxt: _State, idx, C: int, d: int, cache, N: int, start_token: int):
+    """The cache reordered to the selected beams and the next input tokens."""
     B = idx.shape[0]
-    nxt = _extend(src, idx, C, d, tokens, score, prune, node, d + 1)
-    nxt, idx = _pad_beams(nxt, idx, N)
     if d > 0:  # after step 0 every row of a query holds the same state: nothing to reorder
         rows = (jnp.arange(B)[:, None] * N + idx // C).reshape(-1)
         cache = gather_rows(cache, rows, B * N)
     last = jnp.where(nxt.valid, nxt.tokens[:, :, d], start_token).reshape(-1)
-    return nxt, cache, last
+    return cache, last
 
 
-def _result(finished: _State, leaf_ids) -> BeamResult:
+def _result(finished: _State, history=None) -> BeamResult:
     return BeamResult(tokens=finished.tokens, lengths=finished.length,
                       scores=jnp.where(finished.valid, finished.score, NEG_INF),
                       prune_scores=jnp.where(finished.valid, finished.prune, NEG_INF),
-                      leaf_ids=leaf_ids, valid=finished.valid)
+                      leaf_ids=jnp.where(finished.valid, finished.leaf, -1), valid=finished.valid,
+                      states=finished.node, history=history)
+
+
+def _history(levels: list) -> History:
+    """The alive beams of each level stacked on axis 1."""
+    stack = lambda *xs: jnp.stack(xs, axis=1)  # noqa: E731
+    return History(tokens=stack(*(s.tokens for s in levels)),
+                   scores=stack(*(jnp.where(s.valid, s.score, NEG_INF) for s in levels)),
+                   states=jax.tree_util.tree_map(stack, *(s.node for s in levels)),
+                   valid=stack(*(s.valid for s in levels)))
 
 
 def _pad_beams(state: _State, idx, N: int):
@@ -167,21 +204,22 @@ def _pad_beams(state: _State, idx, N: int):
     if k == N:
         return state, idx
     B, _, T = state.tokens.shape
-    pad = _empty(B, N - k, T)
+    pad = _empty(B, N - k, T, state.node)
     state = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=1), state, pad)
     return state, jnp.concatenate([idx, jnp.zeros((B, N - k), idx.dtype)], axis=1)
 
 
-def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, num_beams: int,
+def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: int, num_beams: int,
                 score_mode: str = "log_softmax", length_penalty: float = 0.0, bonus_fn: Optional[BonusFn] = None,
                 query_state=None, start_token: int = 0, tile_fn=None, accumulate_bonus: bool = True,
-                project_fn: Optional[ProjectFn] = None) -> BeamResult:
-    """Constrained beam search (pure; call it under `jax.jit`). `cache` has `batch_size` rows.
+                project_fn: Optional[ProjectFn] = None, keep_history: bool = False) -> BeamResult:
+    """Constrained beam search (pure; call it under `jax.jit`). `cache` has `batch_size` rows; `constraint`
+    follows `index.constraint.Constraint` (a `DeviceTrie`, a substring index, ...) and sets the number of steps.
 
     `accumulate_bonus`: a beam's pruning score carries the bonuses of all its levels (True), or only the
     bonus of its last token on top of the model score (False: PAG's look-ahead, which selects beams by
     score + bonus(prefix) and never keeps the bonus; a finished docid's `prune_scores` is then its model
-    score + the bonus of its leaf).
+    score + the bonus of its leaf). `bonus_fn` receives the children's constraint states (a trie: node ids).
 
     `tile_fn(cache, n)` makes n rows per query after the first step (default: repeat every leaf with
     `batch_size` leading rows); the T5 searcher passes one that keeps encoder states shared per query.
@@ -189,18 +227,20 @@ def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, nu
     `project_fn`: `step_fn` then returns the step's hidden states instead of logits, and `project_fn(hidden,
     tokens)` gives the logits of the candidate tokens only (`tokens` None: the whole vocabulary); see
     `_token_scores` for where that saves work.
+
+    `keep_history`: also return the alive beams of every level (`BeamResult.history`), the last level's
+    selection included.
     """
-    B, N, T = batch_size, num_beams, trie.depth  # T decoding steps = the trie's depth
-    alive = _root(B, N, T)
-    finished = _empty(B, N, T)
-    last = None
+    B, N, T = batch_size, num_beams, constraint.depth  # T decoding steps
+    alive = _root(B, N, T, constraint.root((B, N)))
+    finished = _empty(B, N, T, alive.node)
+    last, levels = None, []
     for d in range(T):
-        spec = trie.specs[d]
         logits, cache, src = _step(step_fn, cache, last, alive, tile_fn, d, B, N, start_token)
         n = src.score.shape[1]
-        tokens, child, leaf, valid = level_candidates(trie, d, src.node)
+        tokens, child, leaf, valid = constraint.children(d, src.node)
         valid = valid & src.valid[..., None]
-        step = _token_scores(logits, tokens, valid, score_mode, project_fn, trie.vocab_size)
+        step = _token_scores(logits, tokens, valid, score_mode, project_fn, constraint.vocab_size)
         score = src.score[..., None] + step
         prune = (src.prune if accumulate_bonus else src.score)[..., None] + step
         if bonus_fn is not None:
@@ -209,19 +249,21 @@ def beam_search(step_fn: StepFn, cache, trie: DeviceTrie, *, batch_size: int, nu
         if tokens is None:
             tokens = jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), step.shape)
         is_leaf = leaf >= 0
-        if spec.has_leaves:
+        if constraint.has_leaves(d):
             penalty = float(d + 1) ** length_penalty
             leaf_prune = jnp.where(is_leaf, prune, NEG_INF).reshape(B, n * C)
             _, idx = jax.lax.top_k(leaf_prune, min(N, n * C))
             new = _extend(src, idx, C, d, tokens, score / penalty, jnp.where(is_leaf, prune, NEG_INF) / penalty,
-                          leaf, d + 1)
+                          child, leaf, d + 1)
             finished = _merge_finished(finished, new, N)
-        if d + 1 < T:
+        if d + 1 < T or keep_history:
             go_prune = jnp.where(is_leaf, NEG_INF, prune).reshape(B, n * C)
             _, idx = jax.lax.top_k(go_prune, min(N, n * C))
-            alive, cache, last = _advance(src, idx, C, d, tokens, score, jnp.where(is_leaf, NEG_INF, prune),
-                                          child, cache, N, start_token)
-    return _result(finished, jnp.where(finished.valid, finished.node, -1))
+            alive, idx = _select(src, idx, C, d, tokens, score, jnp.where(is_leaf, NEG_INF, prune), child, N)
+            levels.append(alive)
+            if d + 1 < T:
+                cache, last = _reorder(alive, idx, C, d, cache, N, start_token)
+    return _result(finished, _history(levels) if keep_history else None)
 
 
 def beam_search_unconstrained(step_fn: StepFn, cache, *, batch_size: int, num_beams: int, max_length: int,
@@ -229,8 +271,8 @@ def beam_search_unconstrained(step_fn: StepFn, cache, *, batch_size: int, num_be
                               length_penalty: float = 0.0, start_token: int = 0, tile_fn=None) -> BeamResult:
     """The same search over the whole vocabulary (EOS ends a sequence), for comparison; `leaf_ids` is -1."""
     B, N, T, V = batch_size, num_beams, max_length, vocab_size
-    alive = _root(B, N, T)
-    finished = _empty(B, N, T)
+    alive = _root(B, N, T, jnp.zeros((B, N), jnp.int32))
+    finished = _empty(B, N, T, alive.node)
     last = None
     for d in range(T):
         logits, cache, src = _step(step_fn, cache, last, alive, tile_fn, d, B, N, start_token)
@@ -242,10 +284,11 @@ def beam_search_unconstrained(step_fn: StepFn, cache, *, batch_size: int, num_be
         # finishing: the EOS slot of each beam (n candidates, not n·V)
         penalty = float(d + 1) ** length_penalty
         eos_idx = jnp.broadcast_to(jnp.arange(n)[None, :] * V + eos_id, (B, n))
-        new = _extend(src, eos_idx, V, d, vocab, score / penalty, score / penalty, None, d + 1)
+        new = _extend(src, eos_idx, V, d, vocab, score / penalty, score / penalty, None, None, d + 1)
         finished = _merge_finished(finished, new, N)
         if d + 1 < T:
             go = jnp.where(jnp.arange(V) == eos_id, NEG_INF, score).reshape(B, n * V)
             _, idx = jax.lax.top_k(go, min(N, n * V))
-            alive, cache, last = _advance(src, idx, V, d, vocab, score, score, None, cache, N, start_token)
-    return _result(finished, jnp.full((B, N), -1, jnp.int32))
+            alive, idx = _select(src, idx, V, d, vocab, score, score, None, N)
+            cache, last = _reorder(alive, idx, V, d, cache, N, start_token)
+    return _result(finished)

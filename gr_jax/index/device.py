@@ -45,6 +45,16 @@ class DeviceTrie:
     def depth(self) -> int:
         return len(self.specs)
 
+    # the decoding-constraint interface (`index.constraint.Constraint`): a beam's state is its node id
+    def root(self, shape: tuple) -> jax.Array:
+        return jnp.zeros(shape, jnp.int32)
+
+    def children(self, d: int, node: jax.Array):
+        return level_candidates(self, d, node)
+
+    def has_leaves(self, d: int) -> bool:
+        return self.specs[d].has_leaves
+
 
 def to_device(index) -> DeviceTrie:
     """Copies a TrieIndex to the default device."""

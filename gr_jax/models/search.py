@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from gr_jax.decoding import beam_search as bs
 from gr_jax.decoding import exhaustive
-from gr_jax.index.device import DeviceTrie
+from gr_jax.index.constraint import Constraint
 from gr_jax.models import t5
 
 
@@ -119,7 +119,7 @@ class Searcher:
         self._search = jax.jit(self._search_impl)
         self._unconstrained = jax.jit(self._unconstrained_impl, static_argnames=("max_length",))
 
-    def _search_impl(self, params, query_tokens, trie: DeviceTrie, query_state):
+    def _search_impl(self, params, query_tokens, trie: Constraint, query_state):
         cache = self.cache_fn(params, query_tokens, trie.depth)
         return bs.beam_search(functools.partial(self.step_fn, params), cache, trie,
                               batch_size=query_tokens.shape[0], num_beams=self.num_beams,
@@ -189,7 +189,7 @@ class Searcher:
                                       self._trie_on_mesh(trie, mesh), query_state)
         return jax.tree_util.tree_map(lambda x: x[:B], out) if pad else out
 
-    def search(self, params, query_tokens, trie: DeviceTrie, query_state=None) -> bs.BeamResult:
+    def search(self, params, query_tokens, trie: Constraint, query_state=None) -> bs.BeamResult:
         if self.mesh is None:
             return self._search(params, _int32(query_tokens), trie, query_state)
         return self._on_mesh("search", self._search_impl, params, _int32(query_tokens), trie, query_state)

@@ -4,6 +4,7 @@ duplicates, insert ≡ rebuild, score modes, the bonus hook, shapes with and wit
 import functools
 
 import chex
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -180,3 +181,73 @@ def test_unknown_score_mode():
     index = TrieIndex.build(np.array([[2, 3]]), vocab_size=V)
     with pytest.raises(ValueError, match="score_mode"):
         beam_search(toy_step, toy_cache(), index.device(), batch_size=B, num_beams=2, score_mode="softmax")
+
+
+@flax.struct.dataclass
+class _TwoTokens:
+    """A constraint written outside the library: any sequence over the tokens {2, 3}, ended by 4 (a complete
+    docid, not extended); a state is the sequence in base 4 (digit = token - 1), the leaf id too."""
+
+    depth: int = flax.struct.field(pytree_node=False, default=3)
+    vocab_size: int = flax.struct.field(pytree_node=False, default=V)
+
+    def root(self, shape):
+        return jnp.zeros(shape, jnp.int32)
+
+    def children(self, d, state):
+        tokens = jnp.broadcast_to(jnp.array([2, 3, 4], jnp.int32), (*state.shape, 3))
+        child = state[..., None] * 4 + (tokens - 1)
+        return tokens, child, jnp.where(tokens == 4, child, -1), jnp.ones(tokens.shape, bool)
+
+    def has_leaves(self, d):
+        return True
+
+
+def _teacher_forced(cache, seq):
+    """log-softmax score of `seq` per query, fed token by token (start token 0)."""
+    total, last = 0.0, jnp.zeros((B,), jnp.int32)
+    for t in seq:
+        logits, cache = toy_step(cache, last)
+        total = total + jax.nn.log_softmax(logits)[:, t]
+        last = jnp.full((B,), t, jnp.int32)
+    return np.asarray(total)
+
+
+def _code(seq):
+    return int("".join(str(t - 1) for t in seq), 4)
+
+
+def test_a_constraint_from_outside_drives_the_search_and_keeps_its_history():
+    """The shared search takes any object with the constraint interface: with N ≥ 2**T beams the history of
+    level d holds all 2**(d+1) prefixes over {2, 3}, each with its teacher-forced score, in decreasing order;
+    the finished pool holds every sequence ended by 4 (7 of them) in score order, with the constraint's
+    leaf ids and states."""
+    import itertools
+
+    cache = toy_cache()
+    res = jax.jit(lambda c: beam_search(toy_step, c, _TwoTokens(), batch_size=B, num_beams=8,
+                                        keep_history=True))(cache)
+    h = res.history
+    for d in range(3):
+        seqs = list(itertools.product([2, 3], repeat=d + 1))
+        for b in range(B):
+            got = {tuple(t[: d + 1]): s for t, s, ok in zip(np.asarray(h.tokens[b, d]).tolist(),
+                                                            np.asarray(h.scores[b, d]), np.asarray(h.valid[b, d]))
+                   if ok}
+            assert set(got) == set(seqs)
+            for seq in seqs:
+                want = _teacher_forced(cache, seq)[b]
+                # float32 sums of ≤ 3 log-softmax terms of magnitude ≤ ~10: 1e-5 relative covers the rounding
+                assert abs(got[seq] - want) <= 1e-5 * max(1.0, abs(want))
+            assert list(np.asarray(h.scores[b, d])[: len(seqs)]) == sorted(got.values(), reverse=True)
+            assert [_code(s) for s in got] == [int(x) for x, ok in zip(np.asarray(h.states[b, d]),
+                                                                     np.asarray(h.valid[b, d])) if ok]
+    ended = [s + (4,) for n in (0, 1, 2) for s in itertools.product([2, 3], repeat=n)]
+    for b in range(B):
+        exact = sorted(((_teacher_forced(cache, s)[b], s) for s in ended), reverse=True)
+        ok = np.asarray(res.valid[b])
+        got = [tuple(t[:n]) for t, n, v in zip(np.asarray(res.tokens[b]).tolist(), np.asarray(res.lengths[b]), ok)
+               if v]
+        assert got == [s for _, s in exact]
+        codes = [_code(s) for s in got]
+        assert np.asarray(res.leaf_ids[b])[ok].tolist() == codes == np.asarray(res.states[b])[ok].tolist()
