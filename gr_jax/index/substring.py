@@ -1,0 +1,302 @@
+"""A substring index over the token ids of a corpus: any n-gram of any document is an identifier (SEAL, MINDER,
+000 §5), answered on the device inside the jitted beam search.
+
+Design: suffix arrays, one per *segment*. A segment holds documents as one token array, each document followed
+by a separator (the value `vocab_size`, sorting after every token, never generated), so no n-gram crosses a
+document boundary; its suffix array lists the start positions of every suffix that starts with a token, in
+lexicographic order. The suffixes that start with an n-gram g form one range [lo, hi) of the suffix array, and
+within it the tokens that follow g are sorted — so the children of g are consecutive sub-ranges. A beam's
+state is that range (one per segment); a step finds, for every token v of the vocabulary at once, the
+sub-range of suffixes continuing with v by binary search on the range's column (`_bounds`), which gives the
+allowed next tokens (non-empty sub-ranges), their states and their corpus frequency F(n) (the range's width)
+in one pass; the documents containing an n-gram are the documents of the positions in its range.
+
+Why a suffix array rather than an FM-index (SEAL's): both find an n-gram's range by narrowing; the FM-index
+extends a match to the *left* one symbol at a time with rank queries on a wavelet tree (SEAL reverses each
+document so that this reads left to right), which needs rank support over a large alphabet — sequential
+bit-level walks that vectorise poorly — while the suffix array's step is a binary search over plain int32
+arrays, gathers only, batched over beams × vocabulary by XLA. The FM-index is smaller (SEAL's Table 7: 2.2 GB
+for the NQ corpus); the suffix array here takes 12 bytes per token (text, suffix array and document of each
+position, int32), reported by `nbytes`.
+
+Documents are added at O(new) by `insert`: the new documents form a segment of their own, searched together
+with the others (a state holds one range per segment). Segments are merged when a newer one grows to half of
+the one before it (sizes stay geometric: O(log n) segments, each token rebuilt O(log n) times), and
+`compact()` merges all. Builds use `pydivsufsort` (a C suffix sorter) when installed, otherwise a vectorised
+numpy prefix doubling; both give the same array (tested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def suffix_array_numpy(text: np.ndarray) -> np.ndarray:
+    """The suffix array of an int array by prefix doubling (vectorised; O(n log² n)). Suffixes compare as
+    sequences, a shorter one first when it is a prefix of the other."""
+    n = len(text)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    _, rank = np.unique(text, return_inverse=True)
+    rank = rank.astype(np.int64)
+    k = 1
+    while True:
+        second = np.full(n, -1, np.int64)
+        second[: n - k] = rank[k:] if k < n else second[:0]
+        order = np.lexsort((second, rank))
+        key_r, key_s = rank[order], second[order]
+        new = np.zeros(n, np.int64)
+        new[1:] = np.cumsum((key_r[1:] != key_r[:-1]) | (key_s[1:] != key_s[:-1]))
+        rank = np.empty(n, np.int64)
+        rank[order] = new
+        if new[-1] == n - 1 or k >= n:
+            return order
+        k *= 2
+
+
+def suffix_array(text: np.ndarray, builder: str = "auto") -> np.ndarray:
+    """`builder`: "divsufsort" (pydivsufsort), "numpy", or "auto" (divsufsort when installed)."""
+    if builder not in ("auto", "divsufsort", "numpy"):
+        raise ValueError(f"suffix array builder must be 'auto', 'divsufsort' or 'numpy', got {builder!r}")
+    if builder != "numpy" and len(text):
+        try:
+            import pydivsufsort
+        except ImportError:
+            if builder == "divsufsort":
+                raise UserError("the suffix array builder 'divsufsort' needs `pip install pydivsufsort`") from None
+        else:
+            return np.asarray(pydivsufsort.divsufsort(np.ascontiguousarray(text, dtype=np.int32)), np.int64)
+    return suffix_array_numpy(text)
+
+
+@dataclasses.dataclass
+class Segment:
+    """Documents as one token array (each followed by the separator), the suffix array of the positions that
+    hold a token, and the document row of every position."""
+
+    text: np.ndarray  # int32 [n]
+    sa: np.ndarray  # int32 [m] suffix starts (no separator starts), lexicographic order
+    doc: np.ndarray  # int32 [n] document row of each position
+    separator: int  # the vocabulary size: ends every document
+
+    @classmethod
+    def build(cls, documents: Sequence[Sequence[int]], rows: np.ndarray, vocab_size: int,
+              builder: str = "auto") -> "Segment":
+        lengths = np.array([len(d) for d in documents], np.int64)
+        text = np.full(int(lengths.sum() + len(documents)), vocab_size, np.int32)
+        starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]]).astype(np.int64)
+        for s, d in zip(starts, documents):
+            text[s: s + len(d)] = d
+        doc = np.repeat(np.asarray(rows, np.int32), lengths + 1)
+        sa = suffix_array(text, builder)
+        sa = sa[text[sa] != vocab_size].astype(np.int32)
+        return cls(text=text, sa=sa, doc=doc, separator=int(vocab_size))
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.sa)
+
+    def documents(self) -> tuple[list[list[int]], np.ndarray]:
+        """The segment's documents (token lists) and rows, in their order."""
+        sep = np.flatnonzero(self.text == self.separator)
+        out, rows, s = [], [], 0
+        for e in sep:
+            out.append(self.text[s:e].tolist())
+            rows.append(int(self.doc[e]))
+            s = e + 1
+        return out, np.asarray(rows, np.int64)
+
+    def range(self, ngram: Sequence[int]) -> tuple[int, int]:
+        """[lo, hi) of the suffixes starting with `ngram` (host; for tests, prefixes and tools)."""
+        lo, hi = 0, len(self.sa)
+        for d, v in enumerate(ngram):
+            col = self.text[np.minimum(self.sa[lo:hi].astype(np.int64) + d, len(self.text) - 1)]
+            lo, hi = lo + int(np.searchsorted(col, v, "left")), lo + int(np.searchsorted(col, v, "right"))
+            if lo >= hi:
+                return lo, lo
+        return lo, hi
+
+
+class SubstringIndex:
+    """Host side: segments of documents (rows: the corpus row of each document). `device(...)` is the
+    decoding constraint."""
+
+    def __init__(self, vocab_size: int, segments: list[Segment], builder: str = "auto"):
+        self.vocab_size = int(vocab_size)
+        self.segments = segments
+        self.builder = builder
+        self._device = {}
+
+    @classmethod
+    def build(cls, documents: Sequence[Sequence[int]], vocab_size: int, rows: Optional[Sequence[int]] = None,
+              builder: str = "auto") -> "SubstringIndex":
+        index = cls(vocab_size, [], builder)
+        index.insert(documents, rows)
+        return index
+
+    def _check(self, documents, rows) -> np.ndarray:
+        for k, d in enumerate(documents):
+            if len(d) and (min(d) < 0 or max(d) >= self.vocab_size):
+                raise UserError(f"substring index: document {k} has token ids outside [0, {self.vocab_size}): "
+                                f"{min(d)}..{max(d)}")
+        if rows is None:
+            first = max((int(s.doc.max()) + 1 for s in self.segments if len(s.doc)), default=0)
+            return np.arange(first, first + len(documents), dtype=np.int64)
+        rows = np.asarray(rows, np.int64)
+        if rows.shape != (len(documents),):
+            raise UserError(f"substring index: {len(rows)} rows for {len(documents)} documents")
+        if len(rows) and (rows.min() < 0 or rows.max() >= 2**31):
+            raise UserError("substring index: document rows must be in [0, 2**31)")
+        return rows
+
+    def insert(self, documents: Sequence[Sequence[int]], rows: Optional[Sequence[int]] = None) -> dict:
+        """Adds documents as a new segment (O(new)); merges segments while a newer one is at least half the
+        size of the one before it. Returns what was added (the prefix tree's report keys where they apply)."""
+        rows = self._check(documents, rows)
+        report = {"pairs_added": len(documents), "docids_added": len(documents),
+                  "tokens_added": int(sum(len(d) for d in documents))}
+        if not len(documents):
+            return report
+        self.segments.append(Segment.build(documents, rows, self.vocab_size, self.builder))
+        while len(self.segments) > 1 and 2 * len(self.segments[-1].text) >= len(self.segments[-2].text):
+            self._merge(len(self.segments) - 2)
+        self._device.clear()
+        return report
+
+    def _merge(self, i: int) -> None:
+        """Segments i and i + 1 become one."""
+        a, ra = self.segments[i].documents()
+        b, rb = self.segments[i + 1].documents()
+        self.segments[i: i + 2] = [Segment.build(a + b, np.concatenate([ra, rb]), self.vocab_size, self.builder)]
+
+    def compact(self) -> None:
+        while len(self.segments) > 1:
+            self._merge(len(self.segments) - 2)
+        self._device.clear()
+
+    @property
+    def num_documents(self) -> int:
+        return sum(int((s.text == self.vocab_size).sum()) for s in self.segments)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.segments)
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(s.text.nbytes + s.sa.nbytes + s.doc.nbytes for s in self.segments))
+
+    # host queries (tests, tools)
+    def count(self, ngram: Sequence[int]) -> int:
+        return sum(hi - lo for lo, hi in (s.range(ngram) for s in self.segments))
+
+    def device(self, max_length: int, prefix: Sequence[int] = (), end_token: Optional[int] = None) \
+            -> "DeviceSubstrings":
+        """The decoding constraint: n-grams of up to `max_length` generated tokens that continue `prefix`; with
+        `end_token`, a child whose token is end_token is a complete identifier (a leaf) and is not extended.
+        Cached per arguments until the next insert."""
+        key = (int(max_length), tuple(int(t) for t in prefix), end_token)
+        if key not in self._device:
+            if max_length < 1:
+                raise UserError(f"substring index: max_length must be ≥ 1, got {max_length}")
+            roots = [s.range(prefix) for s in self.segments]
+            self._device[key] = DeviceSubstrings(
+                texts=tuple(jnp.asarray(s.text) for s in self.segments),
+                sas=tuple(jnp.asarray(s.sa) for s in self.segments),
+                docs=tuple(jnp.asarray(s.doc) for s in self.segments),
+                roots=tuple(jnp.asarray(r, jnp.int32) for r in roots),
+                depth=int(max_length), vocab_size=self.vocab_size, offset=len(prefix), end_token=end_token,
+                search_steps=tuple(max(1, int(len(s.sa)).bit_length()) for s in self.segments))
+        return self._device[key]
+
+
+def _bounds(text, sa, lo, hi, column: int, targets, steps: int):
+    """For each target value t ([..., K]), the first i in [lo, hi) with text[sa[i] + column] ≥ t (hi if none):
+    a binary search on the range's sorted column, all targets at once. lo, hi [...]."""
+    n = text.shape[0]
+    l = jnp.broadcast_to(lo[..., None], (*lo.shape, targets.shape[-1]))
+    h = jnp.broadcast_to(hi[..., None], l.shape)
+
+    def body(_, lh):
+        l, h = lh
+        active = l < h
+        mid = (l + h) // 2
+        pos = jnp.clip(sa[jnp.clip(mid, 0, sa.shape[0] - 1)] + column, 0, n - 1)
+        right = text[pos] < targets
+        return jnp.where(active & right, mid + 1, l), jnp.where(active & ~right, mid, h)
+
+    l, _ = jax.lax.fori_loop(0, steps + 1, body, (l, h))
+    return l
+
+
+@flax.struct.dataclass
+class DeviceSubstrings:
+    """A `SubstringIndex` on the device, as a decoding constraint (`index.constraint.Constraint`). A beam's
+    state is a tuple of (lo, hi) suffix-array ranges, one per segment; an empty range in every segment means
+    the n-gram does not occur."""
+
+    texts: tuple
+    sas: tuple
+    docs: tuple
+    roots: tuple  # per segment: int32 [2], the range of the prefix
+    depth: int = flax.struct.field(pytree_node=False)
+    vocab_size: int = flax.struct.field(pytree_node=False)
+    offset: int = flax.struct.field(pytree_node=False)  # length of the forced prefix
+    end_token: Optional[int] = flax.struct.field(pytree_node=False)
+    search_steps: tuple = flax.struct.field(pytree_node=False)
+
+    def root(self, shape: tuple):
+        return tuple((jnp.full(shape, r[0], jnp.int32), jnp.full(shape, r[1], jnp.int32)) for r in self.roots)
+
+    def has_leaves(self, d: int) -> bool:
+        return self.end_token is not None
+
+    def children(self, d: int, state):
+        """Every token of the vocabulary is a slot (tokens None); its state is its sub-range in each segment."""
+        V = self.vocab_size
+        targets = jnp.arange(V + 1, dtype=jnp.int32)
+        nxt, valid = [], None
+        for text, sa, (lo, hi), steps in zip(self.texts, self.sas, state, self.search_steps):
+            live = (lo >= 0) & (lo < hi)
+            b = _bounds(text, sa, jnp.where(live, lo, 0), jnp.where(live, hi, 0), d + self.offset, targets, steps)
+            c_lo, c_hi = b[..., :V], b[..., 1:]
+            c_valid = c_lo < c_hi
+            nxt.append((jnp.where(c_valid, c_lo, -1), jnp.where(c_valid, c_hi, -1)))
+            valid = c_valid if valid is None else valid | c_valid
+        if self.end_token is None:
+            leaf = jnp.full(valid.shape, -1, jnp.int32)
+        else:
+            leaf = jnp.where(valid & (jnp.arange(V) == self.end_token), 0, -1).astype(jnp.int32)
+        return None, tuple(nxt), leaf, valid
+
+    def counts(self, state) -> jax.Array:
+        """F(n): occurrences of each state's n-gram in the corpus (int32 [...])."""
+        return sum(jnp.where(lo >= 0, jnp.maximum(hi - lo, 0), 0) for lo, hi in state)
+
+    def documents(self, state, max_occurrences: int):
+        """Distinct document rows containing each n-gram: (rows [..., P], valid [..., P]), P ≤ segments ·
+        max_occurrences; exact where max_occurrences ≥ F(n), else from the first max_occurrences occurrences
+        of each segment in suffix-array order."""
+        rows, valid = [], []
+        slot = jnp.arange(max_occurrences, dtype=jnp.int32)
+        for sa, doc, (lo, hi) in zip(self.sas, self.docs, state):
+            ok = (lo[..., None] >= 0) & (lo[..., None] + slot < hi[..., None])
+            i = jnp.where(ok, lo[..., None] + slot, 0)
+            rows.append(jnp.where(ok, doc[sa[i]], -1))
+            valid.append(ok)
+        r = jnp.concatenate(rows, axis=-1)
+        r = jnp.sort(jnp.where(jnp.concatenate(valid, axis=-1), r, jnp.iinfo(jnp.int32).max), axis=-1)
+        first = jnp.concatenate([jnp.ones_like(r[..., :1], bool), r[..., 1:] != r[..., :-1]], axis=-1)
+        ok = first & (r != jnp.iinfo(jnp.int32).max)
+        return jnp.where(ok, r, -1), ok

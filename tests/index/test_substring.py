@@ -1,0 +1,83 @@
+"""The substring index beyond its oracle (tests/index/test_substring_oracle.py): both suffix-array builders give
+the same array, segments stay few and geometric, a substring docid table builds and extends it, bad input is
+named."""
+
+import numpy as np
+import pytest
+
+from gr_jax.docids.base import DocidTable
+from gr_jax.errors import UserError
+from gr_jax.index.substring import SubstringIndex, suffix_array, suffix_array_numpy
+from gr_jax.vocab import DocidTokenSpace
+
+
+def _naive_sa(text):
+    return sorted(range(len(text)), key=lambda i: list(text[i:]))
+
+
+@pytest.mark.parametrize("alphabet", [1, 2, 5, 70000])
+def test_builders_agree_with_sorting_the_suffixes(alphabet):
+    """Repeated tokens (alphabet 1, 2) are the hard case of prefix doubling; 70000 is past 16-bit ids."""
+    rng = np.random.default_rng(alphabet)
+    for n in [1, 2, 3, 17, 64, 200]:
+        text = rng.integers(0, alphabet, size=n).astype(np.int32)
+        want = _naive_sa(text.tolist())
+        assert suffix_array_numpy(text).tolist() == want
+        assert suffix_array(text, "divsufsort").tolist() == want
+
+
+def test_inserts_keep_segments_geometric_and_answers_unchanged():
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 6, size=rng.integers(0, 9)).tolist() for _ in range(300)]
+    whole = SubstringIndex.build(docs, 6)
+    grown = SubstringIndex.build(docs[:100], 6)
+    for lo in range(100, 300, 10):
+        report = grown.insert(docs[lo:lo + 10])
+        assert report["docids_added"] == 10
+        sizes = [len(s.text) for s in grown.segments]
+        assert all(2 * b < a for a, b in zip(sizes, sizes[1:])), sizes  # each segment < half the one before
+    assert len(grown.segments) <= 1 + int(np.log2(whole.segments[0].text.size))
+    assert grown.num_documents == whole.num_documents == 300
+    assert grown.num_tokens == whole.num_tokens == sum(map(len, docs))
+    for g in [(0,), (1, 2), (3, 3), (5, 0, 1), (2, 2, 2, 2)]:
+        assert grown.count(g) == whole.count(g)
+    grown.compact()
+    assert len(grown.segments) == 1
+    assert grown.segments[0].text.tolist() == whole.segments[0].text.tolist()
+    assert grown.segments[0].sa.tolist() == whole.segments[0].sa.tolist()
+    # 12 bytes a position (text, suffix array, document row: int32), separators included in text and rows
+    assert whole.nbytes == 4 * (2 * len(whole.segments[0].text) + len(whole.segments[0].sa))
+
+
+def test_bad_documents_are_named():
+    with pytest.raises(UserError, match=r"document 1 has token ids outside \[0, 4\)"):
+        SubstringIndex.build([[1, 2], [3, 4]], 4)
+    with pytest.raises(UserError, match="2 rows for 1 documents"):
+        SubstringIndex.build([[1]], 4, rows=[0, 1])
+    with pytest.raises(UserError, match="max_length must be ≥ 1"):
+        SubstringIndex.build([[1]], 4).device(0)
+
+
+def test_a_substring_table_builds_and_extends_a_substring_index():
+    space = DocidTokenSpace("text", 10)
+    table = DocidTable.from_lists([[3, 4, 5], [4, 5]], [7, 9], space, index_kind="substrings")
+    assert table.target_length == 1  # any n-gram identifies: the method's pairs set the targets
+    index = table.index()
+    assert isinstance(index, SubstringIndex) and index.count([4, 5]) == 2
+    more = DocidTable.from_lists([[5, 4]], [11], space, index_kind="substrings")
+    assert more.insert_into(index)["docids_added"] == 1
+    assert index.count([5, 4]) == 1 and index.count([4]) == 3
+    both = DocidTable.concatenate([table, more])
+    assert both.index_kind == "substrings"
+    prefix = DocidTable.from_lists([[3, 4, 5], [4, 5]], [7, 9], space)
+    assert prefix.digest() != table.digest()  # the kind of index is part of what a checkpoint records
+    with pytest.raises(ValueError, match="different kinds of index"):
+        DocidTable.concatenate([table, prefix])
+    with pytest.raises(ValueError, match="not targets"):
+        table.targets_of([0])
+
+
+def test_saved_substring_tables_keep_their_kind(tmp_path):
+    table = DocidTable.from_lists([[3, 4, 5]], [0], DocidTokenSpace("text", 10), index_kind="substrings")
+    table.save(tmp_path / "t")
+    assert DocidTable.load(tmp_path / "t").index_kind == "substrings"
