@@ -33,6 +33,9 @@ from gr_jax.vocab import DocidTokenSpace
 log = logging.getLogger(__name__)
 
 
+INDEX_KINDS = ("prefix_tree", "substrings")
+
+
 @dataclasses.dataclass
 class DocidTable:
     """docid `i` is `sequences[i, :lengths[i]]` and belongs to corpus row `doc_rows[i]`.
@@ -50,6 +53,11 @@ class DocidTable:
     # per docid row, arrays a scheme attaches for its model ({name: [M, ...]}); PAG: "set_ids" [M, m] (the
     # document's set docid, −1 padded) and "order_key" [M] (its tie-break key, methods/pag/docids.py)
     extras: Optional[dict] = None
+    # which index holds the docids: "prefix_tree" (a docid is a root-to-leaf path of a `TrieIndex`) or
+    # "substrings" (each row is a document's identifier text and *any n-gram of it* identifies the document: an
+    # `index.substring.SubstringIndex`; SEAL, MINDER). A substring table's rows are not training targets: the
+    # method's own objectives config samples n-grams of them.
+    index_kind: str = "prefix_tree"
 
     def __post_init__(self):
         self.sequences = np.asarray(self.sequences, dtype=np.int32)
@@ -61,6 +69,10 @@ class DocidTable:
         self.lengths = np.asarray(self.lengths, dtype=np.int32)
         self.doc_rows = np.asarray(self.doc_rows, dtype=np.int64)
         M = len(self.doc_rows)
+        if self.index_kind not in INDEX_KINDS:
+            raise ValueError(f"DocidTable.index_kind must be one of {INDEX_KINDS}, got {self.index_kind!r}")
+        if self.index_kind == "substrings" and (self.fixed_length or self.weights is not None):
+            raise ValueError("DocidTable: a substring table holds identifier texts: no fixed length, no weights")
         if self.extras is not None:
             self.extras = {str(k): np.asarray(v) for k, v in self.extras.items()}
             bad = {k: v.shape for k, v in self.extras.items() if v.ndim < 1 or v.shape[0] != M}
@@ -76,7 +88,7 @@ class DocidTable:
 
     @classmethod
     def from_lists(cls, sequences: Sequence[Sequence[int]], doc_rows: Sequence[int], space: DocidTokenSpace,
-                   weights: Optional[Sequence[Sequence[float]]] = None):
+                   weights: Optional[Sequence[Sequence[float]]] = None, index_kind: str = "prefix_tree"):
         lengths = np.array([len(s) for s in sequences], dtype=np.int32)
         width = int(lengths.max()) if len(lengths) else 1
         arr = np.full((len(sequences), width), PAD_ID, dtype=np.int32)
@@ -87,7 +99,7 @@ class DocidTable:
                 if len(weights[i]) != len(s):
                     raise ValueError(f"DocidTable: docid {i} has {len(s)} tokens but {len(weights[i])} weights")
                 w[i, : len(s)] = weights[i]
-        return cls(arr, lengths, np.asarray(doc_rows, dtype=np.int64), space, w)
+        return cls(arr, lengths, np.asarray(doc_rows, dtype=np.int64), space, w, index_kind=index_kind)
 
     def __len__(self) -> int:
         return len(self.doc_rows)
@@ -101,6 +113,8 @@ class DocidTable:
             raise ValueError("DocidTable.concatenate: some tables have token weights and some not")
         if len({None if t.extras is None else tuple(sorted(t.extras)) for t in tables}) > 1:
             raise ValueError("DocidTable.concatenate: the tables carry different extras")
+        if len({t.index_kind for t in tables}) > 1:
+            raise ValueError("DocidTable.concatenate: the tables are held by different kinds of index")
         width = max(t.sequences.shape[1] for t in tables)
 
         def pad(a, value):
@@ -111,7 +125,7 @@ class DocidTable:
         extras = None if tables[0].extras is None else {
             k: np.concatenate([t.extras[k] for t in tables]) for k in tables[0].extras}
         return cls(seqs, np.concatenate([t.lengths for t in tables]), np.concatenate([t.doc_rows for t in tables]),
-                   tables[0].space, weights, extras)
+                   tables[0].space, weights, extras, tables[0].index_kind)
 
     @property
     def fixed_length(self) -> bool:
@@ -119,7 +133,10 @@ class DocidTable:
 
     @property
     def target_length(self) -> int:
-        """Decoder length needed for every docid (plus EOS for text docids)."""
+        """Decoder length needed for every docid (plus EOS for text docids); a substring table's: 1 (any
+        n-gram identifies; the method's objectives config checks the length of the n-grams it trains on)."""
+        if self.index_kind == "substrings":
+            return 1
         longest = int(self.lengths.max()) if len(self) else 1
         return longest if self.fixed_length else longest + 1
 
@@ -153,6 +170,9 @@ class DocidTable:
 
     def targets_of(self, idx: Sequence[int], length: Optional[int] = None) -> np.ndarray:
         """Training targets [N, length] for table indices (+ EOS for text docids), PAD-padded."""
+        if self.index_kind == "substrings":
+            raise ValueError("the docids are held by a substring index: their rows are identifier texts, not "
+                             "targets; bind the method's own objectives config (e.g. @SealPairs())")
         length = length or self.target_length
         if length < self.target_length:
             raise ValueError(f"target feature length {length} is shorter than the longest docid "
@@ -167,7 +187,13 @@ class DocidTable:
         return out
 
     def index(self, vocab_size: Optional[int] = None, **build_kwargs):
-        """The prefix tree over these docids; leaf payloads are corpus rows."""
+        """The prefix tree over these docids (leaf payloads are corpus rows), or for a substring table the
+        substring index over the identifier texts (documents are corpus rows)."""
+        if self.index_kind == "substrings":
+            from gr_jax.index.substring import SubstringIndex
+
+            return SubstringIndex.build([self.sequence(i) for i in range(len(self))], vocab_size or self.space.end,
+                                        rows=self.doc_rows, **build_kwargs)
         from gr_jax.index.trie import TrieIndex
 
         seqs = [self.sequence(i) for i in range(len(self))]
@@ -179,8 +205,10 @@ class DocidTable:
                                append_eos=True, **build_kwargs)
 
     def insert_into(self, index) -> dict:
-        """Adds these docids to an existing prefix tree (dynamic corpora); leaf payloads are corpus rows."""
+        """Adds these docids to an existing index (dynamic corpora); leaf payloads are corpus rows."""
         seqs = [self.sequence(i) for i in range(len(self))]
+        if self.index_kind == "substrings":
+            return index.insert(seqs, self.doc_rows)
         if self.fixed_length:
             return index.insert(np.asarray(seqs, dtype=np.int32).reshape(len(self), -1), self.doc_rows)
         return index.insert(seqs, self.doc_rows, append_eos=True)
@@ -191,6 +219,8 @@ class DocidTable:
         h = hashlib.sha256()
         for a in (self.sequences, self.lengths, self.doc_rows) + (() if self.weights is None else (self.weights,)):
             h.update(np.ascontiguousarray(a).tobytes())
+        if self.index_kind != "prefix_tree":  # prefix-tree digests stay those recorded by earlier checkpoints
+            h.update(self.index_kind.encode())
         return h.hexdigest()[:16]
 
     def stats(self) -> dict:
@@ -215,7 +245,8 @@ class DocidTable:
             np.savez(tmp / "docids.npz", sequences=self.sequences, lengths=self.lengths, doc_rows=self.doc_rows,
                      **extra)
             (tmp / "docids.json").write_text(json.dumps({"space": self.space.to_json(),
-                                                         "extras": sorted(self.extras or {})}))
+                                                         "extras": sorted(self.extras or {}),
+                                                         "index_kind": self.index_kind}))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "DocidTable":
@@ -227,7 +258,8 @@ class DocidTable:
                 extras = {k: z[f"extra_{k}"] for k in meta.get("extras", [])}
         except (OSError, KeyError, ValueError) as e:
             raise ValueError(f"{path}: not a saved DocidTable ({e})") from None
-        return cls(**arrays, space=DocidTokenSpace(**meta["space"]), extras=extras or None)
+        return cls(**arrays, space=DocidTokenSpace(**meta["space"]), extras=extras or None,
+                   index_kind=meta.get("index_kind", "prefix_tree"))
 
 
 @dataclasses.dataclass(frozen=True)
