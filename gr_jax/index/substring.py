@@ -16,8 +16,8 @@ extends a match to the *left* one symbol at a time with rank queries on a wavele
 document so that this reads left to right), which needs rank support over a large alphabet — sequential
 bit-level walks that vectorise poorly — while the suffix array's step is a binary search over plain int32
 arrays, gathers only, batched over beams × vocabulary by XLA. The FM-index is smaller (SEAL's Table 7: 2.2 GB
-for the NQ corpus); the suffix array here takes 12 bytes per token (text, suffix array and document of each
-position, int32), reported by `nbytes`.
+for the NQ corpus); the suffix array here takes 8 bytes per token (text and suffix array, int32) plus 8 per
+document (its start and row; a position's document is found by binary search over the starts), `nbytes`.
 
 Documents are added at O(new) by `insert`: the new documents form a segment of their own, searched together
 with the others (a state holds one range per segment). Segments are merged when a newer one grows to half of
@@ -83,11 +83,12 @@ def suffix_array(text: np.ndarray, builder: str = "auto") -> np.ndarray:
 @dataclasses.dataclass
 class Segment:
     """Documents as one token array (each followed by the separator), the suffix array of the positions that
-    hold a token, and the document row of every position."""
+    hold a token, and each document's start position and row."""
 
     text: np.ndarray  # int32 [n]
     sa: np.ndarray  # int32 [m] suffix starts (no separator starts), lexicographic order
-    doc: np.ndarray  # int32 [n] document row of each position
+    starts: np.ndarray  # int32 [documents] first position of each document (increasing)
+    rows: np.ndarray  # int32 [documents] corpus row of each document
     separator: int  # the vocabulary size: ends every document
 
     @classmethod
@@ -98,10 +99,13 @@ class Segment:
         starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]]).astype(np.int64)
         for s, d in zip(starts, documents):
             text[s: s + len(d)] = d
-        doc = np.repeat(np.asarray(rows, np.int32), lengths + 1)
+        if len(text) >= 2**31:
+            raise UserError(f"substring index: a segment of {len(text)} positions is past int32; insert the "
+                            f"documents in parts")
         sa = suffix_array(text, builder)
         sa = sa[text[sa] != vocab_size].astype(np.int32)
-        return cls(text=text, sa=sa, doc=doc, separator=int(vocab_size))
+        return cls(text=text, sa=sa, starts=starts.astype(np.int32), rows=np.asarray(rows, np.int32),
+                   separator=int(vocab_size))
 
     @property
     def num_tokens(self) -> int:
@@ -109,13 +113,8 @@ class Segment:
 
     def documents(self) -> tuple[list[list[int]], np.ndarray]:
         """The segment's documents (token lists) and rows, in their order."""
-        sep = np.flatnonzero(self.text == self.separator)
-        out, rows, s = [], [], 0
-        for e in sep:
-            out.append(self.text[s:e].tolist())
-            rows.append(int(self.doc[e]))
-            s = e + 1
-        return out, np.asarray(rows, np.int64)
+        ends = np.concatenate([self.starts[1:], [len(self.text)]]) - 1  # each document's separator
+        return [self.text[s:e].tolist() for s, e in zip(self.starts, ends)], self.rows.astype(np.int64)
 
     def range(self, ngram: Sequence[int]) -> tuple[int, int]:
         """[lo, hi) of the suffixes starting with `ngram` (host; for tests, prefixes and tools)."""
@@ -151,7 +150,7 @@ class SubstringIndex:
                 raise UserError(f"substring index: document {k} has token ids outside [0, {self.vocab_size}): "
                                 f"{min(d)}..{max(d)}")
         if rows is None:
-            first = max((int(s.doc.max()) + 1 for s in self.segments if len(s.doc)), default=0)
+            first = max((int(s.rows.max()) + 1 for s in self.segments if len(s.rows)), default=0)
             return np.arange(first, first + len(documents), dtype=np.int64)
         rows = np.asarray(rows, np.int64)
         if rows.shape != (len(documents),):
@@ -187,7 +186,12 @@ class SubstringIndex:
 
     @property
     def num_documents(self) -> int:
-        return sum(int((s.text == self.vocab_size).sum()) for s in self.segments)
+        return sum(len(s.rows) for s in self.segments)
+
+    @property
+    def num_positions(self) -> int:
+        """Tokens plus one end per document (SEAL's `len(index)`, the normaliser of n-gram probabilities)."""
+        return sum(len(s.text) for s in self.segments)
 
     @property
     def num_tokens(self) -> int:
@@ -195,7 +199,7 @@ class SubstringIndex:
 
     @property
     def nbytes(self) -> int:
-        return int(sum(s.text.nbytes + s.sa.nbytes + s.doc.nbytes for s in self.segments))
+        return int(sum(s.text.nbytes + s.sa.nbytes + s.starts.nbytes + s.rows.nbytes for s in self.segments))
 
     # host queries (tests, tools)
     def count(self, ngram: Sequence[int]) -> int:
@@ -213,8 +217,10 @@ class SubstringIndex:
             roots = [s.range(prefix) for s in self.segments]
             self._device[key] = DeviceSubstrings(
                 texts=tuple(jnp.asarray(s.text) for s in self.segments),
-                sas=tuple(jnp.asarray(s.sa) for s in self.segments),
-                docs=tuple(jnp.asarray(s.doc) for s in self.segments),
+                # a segment of empty documents has no suffix: one entry keeps the gathers in bounds (ranges empty)
+                sas=tuple(jnp.asarray(s.sa if len(s.sa) else np.zeros(1, np.int32)) for s in self.segments),
+                starts=tuple(jnp.asarray(s.starts) for s in self.segments),
+                rows=tuple(jnp.asarray(s.rows) for s in self.segments),
                 roots=tuple(jnp.asarray(r, jnp.int32) for r in roots),
                 depth=int(max_length), vocab_size=self.vocab_size, offset=len(prefix), end_token=end_token,
                 search_steps=tuple(max(1, int(len(s.sa)).bit_length()) for s in self.segments))
@@ -248,7 +254,8 @@ class DeviceSubstrings:
 
     texts: tuple
     sas: tuple
-    docs: tuple
+    starts: tuple  # per segment: int32 [documents] start positions
+    rows: tuple  # per segment: int32 [documents] corpus rows
     roots: tuple  # per segment: int32 [2], the range of the prefix
     depth: int = flax.struct.field(pytree_node=False)
     vocab_size: int = flax.struct.field(pytree_node=False)
@@ -284,19 +291,28 @@ class DeviceSubstrings:
         """F(n): occurrences of each state's n-gram in the corpus (int32 [...])."""
         return sum(jnp.where(lo >= 0, jnp.maximum(hi - lo, 0), 0) for lo, hi in state)
 
-    def documents(self, state, max_occurrences: int):
-        """Distinct document rows containing each n-gram: (rows [..., P], valid [..., P]), P ≤ segments ·
-        max_occurrences; exact where max_occurrences ≥ F(n), else from the first max_occurrences occurrences
-        of each segment in suffix-array order."""
-        rows, valid = [], []
+    def occurrences(self, state, max_occurrences: int):
+        """Where each n-gram occurs: (rows [..., P], start within the document [..., P], valid [..., P]) with
+        P = segments · max_occurrences: the first max_occurrences occurrences of each segment in suffix-array
+        order (all of them where F(n) ≤ max_occurrences)."""
+        rows, local, valid = [], [], []
         slot = jnp.arange(max_occurrences, dtype=jnp.int32)
-        for sa, doc, (lo, hi) in zip(self.sas, self.docs, state):
+        for sa, starts, doc_rows, (lo, hi) in zip(self.sas, self.starts, self.rows, state):
             ok = (lo[..., None] >= 0) & (lo[..., None] + slot < hi[..., None])
-            i = jnp.where(ok, lo[..., None] + slot, 0)
-            rows.append(jnp.where(ok, doc[sa[i]], -1))
+            pos = sa[jnp.where(ok, lo[..., None] + slot, 0)]
+            d = jnp.clip(jnp.searchsorted(starts, pos, side="right") - 1, 0, starts.shape[0] - 1)
+            rows.append(jnp.where(ok, doc_rows[d], -1))
+            local.append(jnp.where(ok, pos - starts[d], -1))
             valid.append(ok)
-        r = jnp.concatenate(rows, axis=-1)
-        r = jnp.sort(jnp.where(jnp.concatenate(valid, axis=-1), r, jnp.iinfo(jnp.int32).max), axis=-1)
+        cat = lambda xs: jnp.concatenate(xs, axis=-1)  # noqa: E731
+        return cat(rows), cat(local), cat(valid)
+
+    def documents(self, state, max_occurrences: int):
+        """Distinct document rows containing each n-gram: (rows [..., P], valid [..., P]), P = segments ·
+        max_occurrences; exact where max_occurrences ≥ F(n), else from the occurrences `occurrences` gives."""
+        r, _, ok = self.occurrences(state, max_occurrences)
+        big = jnp.iinfo(jnp.int32).max
+        r = jnp.sort(jnp.where(ok, r, big), axis=-1)
         first = jnp.concatenate([jnp.ones_like(r[..., :1], bool), r[..., 1:] != r[..., :-1]], axis=-1)
-        ok = first & (r != jnp.iinfo(jnp.int32).max)
+        ok = first & (r != big)
         return jnp.where(ok, r, -1), ok

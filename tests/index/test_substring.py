@@ -45,8 +45,10 @@ def test_inserts_keep_segments_geometric_and_answers_unchanged():
     assert len(grown.segments) == 1
     assert grown.segments[0].text.tolist() == whole.segments[0].text.tolist()
     assert grown.segments[0].sa.tolist() == whole.segments[0].sa.tolist()
-    # 12 bytes a position (text, suffix array, document row: int32), separators included in text and rows
-    assert whole.nbytes == 4 * (2 * len(whole.segments[0].text) + len(whole.segments[0].sa))
+    # int32 text (separators included) and suffix array, and a start and a row per document
+    seg = whole.segments[0]
+    assert whole.nbytes == 4 * (len(seg.text) + len(seg.sa) + 2 * 300)
+    assert whole.num_positions == whole.num_tokens + 300
 
 
 def test_bad_documents_are_named():
@@ -81,3 +83,26 @@ def test_saved_substring_tables_keep_their_kind(tmp_path):
     table = DocidTable.from_lists([[3, 4, 5]], [0], DocidTokenSpace("text", 10), index_kind="substrings")
     table.save(tmp_path / "t")
     assert DocidTable.load(tmp_path / "t").index_kind == "substrings"
+
+
+def test_occurrences_name_the_document_and_the_position_within_it():
+    """Every (row, start) where an n-gram occurs, across segments, against a scan of the documents."""
+    import jax
+
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, 3, size=rng.integers(0, 7)).tolist() for _ in range(40)]
+    rows = (np.arange(40) * 3 + 5).tolist()
+    index = SubstringIndex.build(docs[:32], 3, rows=rows[:32])
+    index.insert(docs[32:], rows=rows[32:])
+    assert len(index.segments) == 2
+    for gram in [(0,), (1, 2), (2, 2, 0), (0, 1, 0, 1)]:
+        dev = index.device(len(gram))
+        state = dev.root(())
+        for d, t in enumerate(gram):
+            _, nxt, _, _ = dev.children(d, state)
+            state = jax.tree_util.tree_map(lambda x: x[t], nxt)
+        r, p, ok = (np.asarray(a) for a in dev.occurrences(state, 64))
+        got = sorted(zip(r[ok].tolist(), p[ok].tolist()))
+        want = sorted((rows[k], s) for k, doc in enumerate(docs) for s in range(len(doc) - len(gram) + 1)
+                      if tuple(doc[s:s + len(gram)]) == gram)
+        assert got == want and int(dev.counts(state)) == len(want)
