@@ -140,17 +140,20 @@ class GenerativeRetriever:
     def _project(self, params, hidden, tokens=None):
         return self.head.project(self.network, params, hidden, tokens)
 
-    def searcher(self, num_beams: int) -> Searcher:
-        if num_beams not in self._searchers:
+    def searcher(self, num_beams: int, keep_history: bool = False) -> Searcher:
+        """The model's searcher with `num_beams` beams (with `keep_history`: one that also returns the alive
+        beams of every level, `BeamResult.history`)."""
+        key = (num_beams, True) if keep_history else num_beams
+        if key not in self._searchers:
             # a head that scores candidate tokens alone lets "renormalized" / "raw" skip the full projection
             split = self.head.candidate_logits
-            self._searchers[num_beams] = Searcher(
+            self._searchers[key] = Searcher(
                 self._step_hidden if split else self._step, self._cache,
                 start_token=self.config.decoder_start_token_id, eos_id=self.config.eos_token_id,
                 vocab_size=self.head.output_size(self.config), num_beams=num_beams, score_mode=self.score_mode,
                 length_penalty=self.length_penalty, bonus_fn=self.bonus_fn, tile_fn=self._tile,
-                project_fn=self._project if split else None)
-        return self._searchers[num_beams]
+                project_fn=self._project if split else None, keep_history=keep_history)
+        return self._searchers[key]
 
     @staticmethod
     def _tile(cache, n: int):

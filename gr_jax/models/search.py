@@ -99,7 +99,8 @@ class Searcher:
     def __init__(self, step_fn: Callable, cache_fn: Callable, *, start_token: int, eos_id: int, vocab_size: int,
                  num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
                  bonus_fn: Optional[bs.BonusFn] = None, tile_fn: Callable = share_encoder,
-                 accumulate_bonus: bool = True, project_fn: Optional[Callable] = None, mesh="auto"):
+                 accumulate_bonus: bool = True, project_fn: Optional[Callable] = None, mesh="auto",
+                 keep_history: bool = False):
         self.step_fn = step_fn  # one object: exhaustive scoring compiles once
         self._mesh_arg = mesh
         self._sharded: dict = {}
@@ -115,6 +116,7 @@ class Searcher:
         self.bonus_fn = bonus_fn
         self.tile_fn = tile_fn
         self.accumulate_bonus = accumulate_bonus
+        self.keep_history = keep_history  # BeamResult.history: the alive beams of every level (SEAL's n-grams)
         self._cache = jax.jit(cache_fn, static_argnums=(2,))
         self._search = jax.jit(self._search_impl)
         self._unconstrained = jax.jit(self._unconstrained_impl, static_argnames=("max_length",))
@@ -127,7 +129,7 @@ class Searcher:
                               bonus_fn=self.bonus_fn, query_state=query_state, start_token=self.start_token,
                               tile_fn=self.tile_fn, accumulate_bonus=self.accumulate_bonus,
                               project_fn=None if self.project_fn is None
-                              else functools.partial(self.project_fn, params))
+                              else functools.partial(self.project_fn, params), keep_history=self.keep_history)
 
     def _full_step(self, params, cache, tokens):
         """(logits over the whole vocabulary, cache), whether `step_fn` returns logits or hidden states."""
