@@ -1,0 +1,136 @@
+"""SEAL's and MINDER's identifier texts: what the substring index holds for each document.
+
+A document's identifier text is, in token ids of the run's vocabulary,
+
+    DOC_START  title  TITLE_END  body[:max_text_tokens]  ( QUERY_START  pseudo-query  TITLE_END )*
+
+SEAL indexes `title @@ body</s>` per document and decodes a title as the tokens after a document's start up to
+`@@`; DOC_START plays the part of the previous document's `</s>`, TITLE_END of ` @@`. MINDER appends each
+pseudo-query as ` || q @@`: QUERY_START is ` ||`. Any n-gram of the text is a body key (it may cross into the
+title, as in SEAL); a title key is DOC_START … TITLE_END; a pseudo-query key QUERY_START … TITLE_END. Three more
+ids mark the *input* with the view the model is asked to generate (SEAL's ` || body`, ` || title`,
+` || query`). The six ids sit right above the text vocabulary (the model's vocabulary grows by six).
+
+A corpus without titles gives no title view; a document without pseudo-queries no pseudo-query view. The
+pseudo-queries file (`python -m gr_jax.pseudo_queries`, or any doc_id → queries file) is read when the scheme is
+fitted; its digest is kept, and assigning with a changed file is an error (the index would no longer be what
+the model was trained on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional, Sequence
+
+import gin
+import numpy as np
+
+from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
+from gr_jax.docids.pseudo_query import read_queries_file
+from gr_jax.errors import UserError
+from gr_jax.provenance import file_digest
+from gr_jax.validation import Count
+from gr_jax.vocab import DocidTokenSpace
+
+log = logging.getLogger(__name__)
+
+MARKERS = ("doc_start", "title_end", "query_start", "view_body", "view_title", "view_query")
+
+
+@dataclasses.dataclass(frozen=True)
+class Markers:
+    """The six marker ids, right above a text vocabulary of `text_vocab_size` ids."""
+
+    text_vocab_size: int
+
+    def __getattr__(self, name):
+        if name in MARKERS:
+            return self.text_vocab_size + MARKERS.index(name)
+        raise AttributeError(name)
+
+    @property
+    def end(self) -> int:
+        return self.text_vocab_size + len(MARKERS)
+
+
+@gin.configurable
+@dataclasses.dataclass
+class SealDocids(DocidScheme):
+    max_text_tokens: Count = 512  # body tokens indexed per document (the paper's maximum input: 512)
+    with_titles: bool = True
+    pseudo_queries_file: Optional[str] = None  # MINDER's pseudo-query view
+    max_pseudo_queries: Count = 10  # per document
+    name = "seal"
+    text_vocab_size: int = 0
+    pseudo_queries_digest: str = ""
+    _vocab: object = dataclasses.field(default=None, repr=False)
+    _queries: Optional[dict] = dataclasses.field(default=None, repr=False)
+
+    @property
+    def markers(self) -> Markers:
+        return Markers(self.text_vocab_size)
+
+    def fit(self, corpus, context: FitContext = FitContext()) -> "SealDocids":
+        if context.vocab is None:
+            raise ValueError("SEAL identifiers need the text vocabulary")
+        self._vocab, self.text_vocab_size = context.vocab, int(context.vocab.size)
+        if self.pseudo_queries_file:
+            self.pseudo_queries_digest = file_digest(self.pseudo_queries_file, "SealDocids.pseudo_queries_file")
+        return self
+
+    def bind(self, vocab) -> None:
+        self._vocab = vocab
+
+    def space(self, vocab_size: int = 0) -> DocidTokenSpace:
+        return DocidTokenSpace("text", self.markers.end)
+
+    def _pseudo_queries(self) -> dict:
+        if self._queries is None:
+            self._queries = {}
+            if self.pseudo_queries_file:
+                digest = file_digest(self.pseudo_queries_file, "SealDocids.pseudo_queries_file")
+                if digest != self.pseudo_queries_digest:
+                    raise UserError(f"{self.pseudo_queries_file}: the pseudo-queries changed since this docid "
+                                    f"scheme was fitted (digest {digest}, fitted with "
+                                    f"{self.pseudo_queries_digest or 'none'}); restore the file or train again "
+                                    f"in a new MODEL_DIR")
+                self._queries = read_queries_file(self.pseudo_queries_file)
+        return self._queries
+
+    def identifier(self, corpus, row: int) -> list[int]:
+        """The identifier text of corpus row `row` (module docstring)."""
+        m, enc = self.markers, self._vocab.encode
+        ids = [m.doc_start]
+        title = corpus.titles[row] if (self.with_titles and corpus.titles is not None) else ""
+        if title and title.strip():
+            ids += enc(title) + [m.title_end]
+        ids += enc(corpus.texts[row])[: self.max_text_tokens]
+        for q in self._pseudo_queries().get(corpus.doc_ids[row], [])[: self.max_pseudo_queries]:
+            if q.strip():
+                ids += [m.query_start] + enc(q) + [m.title_end]
+        return ids
+
+    def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
+        if self._vocab is None:
+            raise ValueError("SealDocids.assign before fit() (or bind(vocab) after loading)")
+        rows = np.arange(len(corpus)) if rows is None else np.asarray(rows, dtype=np.int64)
+        seqs = [self.identifier(corpus, r) for r in rows.tolist()]
+        if self.pseudo_queries_file:
+            missing = sum(corpus.doc_ids[r] not in self._pseudo_queries() for r in rows.tolist())
+            if missing:
+                log.warning("%s: %d of %d documents have no pseudo-queries (no pseudo-query view for them)",
+                            self.pseudo_queries_file, missing, len(rows))
+        return DocidTable.from_lists(seqs, rows, self.space(), index_kind="substrings")
+
+    def state(self):
+        return {"max_text_tokens": self.max_text_tokens, "with_titles": self.with_titles,
+                "pseudo_queries_file": self.pseudo_queries_file, "max_pseudo_queries": self.max_pseudo_queries,
+                "text_vocab_size": self.text_vocab_size, "pseudo_queries_digest": self.pseudo_queries_digest}, {}
+
+    def load_state(self, meta, arrays) -> None:
+        self.max_text_tokens, self.with_titles = int(meta["max_text_tokens"]), bool(meta["with_titles"])
+        self.pseudo_queries_file = meta["pseudo_queries_file"]
+        self.max_pseudo_queries = int(meta["max_pseudo_queries"])
+        self.text_vocab_size = int(meta["text_vocab_size"])
+        self.pseudo_queries_digest = meta["pseudo_queries_digest"]

@@ -1,0 +1,214 @@
+"""SEAL's and MINDER's retrieval: n-grams generated under the substring index, one search per view, scored by
+`scoring.rank_documents`.
+
+Per batch of queries and per view, the model reads the query marked with the view (SEAL's ` || body`,
+` || title`; MINDER adds ` || query`: `mark`) and the shared beam search runs under the view's constraint:
+
+  body    any n-gram of an identifier text, up to `body_length` tokens; every alive beam of every level is a key
+          (SEAL's `keep_history`: n-grams of every length);
+  title   DOC_START, then up to `title_length` tokens ending in TITLE_END: the finished beams are the keys;
+  query   QUERY_START, then up to `query_length` tokens ending in TITLE_END (MINDER's pseudo-query view).
+
+A key's score is the sum of its tokens' log-probabilities (score mode log_softmax, no length penalty: SEAL
+rescores its keys to exactly this). Its frequency and occurrences come from the index on the device; the
+scoring of documents runs on the host after the searches. A key found by two views is kept once, at its
+best score. MINDER sums the views' keys in one pool (the identifier text holds every view); `query_view_boost`
+adds MINDER's constant to pseudo-query keys (its code: +14, capped at −1; 0 here by default, since our
+pseudo-query targets end with TITLE_END, which MINDER's did not score in training).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Optional
+
+import gin
+import jax
+import numpy as np
+
+from gr_jax.index.substring import DeviceSubstrings, SubstringIndex
+from gr_jax.methods.seal.docids import MARKERS, Markers
+from gr_jax.methods.seal.scoring import Key, rank_documents
+from gr_jax.models.decoder_only import DecoderOnlyRetriever
+from gr_jax.models.retriever import GenerativeRetriever
+from gr_jax.validation import Count, Fraction, Positive
+from gr_jax.vocab import EOS_ID, PAD_ID
+
+log = logging.getLogger(__name__)
+
+VIEWS = ("body", "title", "query")
+
+
+def mark(tokens_BxL: np.ndarray, marker: int) -> np.ndarray:
+    """Each row with `marker` before its EOS (the last token dropped where the row is full)."""
+    t = np.asarray(tokens_BxL)
+    B, L = t.shape
+    out = np.full((B, L), PAD_ID, t.dtype if np.iinfo(t.dtype).max >= marker else np.int32)
+    for b in range(B):
+        row = t[b]
+        end = np.flatnonzero((row == EOS_ID) | (row == PAD_ID))
+        n = min(int(end[0]) if len(end) else L, L - 2)
+        out[b, :n] = row[:n]
+        out[b, n], out[b, n + 1] = marker, EOS_ID
+    return out
+
+
+@gin.configurable
+@dataclasses.dataclass
+class SealSearch:
+    """What SEAL (and MINDER) search and how keys score; defaults are the authors' (SEAL's `SEALSearcher`)."""
+
+    views: tuple = ("body", "title")  # MINDER: ("body", "title", "query")
+    body_length: Count = 10
+    title_length: Count = 15
+    query_length: Count = 30
+    max_hits: Count = 1500  # keys occurring more often make no candidates
+    smoothing: Positive = 5.0
+    score_exponent: Positive = 2.0
+    repetition_penalty: Fraction = 0.8
+    query_view_boost: float = 0.0
+
+    def __post_init__(self):
+        self.views = tuple(self.views)
+        bad = [v for v in self.views if v not in VIEWS]
+        if bad or not self.views:
+            raise ValueError(f"SealSearch.views must be a non-empty subset of {VIEWS}, got {self.views}")
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _occurrences(dev: DeviceSubstrings, states, max_occurrences: int):
+    return dev.occurrences(states, max_occurrences)
+
+
+@jax.jit
+def _counts(dev: DeviceSubstrings, states):
+    return dev.counts(states)
+
+
+class _SealRanking:
+    """`rank` by SEAL's keys and scoring; mixed into a backbone's retriever class."""
+
+    search: SealSearch
+
+    def _check_seal(self):
+        if self.score_mode != "log_softmax" or self.length_penalty != 0.0:
+            raise ValueError(f"{type(self).__name__}: SEAL's key scores are log P(n | q), which needs "
+                             f"score_mode='log_softmax' and length_penalty=0 (got {self.score_mode!r}, "
+                             f"{self.length_penalty})")
+        self.search = self.search if self.search is not None else SealSearch()
+        self._markers: Optional[Markers] = None
+        self._identifiers = None
+
+    def describe(self) -> str:
+        s = self.search
+        return (f"{type(self).__name__}(views={','.join(s.views)}, lengths={s.body_length}/{s.title_length}/"
+                f"{s.query_length}, max_hits={s.max_hits}, exponent={s.score_exponent}, "
+                f"repetition_penalty={s.repetition_penalty}, query_view_boost={s.query_view_boost})")
+
+    def use_docids(self, table) -> None:
+        if table.index_kind != "substrings":
+            raise ValueError(f"{type(self).__name__} retrieves with a substring index; its docid scheme must make "
+                             f"identifier texts (prepare.docid_scheme = @SealDocids())")
+        self._markers = Markers(table.space.end - len(MARKERS))
+        where = np.full(int(table.doc_rows.max()) + 1 if len(table) else 0, -1, np.int64)
+        where[table.doc_rows] = np.arange(len(table))
+        seqs = table.sequences.astype(np.int64)
+        self._identifiers = (where, np.where(np.arange(seqs.shape[1]) < table.lengths[:, None], seqs, -1))
+
+    @property
+    def markers(self) -> Markers:
+        if self._markers is None:
+            raise ValueError(f"{type(self).__name__}: no identifier table yet (use_docids)")
+        return self._markers
+
+    def _view(self, view: str):
+        """(input marker, index.device arguments, keys from history?) of a view."""
+        m, s = self.markers, self.search
+        if view == "body":
+            return m.view_body, dict(max_length=s.body_length), True
+        if view == "title":
+            return m.view_title, dict(max_length=s.title_length, prefix=(m.doc_start,), end_token=m.title_end), False
+        return m.view_query, dict(max_length=s.query_length, prefix=(m.query_start,), end_token=m.title_end), False
+
+    def keys(self, params, query_tokens_BxL, index: SubstringIndex, num_beams: int = 15):
+        """Per query, {key tokens: (score, count, rows, starts)} over the configured views; rows/starts are
+        None for keys occurring more than max_hits times."""
+        B = len(query_tokens_BxL)
+        out = [dict() for _ in range(B)]
+        for view in self.search.views:
+            marker, args, history = self._view(view)
+            dev = index.device(**args)
+            prefix = tuple(args.get("prefix", ()))
+            res = self.searcher(num_beams, keep_history=history).search(params, mark(query_tokens_BxL, marker), dev)
+            if history:
+                h = res.history
+                T, N = h.scores.shape[1:]
+                tokens = np.asarray(h.tokens).reshape(B, T * N, -1)
+                lengths = np.broadcast_to(np.arange(1, T + 1)[:, None], (T, N)).reshape(-1)
+                lengths = np.broadcast_to(lengths, (B, T * N))
+                scores, valid = np.asarray(h.scores).reshape(B, -1), np.asarray(h.valid).reshape(B, -1)
+                states = jax.tree_util.tree_map(lambda x: x.reshape(B, T * N), h.states)
+            else:
+                tokens, lengths = np.asarray(res.tokens), np.asarray(res.lengths)
+                scores, valid, states = np.asarray(res.scores), np.asarray(res.valid), res.states
+            counts = np.asarray(_counts(dev, states))
+            rare = valid & (counts <= self.search.max_hits)
+            most = int(counts[rare].max()) if rare.any() else 1
+            rows, starts, ok = (np.asarray(a) for a in
+                                _occurrences(dev, states, 1 << max(most - 1, 0).bit_length()))
+            boost = view == "query" and self.search.query_view_boost
+            for b in range(B):
+                for k in np.flatnonzero(valid[b]):
+                    key = prefix + tuple(tokens[b, k, : lengths[b, k]].tolist())
+                    score = float(scores[b, k])
+                    if boost:
+                        score = min(score + self.search.query_view_boost, -1.0)
+                    if key in out[b] and out[b][key][0] >= score:
+                        continue
+                    found = (rows[b, k][ok[b, k]], starts[b, k][ok[b, k]]) if rare[b, k] else None
+                    out[b][key] = (score, int(counts[b, k]), *(found or (None, None)))
+        return out
+
+    def rank(self, params, query_tokens_BxL, index: SubstringIndex, num_beams: int = 15):
+        """(query, document row, score) arrays: every document with a positive SEAL score."""
+        s = self.search
+        q, d, sc = [], [], []
+        for b, keys in enumerate(self.keys(params, query_tokens_BxL, index, num_beams)):
+            items = sorted(keys.items())  # key order never changes a score (ties broken by tokens)
+            ks = [Key(t, v[0], v[1]) for t, v in items]
+            found = [None if v[2] is None else (v[2], v[3]) for _, v in items]
+            ranked = rank_documents(ks, found, self._documents, index.num_positions, max_hits=s.max_hits,
+                                    smoothing=s.smoothing, exponent=s.score_exponent, beta=s.repetition_penalty)
+            q += [b] * len(ranked)
+            d += [r for r, _ in ranked]
+            sc += [v for _, v in ranked]
+        return np.asarray(q, np.int64), np.asarray(d, np.int64), np.asarray(sc, np.float32)
+
+    def _documents(self, rows: np.ndarray) -> np.ndarray:
+        """Identifier tokens of corpus rows [len(rows), W], −1 past each one's end."""
+        where, seqs = self._identifiers
+        return seqs[where[rows]]
+
+
+@gin.configurable
+class SealRetriever(_SealRanking, GenerativeRetriever):
+    """SEAL / MINDER on a T5 (from scratch or imported from HF)."""
+
+    def __init__(self, config, head=None, score_mode: str = "log_softmax", length_penalty: float = 0.0, *,
+                 search: Optional[SealSearch] = None, **kwargs):
+        super().__init__(config, head, score_mode, length_penalty, **kwargs)
+        self.search = search
+        self._check_seal()
+
+
+@gin.configurable
+class SealDecoderOnly(_SealRanking, DecoderOnlyRetriever):
+    """SEAL / MINDER on a decoder-only LM (SmolLM2): [query + view marker, BOS, n-gram] as one sequence."""
+
+    def __init__(self, config, head=None, score_mode: str = "log_softmax", length_penalty: float = 0.0, *,
+                 search: Optional[SealSearch] = None, **kwargs):
+        super().__init__(config, head, score_mode, length_penalty, **kwargs)
+        self.search = search
+        self._check_seal()

@@ -1,0 +1,125 @@
+"""SEAL's retrieval end to end on a tiny random T5: with beams enough for every n-gram, the keys are every
+n-gram of the identifier texts (and every complete title) with the model's teacher-forced log-probability,
+and the ranking is the scoring of those keys — an oracle built from the documents' token lists and
+`GenerativeRetriever.score`, not from the index or the search. Also the identifier texts, the views of the
+training pairs, and the refusals."""
+
+import math
+
+import numpy as np
+import pytest
+
+from gr_jax.data.readers import Corpus
+from gr_jax.docids.base import FitContext
+from gr_jax.methods.seal.docids import SealDocids
+from gr_jax.methods.seal.model import SealRetriever, SealSearch, mark
+from gr_jax.methods.seal.scoring import Key, occurrences, rank_documents
+from gr_jax.methods.seal.training import SealPairs, overlap_starts, split_views
+from gr_jax.models import t5
+
+WORDS = "alpha beta gamma delta eps zeta eta theta iota kappa".split()
+
+
+class Words:
+    """A word-level vocabulary: ids 2.. (0 pad, 1 end)."""
+
+    size = 2 + len(WORDS)
+
+    def encode(self, text):
+        return [2 + WORDS.index(w) for w in text.split()]
+
+
+CORPUS = Corpus(["d0", "d1", "d2", "d3"], ["alpha beta gamma", "beta gamma beta", "delta", "eps alpha beta"],
+                titles=["zeta", "eta theta", "zeta iota", ""])
+
+
+def _setup(views=("body", "title")):
+    scheme = SealDocids(max_text_tokens=3).fit(CORPUS, FitContext(vocab=Words()))
+    table = scheme.assign(CORPUS)
+    config = t5.get_config("tiny", vocab_size=scheme.space().end)
+    model = SealRetriever(config, search=SealSearch(views=views, body_length=2, title_length=3, max_hits=3))
+    model.use_docids(table)
+    return scheme, table, model, model.init_params(3)
+
+
+def test_identifier_texts_mark_every_view():
+    scheme, table, _, _ = _setup()
+    m = scheme.markers
+    assert (m.doc_start, m.title_end, m.query_start) == (12, 13, 14) and m.end == 18
+    assert table.sequence(1) == [m.doc_start, 8, 9, m.title_end, 3, 4, 3]  # DOC_START eta theta @@ beta gamma beta
+    assert table.sequence(3) == [m.doc_start, 6, 2, 3]  # no title: no title view
+    assert split_views(table.sequence(1), m) == ([8, 9], [3, 4, 3], [])
+    assert split_views(table.sequence(3), m) == ([], [6, 2, 3], [])
+    assert split_views([m.doc_start, 5, m.query_start, 6, m.title_end, m.query_start, 7, m.title_end], m) == \
+        ([], [5], [[6], [7]])
+    assert table.index_kind == "substrings"
+
+
+def test_keys_and_ranking_equal_the_exhaustive_oracle():
+    scheme, table, model, params = _setup()
+    m = scheme.markers
+    index = table.index()
+    queries = np.array([[2, 3, 1, 0, 0], [5, 1, 0, 0, 0]], np.int32)
+    ids = [table.sequence(i) for i in range(len(table))]
+    body = sorted({tuple(s[i:i + n]) for s in ids for n in (1, 2) for i in range(len(s) - n + 1)})
+    titles = sorted({tuple(s[: s.index(m.title_end) + 1]) for s in ids if m.title_end in s})
+    got = model.keys(params, queries, index, num_beams=len(body))
+    for b in range(2):
+        want = {}
+        for key, marker, target in [(k, m.view_body, k) for k in body] + [(k, m.view_title, k[1:]) for k in titles]:
+            tgt = np.zeros((1, 4), np.int32)
+            tgt[0, : len(target)] = target
+            s = float(model.score(params, mark(queries[b:b + 1], marker), tgt)[0])
+            want[key] = max(want.get(key, -math.inf), s)
+        assert set(got[b]) == set(want)
+        for key, (score, count, rows, starts) in got[b].items():
+            # float32 log-probabilities summed over ≤ 4 tokens of a 18-way softmax: 1e-5 relative to |score|
+            assert abs(score - want[key]) <= 1e-5 * max(1.0, abs(want[key])), key
+            hits = [(r, p) for r, s in enumerate(ids) for p in occurrences(s, key).tolist()]
+            assert count == len(hits)
+            if count <= 3:
+                assert sorted(zip(rows.tolist(), starts.tolist())) == hits
+            else:
+                assert rows is None
+        keys = [Key(k, want[k], sum(len(occurrences(s, k)) for s in ids)) for k in sorted(want)]
+        found = []
+        for k in keys:
+            hits = [(r, p) for r, s in enumerate(ids) for p in occurrences(s, k.tokens).tolist()]
+            found.append((np.array([r for r, _ in hits]), np.array([p for _, p in hits])) if k.count <= 3 else None)
+        width = max(map(len, ids))
+        docs = lambda rows: np.array([ids[r] + [-1] * (width - len(ids[r])) for r in rows])  # noqa: E731
+        oracle = rank_documents(keys, found, docs, index.num_positions, max_hits=3)
+        q, d, s = model.rank(params, queries, index, num_beams=len(body))
+        assert d[q == b].tolist() == [r for r, _ in oracle]
+        # the scores come from float32 log-probabilities: 1e-4 relative (squared log-odds amplify ulps)
+        np.testing.assert_allclose(s[q == b], [v for _, v in oracle], rtol=1e-4)
+
+
+def test_training_pairs_sample_spans_by_overlap_and_do_not_depend_on_order():
+    scheme, table, _, _ = _setup()
+    m = scheme.markers
+    body, query = [5, 6, 7, 8, 9], [7, 8, 9]
+    # at 2 the trigram (7 8 9) agrees whole; at 3 (8 9 ·) and at 4 (9 · ·) agree with the query's own tail
+    np.testing.assert_allclose(overlap_starts(body, query), [0, 0, 1, 2 / 3, 1 / 3])
+    pairs = SealPairs(title_samples=2, span_samples=50, span_length=2)
+    ex = pairs.supervised("q1", [3, 4], table.sequence(1), 1, m, seed=0)
+    assert [t for _, v, t in ex if v == m.view_title] == [[8, 9, m.title_end]] * 2
+    spans = [tuple(t) for _, v, t in ex if v == m.view_body]
+    assert len(spans) == 50 and set(spans) <= {(3, 4), (4, 3), (3,)}
+    # the start at "beta gamma" overlaps the query (beta gamma) most: the most frequent span
+    assert max(set(spans), key=spans.count) == (3, 4)
+    assert ex == pairs.supervised("q1", [3, 4], table.sequence(1), 1, m, seed=0)
+    assert ex != pairs.supervised("q1", [3, 4], table.sequence(1), 1, m, seed=1)
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="log_softmax"):
+        SealRetriever(t5.get_config("tiny"), score_mode="raw")
+    with pytest.raises(ValueError, match="views"):
+        SealSearch(views=("abstract",))
+    _, _, model, _ = _setup()
+    from gr_jax.docids.base import DocidTable
+    from gr_jax.vocab import DocidTokenSpace
+
+    with pytest.raises(ValueError, match="SealDocids"):
+        model.use_docids(DocidTable.from_lists([[3]], [0], DocidTokenSpace("text", 10)))
