@@ -57,7 +57,7 @@ from gr_jax.models import contract, t5
 from gr_jax.models.heads import head_for_space
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.training import initial, trainer
-from gr_jax.training.objectives import ObjectiveInputs, Objectives, example_store
+from gr_jax.training.objectives import ObjectiveInputs, Objectives
 from gr_jax.training.trainer import TrainingError, check_provenance
 from gr_jax.training.vocabulary import run_vocabulary
 from gr_jax.validation import Count
@@ -86,6 +86,7 @@ class Setup:
     feature_lengths: dict[str, int]
     embedder: Any = None  # the fitted document embedder of numeric docids (new documents need the same one)
     refresh_period: int = 0  # decoded docids: decoded again every this many training steps (0: at the start only)
+    objectives: Any = None  # the objectives config (`training.objectives.ObjectivesConfig`): pairs → examples
     _doc_tokens: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
     # (config, network) of INITIAL_CHECKPOINT_PATH when `prepare` had to read the tensors for the config; handed
     # to `initial_params`, which drops it
@@ -147,11 +148,12 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
         raise ValueError(f"TASK_FEATURE_LENGTHS['targets'] = {lengths['targets']} is shorter than the longest "
                          f"docid ({target_length} tokens); raise it")
     setup = Setup(model, dataset, vocab, scheme, table, None, None, lengths, emb)
+    setup.objectives = objectives_config if objectives_config is not None else Objectives()
     if with_training_data or may_fit:  # inference restores its own parameters: nothing kept for it
         setup._initial = loaded
     if with_training_data:  # inference needs the docids and the index, not the tokenized training pairs
         validation.integer("BATCH_SIZE (train.batch_size)", batch_size)
-        objs = objectives_config if objectives_config is not None else Objectives()
+        objs = setup.objectives
         setup.iterator = objs.iterator(ObjectiveInputs(dataset, train_split, scheme, table, vocab, lengths,
                                                        batch_size, seed, setup.document_tokens))
         setup.refresh_period = objs.refresh_period
@@ -391,11 +393,12 @@ def _final_evaluation(setup: Setup, params, step: int, eval_config: EvalConfig, 
 
 def fine_tune(setup: Setup, params, parts: Sequence[dsi_pairs.Pairs], rates: Sequence[float], table: DocidTable,
               *, model_dir: Path, steps: int, batch_size: int, learning_rate: float, seed: int = 0,
-              meta_extra: Optional[dict] = None, all_docids: bool = False) -> dict:
+              meta_extra: Optional[dict] = None) -> dict:
     """More training of a built system on other pairs (DSI++ replay in the dynamic protocol) through the same
-    loop — sharding, NaN guard, checkpoints in `model_dir` (a re-run resumes) —; `table` gives the targets.
+    loop — sharding, NaN guard, checkpoints in `model_dir` (a re-run resumes) —; the run's objectives config
+    makes the examples (`ObjectivesConfig.examples`: DSI's targets are the rows' docids in `table`).
     Returns the new parameters."""
-    stores = [example_store(p, table, setup.vocab, setup.feature_lengths, all_docids) for p in parts]
+    stores = [setup.objectives.examples(p, table, setup.vocab, setup.feature_lengths) for p in parts]
     iterator = MixtureIterator(stores, batch_size, seed=seed, rates=list(rates), names=[p.name for p in parts])
     tx = optax.adamw(validation.number("fine_tune learning_rate", learning_rate), weight_decay=0.0)
     out = trainer.fit(setup.model, params, iterator, tx, model_dir=model_dir, train_steps=steps,

@@ -25,9 +25,26 @@ from gr_jax.docids.pseudo_query import read_queries_file
 log = logging.getLogger(__name__)
 
 
+class ObjectivesConfig:
+    """What the composition asks of an objectives config (`prepare.objectives_config`): `iterator(inputs)` (the
+    training batches, `ObjectiveInputs`), `refresh_period` (how often docids decoded by the model are decoded
+    again; 0: never after the start), and `examples(pairs, table, vocab, lengths)`: given pairs (`data.pairs.Pairs`:
+    texts → corpus rows, e.g. the new and replayed documents of DSI++'s continued training) as training
+    examples. The default makes DSI's (the text → the row's docid); a method whose targets are not the table's
+    rows (SEAL: n-grams of them) makes its own."""
+
+    refresh_period = 0
+
+    def iterator(self, inp: "ObjectiveInputs") -> MixtureIterator:
+        raise NotImplementedError
+
+    def examples(self, pairs, table: DocidTable, vocab, lengths: dict) -> ExampleStore:
+        return example_store(pairs, table, vocab, lengths, all_docids=False)
+
+
 @gin.configurable
 @dataclasses.dataclass
-class Objectives:
+class Objectives(ObjectivesConfig):
     """Which DSI objectives to train and their mixing rates (0 turns one off)."""
 
     indexing_rate: float = 1.0
@@ -70,6 +87,9 @@ class Objectives:
         return parts, rates
 
     refresh_period = 0  # the DSI pairs need docids fixed before training
+
+    def examples(self, pairs, table: DocidTable, vocab, lengths: dict) -> ExampleStore:
+        return example_store(pairs, table, vocab, lengths, self.all_docids)
 
     def iterator(self, inp: "ObjectiveInputs") -> MixtureIterator:
         """The DSI training batches: the pairs of `build` (and the scheme's own) tokenized and mixed."""
