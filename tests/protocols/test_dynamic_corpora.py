@@ -1,5 +1,5 @@
 """The dynamic-corpora protocol: the command end to end at small scale (BM25, numeric DSI, text DSI, MDGR,
-DSI++ replay), insert == rebuild, the MDGR ranker and docids by hand, published rows, the memory guard."""
+DSI++ replay, SEAL, SEAL++), insert == rebuild, the MDGR ranker and docids by hand, published rows, the memory guard."""
 
 import json
 import textwrap
@@ -32,7 +32,7 @@ train.checkpoint_period = 100
 EvalConfig.batch_size = 32
 """
 
-GR = {  # a text-docid DSI, MDGR, and a numeric-docid DSI with DSI++ replay (covers the plain numeric path)
+GR = {  # a text-docid DSI, MDGR, a numeric-docid DSI with DSI++ replay (covers the plain numeric path), SEAL, SEAL++
     "naive": """
         include 'runs/dynamic.gin'
         include 'experiments/demo/dsi_naive.gin'
@@ -48,6 +48,20 @@ GR = {  # a text-docid DSI, MDGR, and a numeric-docid DSI with DSI++ replay (cov
         include 'experiments/demo/dynamic_dsi_pp.gin'
         PQDocids.k = 8
         TfidfSvdEmbedder.dim = 16
+        Replay.steps = 2
+        Replay.batch_size = 8
+        """,
+    "seal": """
+        include 'experiments/demo/dynamic_seal.gin'
+        SealSearch.body_length = 3
+        SealSearch.title_length = 4
+        EvalConfig.num_beams = 4
+        """,
+    "seal_replay": """
+        include 'experiments/demo/dynamic_seal_pp.gin'
+        SealSearch.body_length = 3
+        SealSearch.title_length = 4
+        EvalConfig.num_beams = 4
         Replay.steps = 2
         Replay.batch_size = 8
         """,
@@ -119,7 +133,8 @@ def test_command_with_generative_retrievers(tmp_path, name):
     f.write_text(textwrap.dedent(GR[name]) + SMALL)
     assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / name}'"]) == 0
     result = _check_outputs(tmp_path / name, name)
-    expect = {"naive": "gr-naive", "mdgr": "gr-mdgr", "pq_replay": "gr-pq++"}[name]
+    expect = {"naive": "gr-naive", "mdgr": "gr-mdgr", "pq_replay": "gr-pq++", "seal": "gr-seal",
+              "seal_replay": "gr-seal++"}[name]
     assert result["method"] == expect
     added = [s.get("docids_added") for s in result["steps"][1:]]
     if name == "mdgr":
@@ -127,6 +142,10 @@ def test_command_with_generative_retrievers(tmp_path, name):
     else:
         assert sum(added) > 0
     assert (tmp_path / name / "model" / "checkpoints").is_dir()
+    if name.startswith("seal"):  # every new document enters the substring index: one identifier text each
+        assert added == [6] * 5
+    if name == "seal_replay":
+        assert sorted(p.name for p in (tmp_path / name / "model" / "replay").iterdir()) == [f"D{o}" for o in range(1, 6)]
 
 
 def test_atomic_docids_are_refused(tmp_path):

@@ -11,10 +11,12 @@ title, as in SEAL); a title key is DOC_START … TITLE_END; a pseudo-query key Q
 ids mark the *input* with the view the model is asked to generate (SEAL's ` || body`, ` || title`,
 ` || query`). The six ids sit right above the text vocabulary (the model's vocabulary grows by six).
 
-A corpus without titles gives no title view; a document without pseudo-queries no pseudo-query view. The
-pseudo-queries file (`python -m gr_jax.pseudo_queries`, or any doc_id → queries file) is read when the scheme is
-fitted; its digest is kept, and assigning with a changed file is an error (the index would no longer be what
-the model was trained on).
+A corpus without titles gives no title view; a document without pseudo-queries no pseudo-query view. Pseudo-
+queries come from `pseudo_queries_file` (`python -m gr_jax.pseudo_queries`, or any doc_id → queries file: its
+digest is kept when the scheme is fitted, and assigning with a changed file is an error — the index would no
+longer be what the model was trained on), or with `pseudo_queries_file = 'train'` from the judged queries of
+the training split (the demo has no generated ones; kept in the scheme's state; documents added later have
+none).
 """
 
 from __future__ import annotations
@@ -59,13 +61,17 @@ class Markers:
 class SealDocids(DocidScheme):
     max_text_tokens: Count = 512  # body tokens indexed per document (the paper's maximum input: 512)
     with_titles: bool = True
-    pseudo_queries_file: Optional[str] = None  # MINDER's pseudo-query view
+    pseudo_queries_file: Optional[str] = None  # MINDER's pseudo-query view: a file, or "train"
     max_pseudo_queries: Count = 10  # per document
     name = "seal"
     text_vocab_size: int = 0
     pseudo_queries_digest: str = ""
     _vocab: object = dataclasses.field(default=None, repr=False)
     _queries: Optional[dict] = dataclasses.field(default=None, repr=False)
+
+    @property
+    def uses_training_queries(self) -> bool:
+        return self.pseudo_queries_file == "train"
 
     @property
     def markers(self) -> Markers:
@@ -75,7 +81,11 @@ class SealDocids(DocidScheme):
         if context.vocab is None:
             raise ValueError("SEAL identifiers need the text vocabulary")
         self._vocab, self.text_vocab_size = context.vocab, int(context.vocab.size)
-        if self.pseudo_queries_file:
+        if self.uses_training_queries:
+            if context.queries is None:
+                raise ValueError("SealDocids(pseudo_queries_file='train') needs the training queries")
+            self._queries = {str(d): list(q) for d, q in sorted(context.queries.items())}
+        elif self.pseudo_queries_file:
             self.pseudo_queries_digest = file_digest(self.pseudo_queries_file, "SealDocids.pseudo_queries_file")
         return self
 
@@ -88,6 +98,8 @@ class SealDocids(DocidScheme):
     def _pseudo_queries(self) -> dict:
         if self._queries is None:
             self._queries = {}
+            if self.uses_training_queries:
+                raise ValueError("SealDocids: the training queries of the pseudo-query view were not kept")
             if self.pseudo_queries_file:
                 digest = file_digest(self.pseudo_queries_file, "SealDocids.pseudo_queries_file")
                 if digest != self.pseudo_queries_digest:
@@ -116,7 +128,7 @@ class SealDocids(DocidScheme):
             raise ValueError("SealDocids.assign before fit() (or bind(vocab) after loading)")
         rows = np.arange(len(corpus)) if rows is None else np.asarray(rows, dtype=np.int64)
         seqs = [self.identifier(corpus, r) for r in rows.tolist()]
-        if self.pseudo_queries_file:
+        if self.pseudo_queries_file and not self.uses_training_queries:
             missing = sum(corpus.doc_ids[r] not in self._pseudo_queries() for r in rows.tolist())
             if missing:
                 log.warning("%s: %d of %d documents have no pseudo-queries (no pseudo-query view for them)",
@@ -126,7 +138,8 @@ class SealDocids(DocidScheme):
     def state(self):
         return {"max_text_tokens": self.max_text_tokens, "with_titles": self.with_titles,
                 "pseudo_queries_file": self.pseudo_queries_file, "max_pseudo_queries": self.max_pseudo_queries,
-                "text_vocab_size": self.text_vocab_size, "pseudo_queries_digest": self.pseudo_queries_digest}, {}
+                "text_vocab_size": self.text_vocab_size, "pseudo_queries_digest": self.pseudo_queries_digest,
+                "training_queries": self._queries if self.uses_training_queries else None}, {}
 
     def load_state(self, meta, arrays) -> None:
         self.max_text_tokens, self.with_titles = int(meta["max_text_tokens"]), bool(meta["with_titles"])
@@ -134,3 +147,5 @@ class SealDocids(DocidScheme):
         self.max_pseudo_queries = int(meta["max_pseudo_queries"])
         self.text_vocab_size = int(meta["text_vocab_size"])
         self.pseudo_queries_digest = meta["pseudo_queries_digest"]
+        if meta.get("training_queries") is not None:
+            self._queries = {str(d): list(q) for d, q in meta["training_queries"].items()}

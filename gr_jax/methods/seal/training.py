@@ -3,7 +3,8 @@
 Supervised, per (training query, relevant document):
   query + VIEW_TITLE → title TITLE_END                        `title_samples` copies (SEAL: 3)
   query + VIEW_BODY  → a span of `span_length` body tokens    `span_samples` spans (SEAL: 10 of 10 words)
-  query + VIEW_QUERY → pseudo-query TITLE_END                 the first `query_samples` (MINDER: 5)
+  query + VIEW_QUERY → pseudo-query TITLE_END                 the first `query_samples` (MINDER: 5) other
+                                                              than the query itself
 A span starts at position i with probability softmax(m / temperature), m[i] the overlap of the body's trigram at
 i with the query's trigrams (Σ over query positions of the share of the three tokens that agree; SEAL uses a
 fuzzy character match of word trigrams), drawn with replacement.
@@ -28,7 +29,9 @@ from gr_jax.data import pairs as dsi_pairs
 from gr_jax.data.pipeline import ExampleStore, MixtureIterator, pad_sequences, tokenize
 from gr_jax.methods.seal.docids import MARKERS, Markers
 from gr_jax.methods.seal.model import mark
+from gr_jax.training.objectives import ObjectivesConfig
 from gr_jax.validation import Count, Positive
+from gr_jax.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +71,10 @@ def _rng(seed: int, *parts) -> np.random.Generator:
 
 @gin.configurable
 @dataclasses.dataclass
-class SealPairs:
-    """SEAL's (and with pseudo-queries MINDER's) training data; the objectives config of `prepare`."""
+class SealPairs(ObjectivesConfig):
+    """SEAL's (and with pseudo-queries MINDER's) training data; the objectives config of `prepare`. Given pairs
+    (`examples`: SEAL++'s continued training), a document pair (no query ids: DSI's indexing pairs) gives the
+    document's unsupervised pairs, a query pair its supervised ones."""
 
     supervised_rate: float = 1.0
     unsupervised_rate: float = 1.0
@@ -95,7 +100,7 @@ class SealPairs:
             p = np.exp(w - w.max())
             starts = _rng(seed, "span", qid, row).choice(len(body), size=self.span_samples, p=p / p.sum())
             out += [(query_ids, m.view_body, self._span(body, int(s))) for s in starts]
-        for q in queries[: self.query_samples]:
+        for q in [q for q in queries if q != list(query_ids)][: self.query_samples]:  # never the query itself
             out.append((query_ids, m.view_query, q + [m.title_end]))
         return out
 
@@ -127,34 +132,50 @@ class SealPairs:
         targets = pad_sequences([t for _, _, t in examples], lengths["targets"], add_eos=False, dtype=np.int32)
         return ExampleStore({"inputs": inputs, "targets": targets})
 
-    def iterator(self, inp) -> MixtureIterator:
-        table = inp.table
+    @staticmethod
+    def _identifiers(table):
         if table is None or table.index_kind != "substrings":
             raise ValueError("SealPairs needs SEAL identifier texts: prepare.docid_scheme = @SealDocids()")
-        m = Markers(table.space.end - len(MARKERS))
         where = {int(r): i for i, r in enumerate(table.doc_rows.tolist())}
-        identifier = lambda row: table.sequence(where[int(row)])  # noqa: E731
+        return Markers(table.space.end - len(MARKERS)), lambda row: table.sequence(where[int(row)])
+
+    def _examples(self, pairs, table, vocab, lengths, seed: int) -> list:
+        m, identifier = self._identifiers(table)
+        if pairs.qids is None:  # document → itself
+            return [x for row in sorted(set(pairs.rows.tolist())) for x in self.unsupervised(identifier(row), row, m,
+                                                                                              seed)]
+        qtok = tokenize(pairs.texts, vocab, lengths["inputs"], what=f"SEAL {pairs.name} queries")
+        out = []
+        for qid, row, toks in zip(pairs.qids, pairs.rows.tolist(), qtok):
+            ids = [int(t) for t in toks if t not in (PAD_ID, EOS_ID)]
+            out += self.supervised(qid, ids, identifier(row), row, m, seed)
+        return out
+
+    def examples(self, pairs, table, vocab, lengths: dict) -> ExampleStore:
+        examples = self._examples(pairs, table, vocab, lengths, seed=0)
+        if not examples:
+            raise ValueError(f"SealPairs: the {pairs.name} pairs give no training example (empty documents?)")
+        return self._store(examples, lengths, f"seal-{pairs.name}")
+
+    def iterator(self, inp) -> MixtureIterator:
+        table = inp.table
+        _, _ = self._identifiers(table)
+        data = inp.dataset
         stores, rates, names = [], [], []
         if self.supervised_rate > 0:
-            data = inp.dataset
             if inp.train_split not in data.queries:
                 raise ValueError(f"the dataset has no query split {inp.train_split!r} (TRAIN_SPLIT); it has "
                                  f"{sorted(data.queries)}")
             pairs = dsi_pairs.query_pairs(data.queries[inp.train_split], data.qrels[inp.train_split], data.corpus,
                                           restrict_rows=table.doc_rows)
-            qtok = tokenize(pairs.texts, inp.vocab, inp.lengths["inputs"], what="SEAL queries")
-            examples = []
-            for qid, row, toks in zip(pairs.qids, pairs.rows.tolist(), qtok):
-                ids = [int(t) for t in toks if t not in (0, 1)]
-                examples += self.supervised(qid, ids, identifier(row), row, m, inp.seed)
+            examples = self._examples(pairs, table, inp.vocab, inp.lengths, inp.seed)
             if examples:
                 stores.append(self._store(examples, inp.lengths, "seal-supervised"))
                 rates.append(self.supervised_rate)
                 names.append("seal-supervised")
         if self.unsupervised_rate > 0:
-            examples = []
-            for row in sorted(where):
-                examples += self.unsupervised(identifier(row), row, m, inp.seed)
+            pairs = dsi_pairs.indexing_pairs(data.corpus, np.unique(table.doc_rows))
+            examples = self._examples(dataclasses.replace(pairs, qids=None), table, inp.vocab, inp.lengths, inp.seed)
             if examples:
                 stores.append(self._store(examples, inp.lengths, "seal-unsupervised"))
                 rates.append(self.unsupervised_rate)
