@@ -287,6 +287,20 @@ class DeviceSubstrings:
             leaf = jnp.where(valid & (jnp.arange(V) == self.end_token), 0, -1).astype(jnp.int32)
         return None, tuple(nxt), leaf, valid
 
+    def walk(self, ngrams, lengths):
+        """The states of given n-grams (after the prefix): ngrams int [..., L], lengths int [...] (tokens past a
+        row's length are ignored). An n-gram that does not occur ends in an empty range (count 0)."""
+        state = self.root(lengths.shape)
+        for d in range(ngrams.shape[-1]):
+            _, nxt, _, valid = self.children(d, state)
+            t = jnp.clip(ngrams[..., d], 0, self.vocab_size - 1)[..., None]
+            ok = jnp.take_along_axis(valid, t, axis=-1)[..., 0]
+            go = d < lengths
+            state = jax.tree_util.tree_map(
+                lambda new, old: jnp.where(go, jnp.where(ok, jnp.take_along_axis(new, t, axis=-1)[..., 0], -1), old),
+                nxt, state)
+        return state
+
     def counts(self, state) -> jax.Array:
         """F(n): occurrences of each state's n-gram in the corpus (int32 [...])."""
         return sum(jnp.where(lo >= 0, jnp.maximum(hi - lo, 0), 0) for lo, hi in state)

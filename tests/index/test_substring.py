@@ -106,3 +106,17 @@ def test_occurrences_name_the_document_and_the_position_within_it():
         want = sorted((rows[k], s) for k, doc in enumerate(docs) for s in range(len(doc) - len(gram) + 1)
                       if tuple(doc[s:s + len(gram)]) == gram)
         assert got == want and int(dev.counts(state)) == len(want)
+
+
+def test_walk_gives_the_state_of_given_ngrams():
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 4, size=rng.integers(1, 9)).tolist() for _ in range(30)]
+    index = SubstringIndex.build(docs[:20], 4)
+    index.insert(docs[20:])
+    grams = [(0,), (1, 2), (3, 3, 3), (2, 0, 1), (0, 0, 0)]
+    padded = np.array([g + (0,) * (3 - len(g)) for g in grams])
+    dev = index.device(3)
+    state = dev.walk(jnp.asarray(padded), jnp.asarray([len(g) for g in grams]))
+    assert np.asarray(dev.counts(state)).tolist() == [index.count(g) for g in grams]
