@@ -12,7 +12,9 @@ Per batch of queries and per view, the model reads the query marked with the vie
 A key's score is the sum of its tokens' log-probabilities (score mode log_softmax, no length penalty: SEAL
 rescores its keys to exactly this). Its frequency and occurrences come from the index on the device; the
 scoring of documents runs on the host after the searches. A key found by two views is kept once, at its
-best score. MINDER sums the views' keys in one pool (the identifier text holds every view); `query_view_boost`
+best score. As SEAL's `add_query_to_keys`, the query's own spans of up to `query_keys` tokens that occur in the
+index are keys too, scored by teacher forcing under the body view (SEAL: spans of 1–3 words and their
+capitalisations). MINDER sums the views' keys in one pool (the identifier text holds every view); `query_view_boost`
 adds MINDER's constant to pseudo-query keys (its code: +14, capped at −1; 0 here by default, since our
 pseudo-query targets end with TITLE_END, which MINDER's did not score in training).
 """
@@ -69,6 +71,7 @@ class SealSearch:
     score_exponent: Positive = 2.0
     repetition_penalty: Fraction = 0.8
     query_view_boost: float = 0.0
+    query_keys: Count = 3  # SEAL's add_query_to_keys: the query's own spans of 1..query_keys tokens (0: off)
 
     def __post_init__(self):
         self.views = tuple(self.views)
@@ -85,6 +88,15 @@ def _occurrences(dev: DeviceSubstrings, states, max_occurrences: int):
 @jax.jit
 def _counts(dev: DeviceSubstrings, states):
     return dev.counts(states)
+
+
+@jax.jit
+def _walk(dev: DeviceSubstrings, ngrams, lengths):
+    return dev.walk(ngrams, lengths)
+
+
+def _pad_rows(a: np.ndarray, rows: int, value=0) -> np.ndarray:
+    return np.concatenate([a, np.full((rows - len(a), *a.shape[1:]), value, a.dtype)]) if rows > len(a) else a
 
 
 class _SealRanking:
@@ -104,7 +116,7 @@ class _SealRanking:
     def describe(self) -> str:
         s = self.search
         return (f"{type(self).__name__}(views={','.join(s.views)}, lengths={s.body_length}/{s.title_length}/"
-                f"{s.query_length}, max_hits={s.max_hits}, exponent={s.score_exponent}, "
+                f"{s.query_length}, query_keys={s.query_keys}, max_hits={s.max_hits}, exponent={s.score_exponent}, "
                 f"repetition_penalty={s.repetition_penalty}, query_view_boost={s.query_view_boost})")
 
     def use_docids(self, table) -> None:
@@ -169,7 +181,44 @@ class _SealRanking:
                         continue
                     found = (rows[b, k][ok[b, k]], starts[b, k][ok[b, k]]) if rare[b, k] else None
                     out[b][key] = (score, int(counts[b, k]), *(found or (None, None)))
+        if self.search.query_keys:
+            self._query_keys(params, np.asarray(query_tokens_BxL), index, out)
         return out
+
+    def _query_keys(self, params, query_tokens_BxL, index: SubstringIndex, out: list) -> None:
+        """Adds each query's own spans that occur in the index (SEAL's add_query_to_keys)."""
+        K, m = self.search.query_keys, self.markers
+        spans, owner = [], []
+        for b, row in enumerate(query_tokens_BxL):
+            ids = [int(t) for t in row if t not in (PAD_ID, EOS_ID)]
+            grams = dict.fromkeys(tuple(ids[i:i + n]) for n in range(1, K + 1) for i in range(len(ids) - n + 1))
+            spans += list(grams)
+            owner += [b] * len(grams)
+        if not spans:
+            return
+        rows = 1 << (len(spans) - 1).bit_length()  # few compiled shapes
+        grams = _pad_rows(np.array([g + (0,) * (K - len(g)) for g in spans], np.int32), rows)
+        lengths = _pad_rows(np.array([len(g) for g in spans], np.int32), rows)
+        dev = index.device(K)
+        states = _walk(dev, grams, lengths)
+        counts = np.asarray(_counts(dev, states))[: len(spans)]
+        found = np.flatnonzero(counts > 0)
+        if not len(found):
+            return
+        pick = _pad_rows(found, 1 << (len(found) - 1).bit_length())
+        inputs = mark(query_tokens_BxL, m.view_body)[np.asarray(owner)[pick]]
+        targets = np.where(np.arange(K) < lengths[pick][:, None], grams[pick], PAD_ID).astype(np.int32)
+        scores = np.asarray(self.score(params, inputs, targets))
+        sub = jax.tree_util.tree_map(lambda x: x[pick], states)
+        rare = counts[found] <= self.search.max_hits
+        most = int(counts[found][rare].max()) if rare.any() else 1
+        occ_rows, occ_starts, ok = (np.asarray(a) for a in _occurrences(dev, sub, 1 << max(most - 1, 0).bit_length()))
+        for j, i in enumerate(found.tolist()):
+            key, b = spans[i], owner[i]
+            if key in out[b] and out[b][key][0] >= scores[j]:
+                continue
+            hit = (occ_rows[j][ok[j]], occ_starts[j][ok[j]]) if rare[j] else (None, None)
+            out[b][key] = (float(scores[j]), int(counts[i]), *hit)
 
     def rank(self, params, query_tokens_BxL, index: SubstringIndex, num_beams: int = 15):
         """(query, document row, score) arrays: every document with a positive SEAL score."""

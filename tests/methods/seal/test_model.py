@@ -123,3 +123,26 @@ def test_refusals():
 
     with pytest.raises(ValueError, match="SealDocids"):
         model.use_docids(DocidTable.from_lists([[3]], [0], DocidTokenSpace("text", 10)))
+
+
+def test_query_spans_that_occur_are_keys_scored_under_the_body_view():
+    """SEAL's add_query_to_keys: with the title view alone, the keys beyond the titles are exactly the query's
+    spans of ≤ 2 tokens that occur in some identifier, each with its teacher-forced body-view score."""
+    scheme, table, _, _ = _setup()
+    config = t5.get_config("tiny", vocab_size=scheme.space().end)
+    model = SealRetriever(config, search=SealSearch(views=("title",), title_length=3, query_keys=2, max_hits=3))
+    model.use_docids(table)
+    params = model.init_params(4)
+    m = scheme.markers
+    queries = np.array([[2, 3, 11, 1, 0], [9, 9, 1, 0, 0]], np.int32)  # "alpha beta kappa", "theta theta"
+    got = model.keys(params, queries, table.index(), num_beams=4)
+    ids = [table.sequence(i) for i in range(len(table))]
+    occurs = lambda g: any(len(occurrences(s, g)) for s in ids)  # noqa: E731
+    for b, want in enumerate([{(2,), (3,), (2, 3)}, {(9,)}]):  # kappa and (theta theta) occur nowhere
+        spans = {k for k in got[b] if k[0] != m.doc_start}
+        assert spans == want and all(occurs(g) for g in want)
+        for g in want:
+            tgt = np.zeros((1, 2), np.int32)
+            tgt[0, : len(g)] = g
+            s = float(model.score(params, mark(queries[b:b + 1], m.view_body), tgt)[0])
+            assert abs(got[b][g][0] - s) <= 1e-5 * max(1.0, abs(s))  # float32 sums of ≤ 2 log-probabilities
