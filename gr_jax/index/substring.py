@@ -215,13 +215,18 @@ class SubstringIndex:
             if max_length < 1:
                 raise UserError(f"substring index: max_length must be ≥ 1, got {max_length}")
             roots = [s.range(prefix) for s in self.segments]
+            first = []  # the root's children: bounds of every token in the column after the prefix (host, once)
+            for seg, (lo, hi) in zip(self.segments, roots):
+                col = seg.text[np.minimum(seg.sa[lo:hi].astype(np.int64) + len(prefix), len(seg.text) - 1)]
+                first.append(jnp.asarray(lo + np.searchsorted(col, np.arange(self.vocab_size + 1), "left"),
+                                         jnp.int32))
             self._device[key] = DeviceSubstrings(
                 texts=tuple(jnp.asarray(s.text) for s in self.segments),
                 # a segment of empty documents has no suffix: one entry keeps the gathers in bounds (ranges empty)
                 sas=tuple(jnp.asarray(s.sa if len(s.sa) else np.zeros(1, np.int32)) for s in self.segments),
                 starts=tuple(jnp.asarray(s.starts) for s in self.segments),
                 rows=tuple(jnp.asarray(s.rows) for s in self.segments),
-                roots=tuple(jnp.asarray(r, jnp.int32) for r in roots),
+                roots=tuple(jnp.asarray(r, jnp.int32) for r in roots), root_bounds=tuple(first),
                 depth=int(max_length), vocab_size=self.vocab_size, offset=len(prefix), end_token=end_token,
                 search_steps=tuple(max(1, int(len(s.sa)).bit_length()) for s in self.segments))
         return self._device[key]
@@ -242,7 +247,9 @@ def _bounds(text, sa, lo, hi, column: int, targets, steps: int):
         right = text[pos] < targets
         return jnp.where(active & right, mid + 1, l), jnp.where(active & ~right, mid, h)
 
-    l, _ = jax.lax.fori_loop(0, steps + 1, body, (l, h))
+    # until every search has converged: a deep level's ranges are narrow, so it takes few rounds (at most
+    # `steps` + 1, the bits of the largest range)
+    l, _ = jax.lax.while_loop(lambda lh: jnp.any(lh[0] < lh[1]), lambda lh: body(0, lh), (l, h))
     return l
 
 
@@ -257,6 +264,7 @@ class DeviceSubstrings:
     starts: tuple  # per segment: int32 [documents] start positions
     rows: tuple  # per segment: int32 [documents] corpus rows
     roots: tuple  # per segment: int32 [2], the range of the prefix
+    root_bounds: tuple  # per segment: int32 [V + 1], where each token's sub-range of the root range starts
     depth: int = flax.struct.field(pytree_node=False)
     vocab_size: int = flax.struct.field(pytree_node=False)
     offset: int = flax.struct.field(pytree_node=False)  # length of the forced prefix
@@ -270,13 +278,19 @@ class DeviceSubstrings:
         return self.end_token is not None
 
     def children(self, d: int, state):
-        """Every token of the vocabulary is a slot (tokens None); its state is its sub-range in each segment."""
+        """Every token of the vocabulary is a slot (tokens None); its state is its sub-range in each segment.
+        At d = 0 a state is the root's (the search and `walk` start there) or dead."""
         V = self.vocab_size
         targets = jnp.arange(V + 1, dtype=jnp.int32)
         nxt, valid = [], None
-        for text, sa, (lo, hi), steps in zip(self.texts, self.sas, state, self.search_steps):
+        for text, sa, (lo, hi), steps, first in zip(self.texts, self.sas, state, self.search_steps,
+                                                    self.root_bounds):
             live = (lo >= 0) & (lo < hi)
-            b = _bounds(text, sa, jnp.where(live, lo, 0), jnp.where(live, hi, 0), d + self.offset, targets, steps)
+            if d == 0:  # every state is the root (or dead): its children were found once, on the host
+                b = jnp.where(live[..., None], first, 0)
+            else:
+                b = _bounds(text, sa, jnp.where(live, lo, 0), jnp.where(live, hi, 0), d + self.offset, targets,
+                            steps)
             c_lo, c_hi = b[..., :V], b[..., 1:]
             c_valid = c_lo < c_hi
             nxt.append((jnp.where(c_valid, c_lo, -1), jnp.where(c_valid, c_hi, -1)))
