@@ -398,7 +398,8 @@ def fine_tune(setup: Setup, params, parts: Sequence[dsi_pairs.Pairs], rates: Seq
     loop — sharding, NaN guard, checkpoints in `model_dir` (a re-run resumes) —; the run's objectives config
     makes the examples (`ObjectivesConfig.examples`: DSI's targets are the rows' docids in `table`).
     Returns the new parameters."""
-    stores = [setup.objectives.examples(p, table, setup.vocab, setup.feature_lengths) for p in parts]
+    objs = setup.objectives if setup.objectives is not None else Objectives()
+    stores = [objs.examples(p, table, setup.vocab, setup.feature_lengths) for p in parts]
     iterator = MixtureIterator(stores, batch_size, seed=seed, rates=list(rates), names=[p.name for p in parts])
     tx = optax.adamw(validation.number("fine_tune learning_rate", learning_rate), weight_decay=0.0)
     out = trainer.fit(setup.model, params, iterator, tx, model_dir=model_dir, train_steps=steps,

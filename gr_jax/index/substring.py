@@ -212,6 +212,8 @@ class SubstringIndex:
         Cached per arguments until the next insert."""
         key = (int(max_length), tuple(int(t) for t in prefix), end_token)
         if key not in self._device:
+            if not self.segments:
+                raise UserError("substring index: no documents to search (build it from at least one document)")
             if max_length < 1:
                 raise UserError(f"substring index: max_length must be ≥ 1, got {max_length}")
             roots = [s.range(prefix) for s in self.segments]
@@ -227,12 +229,11 @@ class SubstringIndex:
                 starts=tuple(jnp.asarray(s.starts) for s in self.segments),
                 rows=tuple(jnp.asarray(s.rows) for s in self.segments),
                 roots=tuple(jnp.asarray(r, jnp.int32) for r in roots), root_bounds=tuple(first),
-                depth=int(max_length), vocab_size=self.vocab_size, offset=len(prefix), end_token=end_token,
-                search_steps=tuple(max(1, int(len(s.sa)).bit_length()) for s in self.segments))
+                depth=int(max_length), vocab_size=self.vocab_size, offset=len(prefix), end_token=end_token)
         return self._device[key]
 
 
-def _bounds(text, sa, lo, hi, column: int, targets, steps: int):
+def _bounds(text, sa, lo, hi, column: int, targets):
     """For each target value t ([..., K]), the first i in [lo, hi) with text[sa[i] + column] ≥ t (hi if none):
     a binary search on the range's sorted column, all targets at once. lo, hi [...]."""
     n = text.shape[0]
@@ -242,13 +243,13 @@ def _bounds(text, sa, lo, hi, column: int, targets, steps: int):
     def body(_, lh):
         l, h = lh
         active = l < h
-        mid = (l + h) // 2
+        mid = l + (h - l) // 2  # never l + h: past 2**30 positions that overflows int32
         pos = jnp.clip(sa[jnp.clip(mid, 0, sa.shape[0] - 1)] + column, 0, n - 1)
         right = text[pos] < targets
         return jnp.where(active & right, mid + 1, l), jnp.where(active & ~right, mid, h)
 
-    # until every search has converged: a deep level's ranges are narrow, so it takes few rounds (at most
-    # `steps` + 1, the bits of the largest range)
+    # until every search has converged: a deep level's ranges are narrow, so it takes few rounds (at most the
+    # bits of the largest range, plus one)
     l, _ = jax.lax.while_loop(lambda lh: jnp.any(lh[0] < lh[1]), lambda lh: body(0, lh), (l, h))
     return l
 
@@ -269,7 +270,6 @@ class DeviceSubstrings:
     vocab_size: int = flax.struct.field(pytree_node=False)
     offset: int = flax.struct.field(pytree_node=False)  # length of the forced prefix
     end_token: Optional[int] = flax.struct.field(pytree_node=False)
-    search_steps: tuple = flax.struct.field(pytree_node=False)
 
     def root(self, shape: tuple):
         return tuple((jnp.full(shape, r[0], jnp.int32), jnp.full(shape, r[1], jnp.int32)) for r in self.roots)
@@ -283,14 +283,12 @@ class DeviceSubstrings:
         V = self.vocab_size
         targets = jnp.arange(V + 1, dtype=jnp.int32)
         nxt, valid = [], None
-        for text, sa, (lo, hi), steps, first in zip(self.texts, self.sas, state, self.search_steps,
-                                                    self.root_bounds):
+        for text, sa, (lo, hi), first in zip(self.texts, self.sas, state, self.root_bounds):
             live = (lo >= 0) & (lo < hi)
             if d == 0:  # every state is the root (or dead): its children were found once, on the host
                 b = jnp.where(live[..., None], first, 0)
             else:
-                b = _bounds(text, sa, jnp.where(live, lo, 0), jnp.where(live, hi, 0), d + self.offset, targets,
-                            steps)
+                b = _bounds(text, sa, jnp.where(live, lo, 0), jnp.where(live, hi, 0), d + self.offset, targets)
             c_lo, c_hi = b[..., :V], b[..., 1:]
             c_valid = c_lo < c_hi
             nxt.append((jnp.where(c_valid, c_lo, -1), jnp.where(c_valid, c_hi, -1)))

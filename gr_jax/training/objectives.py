@@ -88,8 +88,7 @@ class Objectives(ObjectivesConfig):
 
     refresh_period = 0  # the DSI pairs need docids fixed before training
 
-    def examples(self, pairs, table: DocidTable, vocab, lengths: dict) -> ExampleStore:
-        return example_store(pairs, table, vocab, lengths, self.all_docids)
+    # examples(): the default's, primary docids only even with all_docids (what DSI++ replay has always trained on)
 
     def iterator(self, inp: "ObjectiveInputs") -> MixtureIterator:
         """The DSI training batches: the pairs of `build` (and the scheme's own) tokenized and mixed."""

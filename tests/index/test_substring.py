@@ -58,6 +58,8 @@ def test_bad_documents_are_named():
         SubstringIndex.build([[1]], 4, rows=[0, 1])
     with pytest.raises(UserError, match="max_length must be ≥ 1"):
         SubstringIndex.build([[1]], 4).device(0)
+    with pytest.raises(UserError, match="no documents to search"):
+        SubstringIndex.build([], 4).device(3)
 
 
 def test_a_substring_table_builds_and_extends_a_substring_index():

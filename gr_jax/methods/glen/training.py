@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gr_jax.training.objectives import ObjectivesConfig
 from gr_jax.validation import Count
 
 
@@ -261,7 +262,7 @@ class Phase2Batches:
 
 @gin.configurable
 @dataclasses.dataclass
-class GlenPhase2:
+class GlenPhase2(ObjectivesConfig):
     """The training data of GLEN's phase 2 (`prepare.objectives_config = @GlenPhase2()`, with
     `GlenRetriever.objective = @glen_objective` and `prepare.docid_scheme = @GlenDocids()`): every training
     query with its positive document and `num_negatives` negatives of kind `negatives` (see

@@ -30,6 +30,7 @@ import numpy as np
 from gr_jax.data import pairs as dsi_pairs
 from gr_jax.data.pipeline import ExampleStore, MixtureIterator, tokenize
 from gr_jax.methods.pag import model as pag
+from gr_jax.training.objectives import ObjectivesConfig
 
 log = logging.getLogger(__name__)
 SET_LOSSES = ("softmax", "margin")
@@ -113,7 +114,7 @@ class PagObjective:
 
 @gin.configurable
 @dataclasses.dataclass
-class PagObjectives:
+class PagObjectives(ObjectivesConfig):
     """DSI pairs (indexing and retrieval, `training.objectives.Objectives` rates) with each positive's set docid and row."""
 
     indexing_rate: float = 1.0

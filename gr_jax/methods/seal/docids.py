@@ -114,9 +114,9 @@ class SealDocids(DocidScheme):
         """The identifier text of corpus row `row` (module docstring)."""
         m, enc = self.markers, self._vocab.encode
         ids = [m.doc_start]
-        title = corpus.titles[row] if (self.with_titles and corpus.titles is not None) else ""
-        if title and title.strip():
-            ids += enc(title) + [m.title_end]
+        if self.with_titles and corpus.titles is not None:  # a blank title is empty: the title view never
+            title = corpus.titles[row] or ""                 # runs on into the body or a pseudo-query
+            ids += (enc(title) if title.strip() else []) + [m.title_end]
         ids += enc(corpus.texts[row])[: self.max_text_tokens]
         for q in self._pseudo_queries().get(corpus.doc_ids[row], [])[: self.max_pseudo_queries]:
             if q.strip():

@@ -63,9 +63,11 @@ class SealSearch:
     """What SEAL (and MINDER) search and how keys score; defaults are the authors' (SEAL's `SEALSearcher`)."""
 
     views: tuple = ("body", "title")  # MINDER: ("body", "title", "query")
-    body_length: Count = 10
-    title_length: Count = 15
-    query_length: Count = 30
+    # generated tokens (SEAL's max_length 10 / 15 / 30 count the decoder's start token, MINDER's pseudo-query
+    # also its forced ` ||`)
+    body_length: Count = 9
+    title_length: Count = 14
+    query_length: Count = 28
     max_hits: Count = 1500  # keys occurring more often make no candidates
     smoothing: Positive = 5.0
     score_exponent: Positive = 2.0
@@ -126,7 +128,7 @@ class _SealRanking:
         self._markers = Markers(table.space.end - len(MARKERS))
         where = np.full(int(table.doc_rows.max()) + 1 if len(table) else 0, -1, np.int64)
         where[table.doc_rows] = np.arange(len(table))
-        seqs = table.sequences.astype(np.int64)
+        seqs = table.sequences  # int32
         self._identifiers = (where, np.where(np.arange(seqs.shape[1]) < table.lengths[:, None], seqs, -1))
 
     @property

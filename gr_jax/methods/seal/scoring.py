@@ -17,7 +17,8 @@ Ties in the greedy order are broken by the key's tokens, then the position: the 
 order keys arrive in. Candidates are the documents of the keys that occur at most `max_hits` times (SEAL's
 "rare" keys; their occurrences come from the index); every key with w > 0, frequent ones included (found by
 scanning the candidate), then scores each candidate (SEAL's full scoring; here every candidate is fully scored,
-SEAL scores the best 1500 of a first pass). Left out: SEAL's unigram bonus and its query-span keys.
+SEAL scores the best 1500 of a first pass). Left out: SEAL's unigram bonus (the query-span keys are
+`model._SealRanking._query_keys`).
 """
 
 from __future__ import annotations
@@ -106,8 +107,8 @@ def rank_documents(keys: Sequence[Key], found: Sequence, documents: Callable[[np
     candidates = np.unique(np.concatenate([np.asarray(found[i][0], np.int64) for i in rare])) if rare else []
     if not len(candidates):
         return []
-    texts = np.asarray(documents(candidates), np.int64)
-    texts = np.concatenate([texts, np.full((len(texts), 1), -1)], axis=1)  # -1 never matches: none crosses
+    texts = np.asarray(documents(candidates), np.int32)
+    texts = np.concatenate([texts, np.full((len(texts), 1), -1, np.int32)], axis=1)  # -1: no key crosses
     offsets = np.arange(len(texts) + 1, dtype=np.int64) * texts.shape[1]
     joined = texts.ravel()
     used = np.zeros(len(joined), bool)

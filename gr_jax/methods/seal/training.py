@@ -14,7 +14,7 @@ Unsupervised, per training document (SEAL's `make_unsupervised_dataset`, MINDER'
   pseudo-queries: a pseudo-query + VIEW_QUERY → another of the same document.
 Span targets carry no EOS (keys are read from every level of the search, never ended); title and pseudo-query
 targets end with TITLE_END, which ends their search. Every draw comes from a generator seeded by (seed, query
-id or document row, document row): the pairs do not depend on the order of the data.
+id, the document's identifier text): the pairs do not depend on the order of the data.
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ def overlap_starts(body, query) -> np.ndarray:
     return agree.mean(axis=-1).sum(axis=-1)
 
 
+def _content(identifier) -> int:
+    """A document's seed part: its identifier text (never its row, which depends on the corpus order)."""
+    return zlib.crc32(np.asarray(identifier, np.int64).tobytes())
+
+
 def _rng(seed: int, *parts) -> np.random.Generator:
     return np.random.default_rng([seed] + [zlib.crc32(str(p).encode()) for p in parts])
 
@@ -98,7 +103,8 @@ class SealPairs(ObjectivesConfig):
         if body:
             w = overlap_starts(body, query_ids) / self.temperature
             p = np.exp(w - w.max())
-            starts = _rng(seed, "span", qid, row).choice(len(body), size=self.span_samples, p=p / p.sum())
+            starts = _rng(seed, "span", qid, _content(identifier)).choice(len(body), size=self.span_samples,
+                                                                           p=p / p.sum())
             out += [(query_ids, m.view_body, self._span(body, int(s))) for s in starts]
         for q in [q for q in queries if q != list(query_ids)][: self.query_samples]:  # never the query itself
             out.append((query_ids, m.view_query, q + [m.title_end]))
@@ -106,7 +112,7 @@ class SealPairs(ObjectivesConfig):
 
     def unsupervised(self, identifier, row: int, m: Markers, seed: int) -> list:
         title, body, queries = split_views(identifier, m)
-        rng, out = _rng(seed, "unsupervised", row), []
+        rng, out = _rng(seed, "unsupervised", _content(identifier)), []
         if not body:
             return out
         span = lambda: self._span(body, int(rng.integers(len(body))))  # noqa: E731

@@ -47,7 +47,7 @@ def test_identifier_texts_mark_every_view():
     m = scheme.markers
     assert (m.doc_start, m.title_end, m.query_start) == (12, 13, 14) and m.end == 18
     assert table.sequence(1) == [m.doc_start, 8, 9, m.title_end, 3, 4, 3]  # DOC_START eta theta @@ beta gamma beta
-    assert table.sequence(3) == [m.doc_start, 6, 2, 3]  # no title: no title view
+    assert table.sequence(3) == [m.doc_start, m.title_end, 6, 2, 3]  # a blank title is empty
     assert split_views(table.sequence(1), m) == ([8, 9], [3, 4, 3], [])
     assert split_views(table.sequence(3), m) == ([], [6, 2, 3], [])
     assert split_views([m.doc_start, 5, m.query_start, 6, m.title_end, m.query_start, 7, m.title_end], m) == \
