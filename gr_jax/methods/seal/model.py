@@ -104,7 +104,11 @@ def _pad_rows(a: np.ndarray, rows: int, value=0) -> np.ndarray:
 class _SealRanking:
     """`rank` by SEAL's keys and scoring; mixed into a backbone's retriever class."""
 
-    search: SealSearch
+    def __init__(self, config, head=None, score_mode: str = "log_softmax", length_penalty: float = 0.0, *,
+                 search: Optional[SealSearch] = None, **kwargs):
+        super().__init__(config, head, score_mode, length_penalty, **kwargs)  # the backbone's retriever
+        self.search = search
+        self._check_seal()
 
     def _check_seal(self):
         if self.score_mode != "log_softmax" or self.length_penalty != 0.0:
@@ -247,19 +251,7 @@ class _SealRanking:
 class SealRetriever(_SealRanking, GenerativeRetriever):
     """SEAL / MINDER on a T5 (from scratch or imported from HF)."""
 
-    def __init__(self, config, head=None, score_mode: str = "log_softmax", length_penalty: float = 0.0, *,
-                 search: Optional[SealSearch] = None, **kwargs):
-        super().__init__(config, head, score_mode, length_penalty, **kwargs)
-        self.search = search
-        self._check_seal()
-
 
 @gin.configurable
 class SealDecoderOnly(_SealRanking, DecoderOnlyRetriever):
     """SEAL / MINDER on a decoder-only LM (SmolLM2): [query + view marker, BOS, n-gram] as one sequence."""
-
-    def __init__(self, config, head=None, score_mode: str = "log_softmax", length_penalty: float = 0.0, *,
-                 search: Optional[SealSearch] = None, **kwargs):
-        super().__init__(config, head, score_mode, length_penalty, **kwargs)
-        self.search = search
-        self._check_seal()

@@ -165,7 +165,7 @@ class SealPairs(ObjectivesConfig):
 
     def iterator(self, inp) -> MixtureIterator:
         table = inp.table
-        _, _ = self._identifiers(table)
+        self._identifiers(table)  # refuses a table without identifier texts before any work
         data = inp.dataset
         stores, rates, names = [], [], []
         if self.supervised_rate > 0:
