@@ -389,26 +389,64 @@ def test_robustness_killed_at_a_random_moment_reruns_to_the_same_result(tmp_path
 # 6. a damaged checkpoint: one message, nothing after it
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("damage", ["flipped bit", "truncated"])
+def _rewrite_one_value(state_dir: Path) -> None:
+    """Damage that no reader can notice: the checkpoint's state saved again through orbax itself with one
+    parameter value changed, the checksums recorded at the original save left as they were."""
+    import shutil
+
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    import jax
+
+    state = ocp.StandardCheckpointer().restore(state_dir.absolute())
+    first = [True]
+
+    def change(leaf):  # the first non-empty floating array of the parameters, one value
+        a = np.array(leaf)
+        if first[0] and a.size and np.issubdtype(a.dtype, np.floating):
+            first[0] = False
+            a.reshape(-1)[0] += 1.0  # far above float32's spacing at any value the tiny model holds
+        return a
+
+    state["params"] = jax.tree_util.tree_map(change, state["params"])
+    assert not first[0], "no floating parameter found"
+    fresh = state_dir.parent / "state.rewritten"
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(fresh.absolute(), state)
+    shutil.rmtree(state_dir)
+    fresh.rename(state_dir)
+
+
+@pytest.mark.parametrize("damage", ["flipped bit", "rewritten value", "truncated"])
 def test_a_damaged_checkpoint_stops_inference_with_one_line(tiny_gin, reference, tmp_path, damage):
-    """A flipped bit in an array file is caught by the checksum recorded at save; a truncated one by orbax, whose
-    abandoned asynchronous reads used to print an "Event loop is closed" traceback after the message."""
+    """Damage to an array is one error line naming the checkpoint, never a result. A value rewritten cleanly is
+    caught only by the checksum recorded at save; a flipped bit in a compressed array file is caught by the
+    checksum or, when it breaks the decompression (which one depends on where the bit falls), by the reader; a
+    truncated file by orbax, whose abandoned asynchronous reads used to print an "Event loop is closed" traceback
+    after the message."""
     import shutil
 
     model_dir = tmp_path / "model"
     shutil.copytree(reference, model_dir)
-    data = max((p for p in (model_dir / "checkpoints" / "4" / "state").rglob("*") if p.is_file() and "/d/" in p.as_posix()),
-               key=lambda p: p.stat().st_size)
-    raw = bytearray(data.read_bytes())
-    if damage == "flipped bit":
-        raw[len(raw) // 2] ^= 0x01
+    state_dir = model_dir / "checkpoints" / "4" / "state"
+    if damage == "rewritten value":
+        _rewrite_one_value(state_dir)
     else:
-        raw = raw[: len(raw) // 3]
-    data.write_bytes(bytes(raw))
+        data = max((p for p in state_dir.rglob("*") if p.is_file() and "/d/" in p.as_posix()),
+                   key=lambda p: p.stat().st_size)
+        raw = bytearray(data.read_bytes())
+        if damage == "flipped bit":
+            raw[len(raw) // 2] ^= 0x01
+        else:
+            raw = raw[: len(raw) // 3]
+        data.write_bytes(bytes(raw))
     res = _run("infer", [f"--gin_file={tiny_gin}", "--gin_file=runs/eval.gin", f"--gin.MODEL_DIR='{model_dir}'"])
     assert res.returncode == 2, res.stderr[-4000:]
     line = _one_error_line(res.stderr)
     assert f"{model_dir / 'checkpoints' / '4'}: damaged" in line, line
     assert "Event loop" not in res.stderr and "Exception ignored" not in res.stderr and "never awaited" not in res.stderr
-    if damage == "flipped bit":
-        assert "differ from the checksums recorded" in line, line
+    if damage == "rewritten value":
+        assert "1 array(s) differ from the checksums recorded" in line and "params/" in line, line
+    elif damage == "flipped bit":
+        assert "differ from the checksums recorded" in line or "its arrays cannot be read" in line, line
