@@ -151,8 +151,9 @@ class _SealRanking:
         return m.view_query, dict(max_length=s.query_length, prefix=(m.query_start,), end_token=m.title_end), False
 
     def keys(self, params, query_tokens_BxL, index: SubstringIndex, num_beams: int = 15):
-        """Per query, {key tokens: (score, count, rows, starts)} over the configured views; rows/starts are
-        None for keys occurring more than max_hits times."""
+        """Per query, {key tokens: (score, count, rows, starts, view)} over the configured views; rows/starts are
+        None for keys occurring more than max_hits times; view: the view whose search gave the best score (the
+        query's own spans: "body")."""
         B = len(query_tokens_BxL)
         out = [dict() for _ in range(B)]
         for view in self.search.views:
@@ -186,7 +187,7 @@ class _SealRanking:
                     if key in out[b] and out[b][key][0] >= score:
                         continue
                     found = (rows[b, k][ok[b, k]], starts[b, k][ok[b, k]]) if rare[b, k] else None
-                    out[b][key] = (score, int(counts[b, k]), *(found or (None, None)))
+                    out[b][key] = (score, int(counts[b, k]), *(found or (None, None)), view)
         if self.search.query_keys:
             self._query_keys(params, np.asarray(query_tokens_BxL), index, out)
         return out
@@ -224,21 +225,31 @@ class _SealRanking:
             if key in out[b] and out[b][key][0] >= scores[j]:
                 continue
             hit = (occ_rows[j][ok[j]], occ_starts[j][ok[j]]) if rare[j] else (None, None)
-            out[b][key] = (float(scores[j]), int(counts[i]), *hit)
+            out[b][key] = (float(scores[j]), int(counts[i]), *hit, "body")
 
-    def rank(self, params, query_tokens_BxL, index: SubstringIndex, num_beams: int = 15):
-        """(query, document row, score) arrays: every document with a positive SEAL score."""
-        s = self.search
-        q, d, sc = [], [], []
-        for b, keys in enumerate(self.keys(params, query_tokens_BxL, index, num_beams)):
+    def ranked(self, params, query_tokens_BxL, index: SubstringIndex, num_beams: int = 15) -> list:
+        """Per query, [(document row, score, [(key tokens, F(n), view), ...])] of every document with a positive
+        SEAL score, best first; each document's keys are those that counted for it, in the greedy order (what
+        LTRGR's rank data stores)."""
+        s, out = self.search, []
+        for keys in self.keys(params, query_tokens_BxL, index, num_beams):
             items = sorted(keys.items())  # key order never changes a score (ties broken by tokens)
             ks = [Key(t, v[0], v[1]) for t, v in items]
             found = [None if v[2] is None else (v[2], v[3]) for _, v in items]
             ranked = rank_documents(ks, found, self._documents, index.num_positions, max_hits=s.max_hits,
-                                    smoothing=s.smoothing, exponent=s.score_exponent, beta=s.repetition_penalty)
+                                    smoothing=s.smoothing, exponent=s.score_exponent, beta=s.repetition_penalty,
+                                    matched=True)
+            out.append([(r, v, [(ks[i].tokens, ks[i].count, items[i][1][4]) for i in taken])
+                        for r, v, taken in ranked])
+        return out
+
+    def rank(self, params, query_tokens_BxL, index: SubstringIndex, num_beams: int = 15):
+        """(query, document row, score) arrays: every document with a positive SEAL score."""
+        q, d, sc = [], [], []
+        for b, ranked in enumerate(self.ranked(params, query_tokens_BxL, index, num_beams)):
             q += [b] * len(ranked)
-            d += [r for r, _ in ranked]
-            sc += [v for _, v in ranked]
+            d += [r for r, _, _ in ranked]
+            sc += [v for _, v, _ in ranked]
         return np.asarray(q, np.int64), np.asarray(d, np.int64), np.asarray(sc, np.float32)
 
     def _documents(self, rows: np.ndarray) -> np.ndarray:

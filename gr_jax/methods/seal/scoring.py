@@ -64,12 +64,13 @@ def occurrences(document: Sequence[int], key: Sequence[int]) -> np.ndarray:
     return at
 
 
-def document_score(keys: Sequence[Key], weights: Sequence[float], found: dict, beta: float = 0.8) -> float:
+def document_score(keys: Sequence[Key], weights: Sequence[float], found: dict, beta: float = 0.8,
+                   matched: bool = False):
     """One document's score. `found[i]`: the start positions of key i in the document (keys absent: no
-    entry)."""
+    entry). With `matched`: (score, the indices of the keys that counted, in the greedy order)."""
     order = sorted(((-weights[i], keys[i].tokens, int(p), i) for i, ps in found.items() if weights[i] > 0
                     for p in ps))
-    used, taken_keys, types, total = set(), set(), set(), 0.0
+    used, taken_keys, types, total, taken = set(), set(), set(), 0.0, []
     for _, tokens, p, i in order:
         span = range(p, p + len(tokens))
         if any(q in used for q in span):
@@ -77,16 +78,19 @@ def document_score(keys: Sequence[Key], weights: Sequence[float], found: dict, b
         used.update(span)
         if i not in taken_keys:
             taken_keys.add(i)
+            taken.append(i)
             total += weights[i] * cover(tokens, types, beta)
             types.update(tokens)
-    return total
+    return (total, taken) if matched else total
 
 
 def rank_documents(keys: Sequence[Key], found: Sequence, documents: Callable[[np.ndarray], np.ndarray],
                    positions: int,
                    max_hits: int = 1500, smoothing: float = 5.0, exponent: float = 2.0,
-                   beta: float = 0.8) -> list[tuple[int, float]]:
-    """(row, score) of every candidate document with a positive score, best first (ties: row ascending).
+                   beta: float = 0.8, matched: bool = False) -> list[tuple]:
+    """(row, score) of every candidate document with a positive score, best first (ties: row ascending); with
+    `matched`, (row, score, the indices of the keys that counted for it, in the greedy order): LTRGR's stored
+    keys.
 
     keys: the query's distinct keys; found[i]: (rows, start positions) arrays of every occurrence of key i
     (from the index; needed for the keys with count ≤ max_hits, None for the others); documents(rows): the
@@ -115,6 +119,7 @@ def rank_documents(keys: Sequence[Key], found: Sequence, documents: Callable[[np
     vocab = {t: u for u, t in enumerate(sorted({t for i in live for t in keys[i].tokens}))}
     types = np.zeros((len(candidates), len(vocab)), bool)
     score = np.zeros(len(candidates))
+    taken = [[] for _ in candidates] if matched else None
     for i in sorted(live, key=lambda i: (-w[i], keys[i].tokens)):
         L = len(keys[i].tokens)
         if keys[i].count <= max_hits:
@@ -143,6 +148,13 @@ def rank_documents(keys: Sequence[Key], found: Sequence, documents: Callable[[np
         new = (~types[hit][:, cols]).sum(axis=1)
         score[hit] += w[i] * (1.0 - beta + beta * new / len(cols))
         types[np.ix_(hit, cols)] = True
+        if matched:
+            for h in hit.tolist():
+                taken[h].append(i)
+    if matched:
+        out = [(int(r), float(v), taken[j]) for j, (r, v) in enumerate(zip(candidates, score)) if v > 0]
+        out.sort(key=lambda x: (-x[1], x[0]))
+        return out
     out = [(int(r), float(v)) for r, v in zip(candidates, score) if v > 0]
     out.sort(key=lambda x: (-x[1], x[0]))
     return out

@@ -72,7 +72,7 @@ def test_keys_and_ranking_equal_the_exhaustive_oracle():
             s = float(model.score(params, mark(queries[b:b + 1], marker), tgt)[0])
             want[key] = max(want.get(key, -math.inf), s)
         assert set(got[b]) == set(want)
-        for key, (score, count, rows, starts) in got[b].items():
+        for key, (score, count, rows, starts, view) in got[b].items():
             # float32 log-probabilities summed over ≤ 4 tokens of a 18-way softmax: 1e-5 relative to |score|
             assert abs(score - want[key]) <= 1e-5 * max(1.0, abs(want[key])), key
             hits = [(r, p) for r, s in enumerate(ids) for p in occurrences(s, key).tolist()]

@@ -84,13 +84,19 @@ def test_vectorised_ranking_equals_the_plain_greedy():
                              positions, max_hits=max_hits)
         w = [weight(k.score, k.count, positions) for k in keys]
         candidates = {int(r) for k, f, wi in zip(keys, found, w) if wi > 0 and k.count <= max_hits for r in f[0]}
-        want = []
+        want, want_keys = [], {}
         for r in sorted(candidates):
             hits = {i: occurrences(docs[r], k.tokens).tolist() for i, k in enumerate(keys)}
-            s = document_score(keys, w, {i: p for i, p in hits.items() if p}, 0.8)
+            s, taken = document_score(keys, w, {i: p for i, p in hits.items() if p}, 0.8, matched=True)
             if s > 0:
                 want.append((r, s))
+                want_keys[r] = taken
         want.sort(key=lambda x: (-x[1], x[0]))
         assert [r for r, _ in got] == [r for r, _ in want]
         # the same float64 terms summed in the same order per document
         assert np.allclose([s for _, s in got], [s for _, s in want], rtol=1e-12, atol=0)
+        # LTRGR's stored keys: the keys that counted for each document, in the greedy order
+        with_keys = rank_documents(keys, [f if k.count <= max_hits else None for k, f in zip(keys, found)],
+                                   documents, positions, max_hits=max_hits, matched=True)
+        assert [(r, s) for r, s, _ in with_keys] == got
+        assert {r: taken for r, _, taken in with_keys} == want_keys
