@@ -1,0 +1,341 @@
+"""LTRGR: MINDER (or SEAL) trained on further with a learning-to-rank loss over the passage scores that its own
+generated identifiers give (Li et al., AAAI 2024; the authors' `MINDER_learn_to_rank` script).
+
+Two stages after a trained MINDER run:
+
+1. **Rank data** (`write_rank_data`, `python -m gr_jax.methods.seal.rank_data`): the trained model retrieves the
+   top `top_k` documents of every training query, each with the keys that counted for it in the greedy
+   intersective scoring, in that order (`scoring.rank_documents(matched=True)`), its first `keys_per_passage`
+   kept. One JSON-lines file with what it was built from (`provenance.records_text`): the model directory, the
+   checkpoint step and a digest of its parameters, the identifier table's digest, the settings.
+2. **Training** (`prepare.objectives_config = @LtrgrPairs()`, `SealRetriever.objective = @LtrgrObjective()`):
+   per training query whose positive (a judged document) and a negative are both among its top_k, four passages:
+   the top-ranked positive and negative, and a random positive and negative (a random other one of each kind
+   when there is one, else the top one again). A query where the top positive already leads the top negative by
+   the margin is dropped (LTRGR keeps the queries with s(pos) < s(neg) + margin).
+
+   A passage's score is recomputed with gradient from its stored keys: each key is scored again by teacher
+   forcing under its view's input (the tokens after a title's DOC_START or a pseudo-query's QUERY_START, under
+   the query marked for that view), weighted by SEAL's w(n) with the stored F(n) and the index size N, times
+   the key's coverage coefficient in the stored order, and summed over the passage's keys:
+
+       s(p) = Σ_k  w(score_k, F_k) · (1 − β + β · new_k / types_k)
+
+   (new_k: the key's token types not in the keys before it; the same sum as SEAL's document score over these
+   keys, so before any update s(p) is the score the rank data recorded). The loss is
+
+       L = ½ · mean max(0, s(neg_top) − s(pos_top) + m) + ½ · mean max(0, s(neg_rand) − s(pos_rand) + m + 100)
+           + λ · L_gen
+
+   with L_gen the token cross-entropy of the top positive's targets (its title, a span drawn by overlap with the
+   query, a pseudo-query), m 300 and λ 1000 as the authors'. Differences: a passage with fewer keys is masked
+   where the authors' code repeats its last key with count 10000; L_gen is the mean over all target tokens of
+   the three views, where theirs averages the three views' means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from pathlib import Path
+from typing import Optional
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.data.pipeline import ExampleStore, MixtureIterator, pad_sequences, tokenize
+from gr_jax.errors import UserError
+from gr_jax.methods.seal.model import _SealRanking, mark
+from gr_jax.methods.seal.training import SealPairs, _rng
+from gr_jax.provenance import ProvenanceError, normalized, read_records, records_text
+from gr_jax.training.objectives import ObjectivesConfig
+from gr_jax.validation import Count, Fraction, Positive
+from gr_jax.vocab import EOS_ID, PAD_ID
+
+log = logging.getLogger(__name__)
+
+PASSAGES = 4  # top positive, top negative, random positive, random negative
+VIEW_IDS = {"body": 0, "title": 1, "query": 2}
+
+
+class RankDataError(UserError, ValueError):
+    """LTRGR's rank data cannot be built or used (no positive retrieved, another table, a wrong model)."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# stage 1: rank data
+# ----------------------------------------------------------------------------------------------------------
+
+
+def params_digest(params) -> str:
+    """One digest of a parameter tree (every array's dtype, shape and bytes, in key order)."""
+    h = hashlib.blake2b(digest_size=12)
+    for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(jax.device_get(params))[0],
+                             key=lambda x: jax.tree_util.keystr(x[0])):
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h.update(f"{jax.tree_util.keystr(path)}{a.dtype.str}{a.shape}".encode())
+        h.update(a.view(np.uint8).reshape(-1) if a.size else b"")
+    return h.hexdigest()
+
+
+@gin.configurable
+def write_rank_data(model_dir: str, output: Optional[str] = None, split: str = "train", top_k: Count = 100,
+                    keys_per_passage: Count = 40, num_beams: Count = 15, batch_size: Count = 32,
+                    max_queries: int = 0) -> dict:
+    """Stage 1 (module docstring): writes `output` (default MODEL_DIR/ltrgr_rank_data.jsonl) and returns its
+    header. Training queries are taken sorted by id (the first `max_queries` when > 0). A file already there that
+    was built from the same checkpoint, table and settings is kept; one built from anything else is an error."""
+    from gr_jax.compose import restore
+    from gr_jax.io_utils import write_text
+
+    if max_queries < 0:
+        raise ValueError(f"write_rank_data.max_queries must be ≥ 0 (0: all), got {max_queries}")
+    setup, params, step = restore(model_dir)
+    model = setup.model
+    if not isinstance(model, _SealRanking):
+        raise RankDataError(f"{model_dir}: LTRGR's rank data needs a SEAL or MINDER model (SealRetriever, "
+                            f"SealDecoderOnly); this one is {type(model).__name__}")
+    data = setup.dataset
+    if split not in data.queries:
+        raise RankDataError(f"the dataset has no query split {split!r}; it has {sorted(data.queries)}")
+    output = Path(output) if output else Path(model_dir) / "ltrgr_rank_data.jsonl"
+    judged = data.qrels[split]
+    text_of = dict(zip(data.queries[split].qids, data.queries[split].texts))
+    qids = sorted(q for q in text_of if any(g >= 1 for g in judged.get(q, {}).values()))
+    qids = qids[:max_queries] if max_queries else qids
+    texts = [text_of[q] for q in qids]
+    built_from = normalized({
+        "model_dir": str(model_dir), "step": int(step), "params": params_digest(params),
+        "table": setup.table.digest(), "split": split, "top_k": top_k, "keys_per_passage": keys_per_passage,
+        "num_beams": num_beams, "search": model.describe(),
+        "queries": hashlib.blake2b("\n".join(f"{q}\t{t}" for q, t in zip(qids, texts)).encode(),
+                                   digest_size=12).hexdigest()})
+    if output.exists():
+        head, _ = read_records(output, "LTRGR rank data")
+        if head["built_from"] == built_from:
+            log.info("%s: rank data already built from this checkpoint and these settings; kept", output)
+            return head
+        differs = sorted(k for k in set(head["built_from"]) | set(built_from)
+                         if head["built_from"].get(k) != built_from.get(k))
+        raise ProvenanceError(f"{output}: LTRGR rank data built with another {', '.join(differs)}; pass another "
+                              f"write_rank_data.output or delete the file to build it again")
+    from gr_jax.progress import bar as progress_bar
+
+    doc_ids = data.corpus.doc_ids
+    tokens = tokenize(texts, setup.vocab, setup.feature_lengths["inputs"], what=f"{split} queries")
+    rows = []
+    bar = progress_bar(len(qids), "rank data", unit="query")
+    try:
+        for start in range(0, len(qids), batch_size):
+            ranked = model.ranked(params, tokens[start:start + batch_size], setup.index, num_beams)
+            for qid, docs in zip(qids[start:start + batch_size], ranked):
+                docs = sorted(((doc_ids[r], v, keys) for r, v, keys in docs), key=lambda x: (-x[1], x[0]))
+                rows.append({"qid": qid, "docs": [
+                    {"doc_id": d, "score": float(v),
+                     "keys": [[list(map(int, t)), int(c), view] for t, c, view in keys[:keys_per_passage]]}
+                    for d, v, keys in docs[:top_k]]})
+            bar.update(min(batch_size, len(qids) - start))
+    finally:
+        bar.close()
+    found = sum(any(judged[r["qid"]].get(d["doc_id"], 0) >= 1 for d in r["docs"]) for r in rows)
+    head = {"built_from": built_from, "positions": int(setup.index.num_positions),
+            "queries_with_a_positive": found}
+    write_text(output, records_text(head, rows), keep_previous=True)
+    head = read_records(output, "LTRGR rank data")[0]  # with its row count and digest
+    log.info("rank data: %d training queries, %d with a judged document in their top %d → %s", len(rows), found,
+             top_k, output)
+    return head
+
+
+# ----------------------------------------------------------------------------------------------------------
+# stage 2: the training data
+# ----------------------------------------------------------------------------------------------------------
+
+
+def coverage_counts(keys: list) -> tuple[list, list]:
+    """(new_k, types_k) of each key in order: its token types not in the keys before it, and all its types."""
+    seen, new, types = set(), [], []
+    for tokens in keys:
+        t = set(tokens)
+        new.append(len(t - seen))
+        types.append(len(t))
+        seen |= t
+    return new, types
+
+
+@gin.configurable
+@dataclasses.dataclass
+class LtrgrPairs(ObjectivesConfig):
+    """LTRGR's training examples from the rank data file (module docstring, stage 2)."""
+
+    rank_data: str = ""
+    keys_per_passage: Count = 40
+    margin: float = 300.0  # LTRGR's rank_margin: queries whose top positive leads by this much are dropped
+    refresh_period = 0
+
+    def _read(self, table):
+        if not self.rank_data:
+            raise RankDataError("LtrgrPairs.rank_data: no file named; write it with `python -m "
+                                "gr_jax.methods.seal.rank_data` over the trained MINDER run")
+        head, rows = read_records(self.rank_data, "LTRGR rank data")
+        held = head["built_from"].get("table")
+        if held != table.digest():
+            raise ProvenanceError(f"{self.rank_data}: LTRGR rank data built over another identifier table ({held}, "
+                                  f"this run's is {table.digest()}); build it again from the run this one starts "
+                                  f"from (INITIAL_CHECKPOINT_PATH) with the same data and docid settings")
+        if head["built_from"].get("keys_per_passage", 0) < self.keys_per_passage:
+            raise RankDataError(f"{self.rank_data}: holds {head['built_from'].get('keys_per_passage')} keys per "
+                                f"passage, fewer than LtrgrPairs.keys_per_passage = {self.keys_per_passage}")
+        return head, rows
+
+    def quadruples(self, head, rows, qrels, seed: int) -> tuple[list, dict]:
+        """[(qid, [4 doc records])] of the kept queries, by query id, and the count of each reason to drop."""
+        out, dropped = [], {"no positive retrieved": 0, "no negative retrieved": 0, "already by the margin": 0}
+        for rec in sorted(rows, key=lambda r: r["qid"]):
+            judged = qrels.get(rec["qid"], {})
+            docs = sorted(rec["docs"], key=lambda d: (-d["score"], d["doc_id"]))
+            pos = [d for d in docs if judged.get(d["doc_id"], 0) >= 1]
+            neg = [d for d in docs if judged.get(d["doc_id"], 0) < 1]
+            if not pos or not neg:
+                dropped["no positive retrieved" if not pos else "no negative retrieved"] += 1
+                continue
+            if pos[0]["score"] >= neg[0]["score"] + self.margin:
+                dropped["already by the margin"] += 1
+                continue
+            rng = _rng(seed, "ltrgr", rec["qid"])
+            rand_pos = pos[1 + int(rng.integers(len(pos) - 1))] if len(pos) > 1 else pos[0]
+            rand_neg = neg[1 + int(rng.integers(len(neg) - 1))] if len(neg) > 1 else neg[0]
+            out.append((rec["qid"], [pos[0], neg[0], rand_pos, rand_neg]))
+        return out, dropped
+
+    def iterator(self, inp) -> MixtureIterator:
+        SealPairs._identifiers(inp.table)  # refuses a table without identifier texts before any work
+        head, rows = self._read(inp.table)
+        data = inp.dataset
+        if inp.train_split not in data.queries:
+            raise RankDataError(f"the dataset has no query split {inp.train_split!r} (TRAIN_SPLIT)")
+        kept, dropped = self.quadruples(head, rows, data.qrels[inp.train_split], inp.seed)
+        log.info("LTRGR: %d of %d training queries kept (dropped: %s)", len(kept), len(rows), dropped)
+        if not kept:
+            raise RankDataError(f"{self.rank_data}: no training query has both a judged document and another among "
+                                f"its retrieved ones ({dropped}); retrieve more (write_rank_data.top_k) or train "
+                                f"the first stage longer")
+        text_of = dict(zip(data.queries[inp.train_split].qids, data.queries[inp.train_split].texts))
+        queries = tokenize([text_of[q] for q, _ in kept], inp.vocab, inp.lengths["inputs"], what="LTRGR queries")
+        row_of = {d: r for r, d in enumerate(data.corpus.doc_ids)}
+        store = self.store(kept, queries, head["positions"], inp.table, row_of, inp.lengths["targets"], inp.seed)
+        return MixtureIterator([store], inp.batch_size, seed=inp.seed, rates=[1.0], names=["ltrgr"])
+
+    def store(self, kept: list, queries: np.ndarray, positions: int, table, row_of: dict, target_length: int,
+              seed: int) -> ExampleStore:
+        """The examples of `quadruples`' kept queries (`queries`: their tokens, in that order); `row_of`: doc id →
+        corpus row."""
+        gen = SealPairs(title_samples=1, span_samples=1, query_samples=1)
+        m, identifier = gen._identifiers(table)
+        T, K = target_length, self.keys_per_passage
+        width = max((len(t) for _, ps in kept for p in ps for t, _, _ in p["keys"][:K]), default=1)
+        feats = {k: [] for k in ("view_inputs", "gen_targets", "gen_views", "key_tokens", "key_views",
+                                 "key_counts", "key_new", "key_types", "positions")}
+        for (qid, passages), q in zip(kept, queries):
+            ids = [int(t) for t in q if t not in (PAD_ID, EOS_ID)]
+            feats["view_inputs"].append(np.concatenate([mark(q[None], v)[0] for v in
+                                                        (m.view_body, m.view_title, m.view_query)]))
+            targets = gen.supervised(qid, ids, identifier(row_of[passages[0]["doc_id"]]), 0, m, seed)
+            order = {m.view_body: 0, m.view_title: 1, m.view_query: 2}
+            pick = {}
+            for _, marker, target in targets:  # one target per view
+                pick.setdefault(order[marker], target)
+            feats["gen_targets"].append(np.concatenate(
+                [pad_sequences([pick.get(v, [])[:T]], T, add_eos=False, dtype=np.int32)[0] for v in range(3)]))
+            feats["gen_views"].append([1 if v in pick else 0 for v in range(3)])
+            toks, views, counts, new, types = [], [], [], [], []
+            for p in passages:
+                keys = [(tuple(t), c, VIEW_IDS[v]) for t, c, v in p["keys"][:K]]
+                n, ty = coverage_counts([t for t, _, _ in keys])
+                for j in range(K):
+                    if j < len(keys):
+                        t, c, view = keys[j]
+                        target = list(t[1:] if view else t)  # a title or pseudo-query key: after its forced marker
+                        toks.append(target + [PAD_ID] * (width - len(target)))
+                        views.append(view)
+                        counts.append(c)
+                        new.append(n[j])
+                        types.append(ty[j])
+                    else:
+                        toks.append([PAD_ID] * width)
+                        views.append(-1)
+                        counts.append(0)
+                        new.append(0)
+                        types.append(1)
+            feats["key_tokens"].append(np.asarray(toks, np.int64).reshape(-1))
+            for name, v in (("key_views", views), ("key_counts", counts), ("key_new", new), ("key_types", types)):
+                feats[name].append(v)
+            feats["positions"].append([positions])
+        return ExampleStore({k: np.asarray(v, np.int64) for k, v in feats.items()})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# stage 2: the loss
+# ----------------------------------------------------------------------------------------------------------
+
+
+def key_weights(scores, counts, positions, smoothing: float = 5.0, exponent: float = 2.0):
+    """SEAL's w(n) (scoring.weight) on arrays, differentiable in `scores`: max(0, log-odds) ** exponent."""
+    sr = jnp.minimum(scores, 0.0) - 1e-10
+    snr = jnp.log((counts + smoothing) / (positions + smoothing))
+    # log(1 − e^x) as log(−expm1(x)): exact for x near 0, where float32's 1 − e^x is 0
+    odds = (sr + jnp.log(-jnp.expm1(snr))) - (snr + jnp.log(-jnp.expm1(sr)))
+    return jnp.maximum(odds, 0.0) ** exponent
+
+
+@gin.configurable
+@dataclasses.dataclass
+class LtrgrObjective:
+    """The LTRGR loss for `LtrgrPairs` batches (bind `SealRetriever.objective = @LtrgrObjective()`)."""
+
+    keys_per_passage: Count = 40  # as LtrgrPairs'
+    margin: Positive = 300.0
+    random_pair_extra: float = 100.0
+    generation_weight: float = 1000.0  # λ
+    smoothing: Positive = 5.0
+    score_exponent: Positive = 2.0
+    repetition_penalty: Fraction = 0.8
+
+    def passage_scores(self, model, params, batch, rng=None):
+        """s(p) of the module docstring, [B, 4]."""
+        B, K = batch["key_views"].shape[0], self.keys_per_passage
+        views = batch["key_views"].reshape(B, PASSAGES * K)
+        tokens = batch["key_tokens"].reshape(B * PASSAGES * K, -1)
+        inputs = batch["view_inputs"].reshape(B, 3, -1)
+        rows = jnp.take_along_axis(inputs, jnp.maximum(views, 0)[:, :, None], axis=1).reshape(B * PASSAGES * K, -1)
+        logp, _ = model.token_log_probs(params, rows, tokens, rng)
+        scores = (logp * (tokens != PAD_ID)).sum(-1).reshape(B, PASSAGES * K)
+        w = key_weights(scores, batch["key_counts"].astype(jnp.float32), batch["positions"].astype(jnp.float32),
+                        self.smoothing, self.score_exponent)
+        beta = self.repetition_penalty
+        cover = 1.0 - beta + beta * batch["key_new"] / jnp.maximum(batch["key_types"], 1)
+        return (w * cover * (views >= 0)).reshape(B, PASSAGES, K).sum(-1)
+
+    def __call__(self, model, params, batch, rng=None):
+        k_rank, k_gen = jax.random.split(rng) if rng is not None else (None, None)
+        s = self.passage_scores(model, params, batch, k_rank)
+        top = jnp.maximum(0.0, s[:, 1] - s[:, 0] + self.margin)
+        rand = jnp.maximum(0.0, s[:, 3] - s[:, 2] + self.margin + self.random_pair_extra)
+        l_rank = 0.5 * top.mean() + 0.5 * rand.mean()
+        B = s.shape[0]
+        targets = batch["gen_targets"].reshape(B * 3, -1)
+        inputs = batch["view_inputs"].reshape(B * 3, -1)
+        logp, hit = model.token_log_probs(params, inputs, targets, k_gen)
+        mask = (targets != PAD_ID).astype(jnp.float32)
+        tokens = mask.sum()
+        l_gen = -(logp * mask).sum() / jnp.maximum(tokens, 1.0)
+        loss = l_rank + self.generation_weight * l_gen
+        ordered = (s[:, 0] > s[:, 1]).astype(jnp.float32)
+        metrics = {"loss": (loss * B, jnp.float32(B)), "rank_loss": (l_rank * B, jnp.float32(B)),
+                   "generation_loss": (-(logp * mask).sum(), tokens),
+                   "token_accuracy": ((hit * mask).sum(), tokens),
+                   "pairs_ordered": (ordered.sum(), jnp.float32(B))}
+        return loss, metrics
