@@ -115,6 +115,26 @@ def test_command_with_bm25(tmp_path, capsys):
     assert res.stdout.count("| bm25 |") == 6  # two runs × three tables
     assert (tmp_path / "report" / "report.png").stat().st_size > 5000
 
+    # beside a published table (Table 4's layout), each run labelled with a published row's name
+    ours = json.loads((tmp_path / "bm25" / "dynamic" / "dynamic.json").read_text())
+    published = tmp_path / "published.json"
+    published.write_text(json.dumps({"table4": {"initial": {"n-gram": [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]},
+                                                "new": {"n-gram": [0.9, 0.1, 0.2, 0.3, 0.4, 0.5]}}}))
+    report = lambda *a: subprocess.run([sys.executable, "tools/dynamic_report.py", *a], cwd=root,  # noqa: E731
+                                       capture_output=True, text=True, timeout=300)
+    res = report(f"n-gram={tmp_path / 'bm25'}", "--out", str(tmp_path / "t4"), "--published", str(published),
+                 "--table", "table4")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    new_at = lines.index("Hit@10 on new documents, ours beside the published rows")
+    assert "| n-gram | published | 0.900 | 0.100 | 0.200 | 0.300 | 0.400 | 0.500 |" in lines[new_at:]
+    assert "| n-gram | ours | " + " | ".join(f"{x:.3f}" for x in ours["new_P_oo"]) + " |" in lines[new_at:]
+    assert (tmp_path / "t4" / "report.png").stat().st_size > 5000
+    res = report(f"url={tmp_path / 'bm25'}", "--out", str(tmp_path / "t4b"), "--published", str(published),
+                 "--table", "table4")
+    assert res.returncode == 2 and "url: not a row of table4 (it has n-gram)" in res.stderr, res.stderr
+    assert not (tmp_path / "t4b").exists()
+
 
 def test_dense_system_reencodes_new_documents(tmp_path):
     f = tmp_path / "dense.gin"
