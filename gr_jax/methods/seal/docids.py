@@ -11,7 +11,13 @@ title, as in SEAL); a title key is DOC_START … TITLE_END; a pseudo-query key Q
 ids mark the *input* with the view the model is asked to generate (SEAL's ` || body`, ` || title`,
 ` || query`). The six ids sit right above the text vocabulary (the model's vocabulary grows by six).
 
-A corpus without titles gives no title view; a document without pseudo-queries no pseudo-query view. Pseudo-
+A corpus without titles gives no title view; a document without pseudo-queries no pseudo-query view.
+
+Fixed-position units (000 Fig. 2's docid granularity): with `units = 'sentence'` or `'paragraph'` the pseudo-query
+slots hold the document's own sentences or paragraphs instead (each cut to its first `max_unit_tokens` tokens), so
+the pseudo-query view generates a whole unit from its start (`text_units`: sentences end at . ! ? followed by
+white space; paragraphs are separated by a blank line, or, in a text without line breaks, are runs of
+`sentences_per_paragraph` sentences). Pseudo-
 queries come from `pseudo_queries_file` (`python -m gr_jax.pseudo_queries`, or any doc_id → queries file: its
 digest is kept when the scheme is fitted, and assigning with a changed file is an error — the index would no
 longer be what the model was trained on), or with `pseudo_queries_file = 'train'` from the judged queries of
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import Optional, Sequence
 
 import gin
@@ -38,6 +45,18 @@ from gr_jax.vocab import DocidTokenSpace
 log = logging.getLogger(__name__)
 
 MARKERS = ("doc_start", "title_end", "query_start", "view_body", "view_title", "view_query")
+UNITS = ("sentence", "paragraph")
+
+
+def text_units(text: str, kind: str, sentences_per_paragraph: int = 3) -> list[str]:
+    """A text's sentences or paragraphs, in order (module docstring); empty ones dropped."""
+    if kind == "paragraph" and "\n" in text.strip():
+        return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s.strip()]
+    if kind == "sentence":
+        return sentences
+    n = sentences_per_paragraph
+    return [" ".join(sentences[i:i + n]) for i in range(0, len(sentences), n)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +82,9 @@ class SealDocids(DocidScheme):
     with_titles: bool = True
     pseudo_queries_file: Optional[str] = None  # MINDER's pseudo-query view: a file, or "train"
     max_pseudo_queries: Count = 10  # per document
+    units: Optional[str] = None  # 'sentence' | 'paragraph': the document's own units in the pseudo-query slots
+    max_unit_tokens: Count = 24
+    sentences_per_paragraph: Count = 3
     name = "seal"
     text_vocab_size: int = 0
     pseudo_queries_digest: str = ""
@@ -76,6 +98,12 @@ class SealDocids(DocidScheme):
     @property
     def markers(self) -> Markers:
         return Markers(self.text_vocab_size)
+
+    def __post_init__(self):
+        if self.units not in (None, *UNITS):
+            raise ValueError(f"SealDocids.units must be one of {UNITS} or None, got {self.units!r}")
+        if self.units and self.pseudo_queries_file:
+            raise ValueError("SealDocids: units and pseudo_queries_file both fill the pseudo-query slots; set one")
 
     def fit(self, corpus, context: FitContext = FitContext()) -> "SealDocids":
         if context.vocab is None:
@@ -118,6 +146,10 @@ class SealDocids(DocidScheme):
             title = corpus.titles[row] or ""                 # runs on into the body or a pseudo-query
             ids += (enc(title) if title.strip() else []) + [m.title_end]
         ids += enc(corpus.texts[row])[: self.max_text_tokens]
+        if self.units:
+            for unit in text_units(corpus.texts[row], self.units, self.sentences_per_paragraph):
+                ids += [m.query_start] + enc(unit)[: self.max_unit_tokens] + [m.title_end]
+            return ids
         for q in self._pseudo_queries().get(corpus.doc_ids[row], [])[: self.max_pseudo_queries]:
             if q.strip():
                 ids += [m.query_start] + enc(q) + [m.title_end]
@@ -139,7 +171,9 @@ class SealDocids(DocidScheme):
         return {"max_text_tokens": self.max_text_tokens, "with_titles": self.with_titles,
                 "pseudo_queries_file": self.pseudo_queries_file, "max_pseudo_queries": self.max_pseudo_queries,
                 "text_vocab_size": self.text_vocab_size, "pseudo_queries_digest": self.pseudo_queries_digest,
-                "training_queries": self._queries if self.uses_training_queries else None}, {}
+                "training_queries": self._queries if self.uses_training_queries else None,
+                "units": self.units, "max_unit_tokens": self.max_unit_tokens,
+                "sentences_per_paragraph": self.sentences_per_paragraph}, {}
 
     def load_state(self, meta, arrays) -> None:
         self.max_text_tokens, self.with_titles = int(meta["max_text_tokens"]), bool(meta["with_titles"])
@@ -147,5 +181,8 @@ class SealDocids(DocidScheme):
         self.max_pseudo_queries = int(meta["max_pseudo_queries"])
         self.text_vocab_size = int(meta["text_vocab_size"])
         self.pseudo_queries_digest = meta["pseudo_queries_digest"]
+        self.units = meta.get("units")  # schemes saved before units existed have none
+        self.max_unit_tokens = int(meta.get("max_unit_tokens", self.max_unit_tokens))
+        self.sentences_per_paragraph = int(meta.get("sentences_per_paragraph", self.sentences_per_paragraph))
         if meta.get("training_queries") is not None:
             self._queries = {str(d): list(q) for d, q in meta["training_queries"].items()}

@@ -172,6 +172,7 @@ class LtrgrPairs(ObjectivesConfig):
     """LTRGR's training examples from the rank data file (module docstring, stage 2)."""
 
     rank_data: str = ""
+    generation: Optional[SealPairs] = None  # the span length and temperature of the generation targets (SEAL's)
     keys_per_passage: Count = 40
     margin: float = 300.0  # LTRGR's rank_margin: queries whose top positive leads by this much are dropped
     refresh_period = 0
@@ -233,7 +234,7 @@ class LtrgrPairs(ObjectivesConfig):
               seed: int) -> ExampleStore:
         """The examples of `quadruples`' kept queries (`queries`: their tokens, in that order); `row_of`: doc id →
         corpus row."""
-        gen = SealPairs(title_samples=1, span_samples=1, query_samples=1)
+        gen = dataclasses.replace(self.generation or SealPairs(), title_samples=1, span_samples=1, query_samples=1)
         m, identifier = gen._identifiers(table)
         T, K = target_length, self.keys_per_passage
         width = max((len(t) for _, ps in kept for p in ps for t, _, _ in p["keys"][:K]), default=1)

@@ -41,6 +41,7 @@ from gr_jax.vocab import EOS_ID, PAD_ID
 log = logging.getLogger(__name__)
 
 VIEWS = ("body", "title", "query")
+DOCUMENT_SCORES = ("intersective", "best_key")
 
 
 def mark(tokens_BxL: np.ndarray, marker: int) -> np.ndarray:
@@ -73,9 +74,15 @@ class SealSearch:
     score_exponent: Positive = 2.0
     repetition_penalty: Fraction = 0.8
     query_view_boost: float = 0.0
-    query_keys: Count = 3  # SEAL's add_query_to_keys: the query's own spans of 1..query_keys tokens (0: off)
+    query_keys: int = 3  # SEAL's add_query_to_keys: the query's own spans of 1..query_keys tokens (0: off)
+    # 'intersective': SEAL's LM+FM scoring; 'best_key': a document ranks by the best log P(n | q) of the keys it
+    # holds (000 Fig. 2's fixed-position units: a document ranks by its highest-ranked unit)
+    document_score: str = "intersective"
 
     def __post_init__(self):
+        if self.document_score not in DOCUMENT_SCORES:
+            raise ValueError(f"SealSearch.document_score must be one of {DOCUMENT_SCORES}, got "
+                             f"{self.document_score!r}")
         self.views = tuple(self.views)
         bad = [v for v in self.views if v not in VIEWS]
         if bad or not self.views:
@@ -234,6 +241,9 @@ class _SealRanking:
         s, out = self.search, []
         for keys in self.keys(params, query_tokens_BxL, index, num_beams):
             items = sorted(keys.items())  # key order never changes a score (ties broken by tokens)
+            if s.document_score == "best_key":
+                out.append(_best_key(items))
+                continue
             ks = [Key(t, v[0], v[1]) for t, v in items]
             found = [None if v[2] is None else (v[2], v[3]) for _, v in items]
             ranked = rank_documents(ks, found, self._documents, index.num_positions, max_hits=s.max_hits,
@@ -244,7 +254,8 @@ class _SealRanking:
         return out
 
     def rank(self, params, query_tokens_BxL, index: SubstringIndex, num_beams: int = 15):
-        """(query, document row, score) arrays: every document with a positive SEAL score."""
+        """(query, document row, score) arrays: every document with a positive SEAL score (with 'best_key': every
+        document holding a key that occurs at most max_hits times)."""
         q, d, sc = [], [], []
         for b, ranked in enumerate(self.ranked(params, query_tokens_BxL, index, num_beams)):
             q += [b] * len(ranked)
@@ -256,6 +267,20 @@ class _SealRanking:
         """Identifier tokens of corpus rows [len(rows), W], −1 past each one's end."""
         where, seqs = self._identifiers
         return seqs[where[rows]]
+
+
+def _best_key(items) -> list:
+    """[(row, score, [(the best key, F(n), view)])]: each document at the best score of the keys it holds (keys
+    with their occurrences: F(n) ≤ max_hits), best first, ties by row; keys in token order, so a tie between
+    two keys of one document keeps the first in that order."""
+    best = {}
+    for tokens, (score, count, rows, _, view) in items:
+        if rows is None:
+            continue
+        for r in np.unique(rows).tolist():
+            if r not in best or score > best[r][0]:
+                best[r] = (score, [(tokens, count, view)])
+    return sorted(((r, v, k) for r, (v, k) in best.items()), key=lambda x: (-x[1], x[0]))
 
 
 @gin.configurable

@@ -83,12 +83,20 @@ class SealPairs(ObjectivesConfig):
 
     supervised_rate: float = 1.0
     unsupervised_rate: float = 1.0
-    title_samples: Count = 3
-    span_samples: Count = 10
+    title_samples: int = 3  # each of these four: 0 turns the pairs off
+    span_samples: int = 10
     span_length: Count = 10
-    query_samples: Count = 5
-    unsupervised_spans: Count = 3
+    query_samples: int = 5
+    unsupervised_spans: int = 3
     temperature: Positive = 1.0
+    # which pseudo-queries become targets: 'first' (MINDER: the first query_samples other than the query), or
+    # 'overlap' (query_samples drawn with replacement, P ∝ softmax(tokens shared with the query / temperature):
+    # for the document's own units, SealDocids.units, as spans are drawn)
+    query_sampling: str = "first"
+
+    def __post_init__(self):
+        if self.query_sampling not in ("first", "overlap"):
+            raise ValueError(f"SealPairs.query_sampling must be 'first' or 'overlap', got {self.query_sampling!r}")
     refresh_period = 0
 
     def _span(self, body, start: int):
@@ -106,7 +114,14 @@ class SealPairs(ObjectivesConfig):
             starts = _rng(seed, "span", qid, _content(identifier)).choice(len(body), size=self.span_samples,
                                                                            p=p / p.sum())
             out += [(query_ids, m.view_body, self._span(body, int(s))) for s in starts]
-        for q in [q for q in queries if q != list(query_ids)][: self.query_samples]:  # never the query itself
+        others = [q for q in queries if q != list(query_ids)]  # never the query itself
+        if self.query_sampling == "overlap" and others and self.query_samples:
+            shared = np.array([len(set(q) & set(query_ids)) for q in others], float) / self.temperature
+            p = np.exp(shared - shared.max())
+            picks = _rng(seed, "query", qid, _content(identifier)).choice(len(others), size=self.query_samples,
+                                                                          p=p / p.sum())
+            others = [others[int(i)] for i in picks]
+        for q in others[: self.query_samples]:
             out.append((query_ids, m.view_query, q + [m.title_end]))
         return out
 
