@@ -57,7 +57,7 @@ from gr_jax.models import contract, t5
 from gr_jax.models.heads import head_for_space
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.training import initial, trainer
-from gr_jax.training.objectives import ObjectiveInputs, Objectives
+from gr_jax.training.objectives import ObjectiveInputs, Objectives, Start
 from gr_jax.training.trainer import TrainingError, check_provenance
 from gr_jax.training.vocabulary import run_vocabulary
 from gr_jax.validation import Count
@@ -151,15 +151,20 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
     setup.objectives = objectives_config if objectives_config is not None else Objectives()
     if with_training_data or may_fit:  # inference restores its own parameters: nothing kept for it
         setup._initial = loaded
-    if with_training_data:  # inference needs the docids and the index, not the tokenized training pairs
-        validation.integer("BATCH_SIZE (train.batch_size)", batch_size)
-        objs = setup.objectives
-        setup.iterator = objs.iterator(ObjectiveInputs(dataset, train_split, scheme, table, vocab, lengths,
-                                                       batch_size, seed, setup.document_tokens))
-        setup.refresh_period = objs.refresh_period
     if table is not None:
         log.info("docids: %s, %d documents, %s", scheme.name, len(dataset.corpus), table.stats())
         setup.index = table.index(vocab_size=config.vocab_size) if table.space.kind == "text" else table.index()
+    if with_training_data:  # inference needs the docids and the index, not the tokenized training pairs
+        validation.integer("BATCH_SIZE (train.batch_size)", batch_size)
+        objs = setup.objectives
+
+        def start() -> Start:
+            params = initial_params(setup, seed, initial_checkpoint_path, keep_loaded=True)
+            return Start(model, params, setup.index, initial_checkpoint_path)
+
+        setup.iterator = objs.iterator(ObjectiveInputs(dataset, train_split, scheme, table, vocab, lengths,
+                                                       batch_size, seed, setup.document_tokens, start))
+        setup.refresh_period = objs.refresh_period
     return setup
 
 
@@ -254,11 +259,14 @@ def provenance(setup: Setup) -> dict:
             "vocabulary": setup.vocab.fingerprint, "corpus": setup.dataset.corpus.fingerprint()}
 
 
-def initial_params(setup: Setup, seed: int, initial_checkpoint_path: Optional[str]) -> dict:
-    """A random init from `seed`, with the network from INITIAL_CHECKPOINT_PATH when given."""
+def initial_params(setup: Setup, seed: int, initial_checkpoint_path: Optional[str], keep_loaded: bool = False) -> dict:
+    """A random init from `seed`, with the network from INITIAL_CHECKPOINT_PATH when given (the tensors `prepare`
+    read are dropped after use unless `keep_loaded`)."""
     params = setup.model.init_params(seed)
     if initial_checkpoint_path:
-        loaded, setup._initial = setup._initial, None
+        loaded = setup._initial
+        if not keep_loaded:
+            setup._initial = None
         params["network"] = initial.initial_network(initial_checkpoint_path, loaded, setup.model.config.vocab_size,
                                                     seed)
     return params

@@ -116,7 +116,9 @@ class ObjectiveInputs:
     again; 0: never after the start). One that accepts docids decoded by the model (`table` None) returns
     batches with `set_docids(docids_by_row)`: the composition calls it whenever the docids are decoded.
     `doc_tokens()` gives the corpus tokenized to TASK_FEATURE_LENGTHS['documents'] (else 'inputs'), computed once
-    for every user."""
+    for every user. `start()` gives what training starts from, for data made by the model itself (LTRGR's rank
+    data): a `Start` (the model object, its initial parameters, the docid index, INITIAL_CHECKPOINT_PATH);
+    computed only when called."""
 
     dataset: Dataset
     train_split: str
@@ -127,6 +129,17 @@ class ObjectiveInputs:
     batch_size: int
     seed: int
     doc_tokens: Callable[[], np.ndarray]  # the corpus tokenized to lengths['documents'], by row
+    start: Optional[Callable[[], "Start"]] = None
+
+
+@dataclasses.dataclass
+class Start:
+    """What training starts from (`ObjectiveInputs.start`)."""
+
+    model: Any
+    params: dict
+    index: Any  # None when the docids are decoded by the model
+    initial_checkpoint_path: Optional[str]  # None: the parameters are a random initialisation
 
 
 def example_store(pairs, table: DocidTable, vocab, lengths: dict, all_docids: bool) -> ExampleStore:
