@@ -331,3 +331,39 @@ def test_retrieve_breaks_ties_by_document_id_not_by_row(tmp_path):
 
         group = [d for d in ranked(run) if d in ("d1", "d0", "n2")]
         assert group == ["n2", "d1", "d0"]  # ties: document id descending, as trec_eval orders them
+
+
+@pytest.mark.slow
+def test_ltrgr_starts_from_the_minder_trained_on_d0(tmp_path):
+    """LTRGR in the protocol: the MINDER of dynamic_minder.gin trained on D0, then LTRGR from its checkpoint with
+    rank data made at the start by that model over D0's training queries; new documents enter the index
+    untrained."""
+    short = """
+        SealSearch.body_length = 3
+        SealSearch.title_length = 4
+        SealSearch.query_length = 6
+        EvalConfig.num_beams = 4
+        """
+    minder = tmp_path / "minder.gin"
+    minder.write_text("include 'experiments/demo/dynamic_minder.gin'\n" + textwrap.dedent(short) + SMALL)
+    assert dynamic_cmd.main([f"--gin_file={minder}", f"--gin.MODEL_DIR='{tmp_path / 'minder'}'"]) == 0
+    gin.clear_config()
+    ltrgr = tmp_path / "ltrgr.gin"
+    ltrgr.write_text("include 'experiments/demo/dynamic_ltrgr.gin'\n" + textwrap.dedent(short) + SMALL + f"""
+INITIAL_CHECKPOINT_PATH = '{tmp_path / 'minder' / 'model'}'
+LtrgrPairs.max_queries = 12
+LtrgrPairs.num_beams = 4
+LtrgrPairs.margin = 1e6
+TRAIN_STEPS = 2
+BATCH_SIZE = 4
+""")
+    assert dynamic_cmd.main([f"--gin_file={ltrgr}", f"--gin.MODEL_DIR='{tmp_path / 'ltrgr'}'"]) == 0
+    result = _check_outputs(tmp_path / "ltrgr", "ltrgr")
+    assert [s.get("docids_added") for s in result["steps"][1:]] == [6] * 5
+    logged = [json.loads(line) for line in
+              (tmp_path / "ltrgr" / "model" / "train_metrics.jsonl").read_text().splitlines()]
+    assert "rank_loss" in logged[-1]  # LTRGR's loss trained it
+    gin.clear_config()
+    ltrgr.write_text(ltrgr.read_text().replace(f"INITIAL_CHECKPOINT_PATH = '{tmp_path / 'minder' / 'model'}'",
+                                               "INITIAL_CHECKPOINT_PATH = None"))
+    assert dynamic_cmd.main([f"--gin_file={ltrgr}", f"--gin.MODEL_DIR='{tmp_path / 'none'}'"]) == 2

@@ -8,6 +8,9 @@ Two stages after a trained MINDER run:
    intersective scoring, in that order (`scoring.rank_documents(matched=True)`), its first `keys_per_passage`
    kept. One JSON-lines file with what it was built from (`provenance.records_text`): the model directory, the
    checkpoint step and a digest of its parameters, the identifier table's digest, the settings.
+   Without a file (`LtrgrPairs.rank_data` None) the same rows are made at the start of training by the model
+   training starts from (INITIAL_CHECKPOINT_PATH, `ObjectiveInputs.start`): how the dynamic-corpora protocol
+   runs LTRGR from the MINDER it trained on D0 (experiments/demo/dynamic_ltrgr.gin).
 2. **Training** (`prepare.objectives_config = @LtrgrPairs()`, `SealRetriever.objective = @LtrgrObjective()`):
    per training query whose positive (a judged document) and a negative are both among its top_k, four passages:
    the top-ranked positive and negative, and a random positive and negative (a random other one of each kind
@@ -81,6 +84,50 @@ def params_digest(params) -> str:
     return h.hexdigest()
 
 
+def training_queries(dataset, split: str, max_queries: int = 0) -> tuple[list, list]:
+    """(query ids, texts) of the judged queries of `split`, sorted by id (the first `max_queries` when > 0)."""
+    if split not in dataset.queries:
+        raise RankDataError(f"the dataset has no query split {split!r}; it has {sorted(dataset.queries)}")
+    judged = dataset.qrels.get(split, {})
+    text_of = dict(zip(dataset.queries[split].qids, dataset.queries[split].texts))
+    qids = sorted(q for q in text_of if any(g >= 1 for g in judged.get(q, {}).values()))
+    qids = qids[:max_queries] if max_queries else qids
+    return qids, [text_of[q] for q in qids]
+
+
+def rank_data_rows(model, params, index, doc_ids, qids: list, tokens: np.ndarray, top_k: int,
+                   keys_per_passage: int, num_beams: int, batch_size: int) -> list:
+    """One row per query: its top_k documents (by score, ties by document id) with their first keys."""
+    from gr_jax.progress import bar as progress_bar
+
+    if not isinstance(model, _SealRanking):
+        raise RankDataError(f"LTRGR's rank data needs a SEAL or MINDER model (SealRetriever, SealDecoderOnly); "
+                            f"this one is {type(model).__name__}")
+    rows = []
+    bar = progress_bar(len(qids), "rank data", unit="query")
+    try:
+        for start in range(0, len(qids), batch_size):
+            ranked = model.ranked(params, tokens[start:start + batch_size], index, num_beams)
+            for qid, docs in zip(qids[start:start + batch_size], ranked):
+                docs = sorted(((doc_ids[r], v, keys) for r, v, keys in docs), key=lambda x: (-x[1], x[0]))
+                rows.append({"qid": qid, "docs": [
+                    {"doc_id": d, "score": float(v),
+                     "keys": [[list(map(int, t)), int(c), view] for t, c, view in keys[:keys_per_passage]]}
+                    for d, v, keys in docs[:top_k]]})
+            bar.update(min(batch_size, len(qids) - start))
+    finally:
+        bar.close()
+    return rows
+
+
+def _with_positive(rows: list, judged: dict) -> int:
+    return sum(any(judged.get(r["qid"], {}).get(d["doc_id"], 0) >= 1 for d in r["docs"]) for r in rows)
+
+
+def _queries_digest(qids: list, texts: list) -> str:
+    return hashlib.blake2b("\n".join(f"{q}\t{t}" for q, t in zip(qids, texts)).encode(), digest_size=12).hexdigest()
+
+
 @gin.configurable
 def write_rank_data(model_dir: str, output: Optional[str] = None, split: str = "train", top_k: Count = 100,
                     keys_per_passage: Count = 40, num_beams: Count = 15, batch_size: Count = 32,
@@ -94,25 +141,13 @@ def write_rank_data(model_dir: str, output: Optional[str] = None, split: str = "
     if max_queries < 0:
         raise ValueError(f"write_rank_data.max_queries must be ≥ 0 (0: all), got {max_queries}")
     setup, params, step = restore(model_dir)
-    model = setup.model
-    if not isinstance(model, _SealRanking):
-        raise RankDataError(f"{model_dir}: LTRGR's rank data needs a SEAL or MINDER model (SealRetriever, "
-                            f"SealDecoderOnly); this one is {type(model).__name__}")
     data = setup.dataset
-    if split not in data.queries:
-        raise RankDataError(f"the dataset has no query split {split!r}; it has {sorted(data.queries)}")
+    qids, texts = training_queries(data, split, max_queries)
     output = Path(output) if output else Path(model_dir) / "ltrgr_rank_data.jsonl"
-    judged = data.qrels[split]
-    text_of = dict(zip(data.queries[split].qids, data.queries[split].texts))
-    qids = sorted(q for q in text_of if any(g >= 1 for g in judged.get(q, {}).values()))
-    qids = qids[:max_queries] if max_queries else qids
-    texts = [text_of[q] for q in qids]
     built_from = normalized({
         "model_dir": str(model_dir), "step": int(step), "params": params_digest(params),
         "table": setup.table.digest(), "split": split, "top_k": top_k, "keys_per_passage": keys_per_passage,
-        "num_beams": num_beams, "search": model.describe(),
-        "queries": hashlib.blake2b("\n".join(f"{q}\t{t}" for q, t in zip(qids, texts)).encode(),
-                                   digest_size=12).hexdigest()})
+        "num_beams": num_beams, "search": setup.model.describe(), "queries": _queries_digest(qids, texts)})
     if output.exists():
         head, _ = read_records(output, "LTRGR rank data")
         if head["built_from"] == built_from:
@@ -122,27 +157,11 @@ def write_rank_data(model_dir: str, output: Optional[str] = None, split: str = "
                          if head["built_from"].get(k) != built_from.get(k))
         raise ProvenanceError(f"{output}: LTRGR rank data built with another {', '.join(differs)}; pass another "
                               f"write_rank_data.output or delete the file to build it again")
-    from gr_jax.progress import bar as progress_bar
-
-    doc_ids = data.corpus.doc_ids
     tokens = tokenize(texts, setup.vocab, setup.feature_lengths["inputs"], what=f"{split} queries")
-    rows = []
-    bar = progress_bar(len(qids), "rank data", unit="query")
-    try:
-        for start in range(0, len(qids), batch_size):
-            ranked = model.ranked(params, tokens[start:start + batch_size], setup.index, num_beams)
-            for qid, docs in zip(qids[start:start + batch_size], ranked):
-                docs = sorted(((doc_ids[r], v, keys) for r, v, keys in docs), key=lambda x: (-x[1], x[0]))
-                rows.append({"qid": qid, "docs": [
-                    {"doc_id": d, "score": float(v),
-                     "keys": [[list(map(int, t)), int(c), view] for t, c, view in keys[:keys_per_passage]]}
-                    for d, v, keys in docs[:top_k]]})
-            bar.update(min(batch_size, len(qids) - start))
-    finally:
-        bar.close()
-    found = sum(any(judged[r["qid"]].get(d["doc_id"], 0) >= 1 for d in r["docs"]) for r in rows)
-    head = {"built_from": built_from, "positions": int(setup.index.num_positions),
-            "queries_with_a_positive": found}
+    rows = rank_data_rows(setup.model, params, setup.index, data.corpus.doc_ids, qids, tokens, top_k,
+                          keys_per_passage, num_beams, batch_size)
+    found = _with_positive(rows, data.qrels[split])
+    head = {"built_from": built_from, "positions": int(setup.index.num_positions), "queries_with_a_positive": found}
     write_text(output, records_text(head, rows), keep_previous=True)
     head = read_records(output, "LTRGR rank data")[0]  # with its row count and digest
     log.info("rank data: %d training queries, %d with a judged document in their top %d → %s", len(rows), found,
@@ -171,16 +190,36 @@ def coverage_counts(keys: list) -> tuple[list, list]:
 class LtrgrPairs(ObjectivesConfig):
     """LTRGR's training examples from the rank data file (module docstring, stage 2)."""
 
-    rank_data: str = ""
+    rank_data: Optional[str] = None  # a file of write_rank_data; None: made at the start (below)
     generation: Optional[SealPairs] = None  # the span length and temperature of the generation targets (SEAL's)
     keys_per_passage: Count = 40
     margin: float = 300.0  # LTRGR's rank_margin: queries whose top positive leads by this much are dropped
+    # without a rank data file: made by the model training starts from (INITIAL_CHECKPOINT_PATH, a trained
+    # MINDER — in the dynamic-corpora protocol the one trained on D0), over these training queries
+    top_k: Count = 100
+    max_queries: int = 0  # the first ones by id; 0: all
+    num_beams: Count = 15
+    batch_size: Count = 32
     refresh_period = 0
 
+    def _from_start(self, inp):
+        """(header, rows) of rank data made now by the model training starts from."""
+        start = inp.start() if inp.start is not None else None
+        if start is None or not start.initial_checkpoint_path:
+            raise RankDataError("LTRGR starts from a trained MINDER: set INITIAL_CHECKPOINT_PATH to its run (or name "
+                                "a rank data file, LtrgrPairs.rank_data)")
+        qids, texts = training_queries(inp.dataset, inp.train_split, self.max_queries)
+        tokens = tokenize(texts, inp.vocab, inp.lengths["inputs"], what=f"{inp.train_split} queries")
+        log.info("LTRGR rank data: %d training queries retrieved by the model of %s", len(qids),
+                 start.initial_checkpoint_path)
+        rows = rank_data_rows(start.model, start.params, start.index, inp.dataset.corpus.doc_ids, qids, tokens,
+                              self.top_k, self.keys_per_passage, self.num_beams, self.batch_size)
+        log.info("LTRGR rank data: %d of %d queries with a judged document in their top %d",
+                 _with_positive(rows, inp.dataset.qrels[inp.train_split]), len(rows), self.top_k)
+        return {"built_from": {"table": inp.table.digest(), "keys_per_passage": self.keys_per_passage},
+                "positions": int(start.index.num_positions)}, rows
+
     def _read(self, table):
-        if not self.rank_data:
-            raise RankDataError("LtrgrPairs.rank_data: no file named; write it with `python -m "
-                                "gr_jax.methods.seal.rank_data` over the trained MINDER run")
         head, rows = read_records(self.rank_data, "LTRGR rank data")
         held = head["built_from"].get("table")
         if held != table.digest():
@@ -214,16 +253,16 @@ class LtrgrPairs(ObjectivesConfig):
 
     def iterator(self, inp) -> MixtureIterator:
         SealPairs._identifiers(inp.table)  # refuses a table without identifier texts before any work
-        head, rows = self._read(inp.table)
+        head, rows = self._read(inp.table) if self.rank_data else self._from_start(inp)
         data = inp.dataset
         if inp.train_split not in data.queries:
             raise RankDataError(f"the dataset has no query split {inp.train_split!r} (TRAIN_SPLIT)")
         kept, dropped = self.quadruples(head, rows, data.qrels[inp.train_split], inp.seed)
         log.info("LTRGR: %d of %d training queries kept (dropped: %s)", len(kept), len(rows), dropped)
         if not kept:
-            raise RankDataError(f"{self.rank_data}: no training query has both a judged document and another among "
-                                f"its retrieved ones ({dropped}); retrieve more (write_rank_data.top_k) or train "
-                                f"the first stage longer")
+            raise RankDataError(f"{self.rank_data or 'LTRGR rank data'}: no training query has both a judged "
+                                f"document and another among its retrieved ones ({dropped}); retrieve more "
+                                f"(top_k) or train the first stage longer")
         text_of = dict(zip(data.queries[inp.train_split].qids, data.queries[inp.train_split].texts))
         queries = tokenize([text_of[q] for q, _ in kept], inp.vocab, inp.lengths["inputs"], what="LTRGR queries")
         row_of = {d: r for r, d in enumerate(data.corpus.doc_ids)}

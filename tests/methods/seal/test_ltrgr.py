@@ -3,6 +3,7 @@
 quadruples are chosen as the authors choose them and do not depend on the order of the data, the loss is the
 hand formula, and its gradient separates a positive from a negative."""
 
+import json
 import math
 
 import jax
@@ -158,8 +159,11 @@ def test_rank_data_refusals(tmp_path):
     from gr_jax.provenance import records_text
 
     scheme, table, _, _ = _setup()
-    with pytest.raises(UserError, match="no file named"):
-        LtrgrPairs()._read(table)
+    from types import SimpleNamespace
+
+    no_start = SimpleNamespace(start=lambda: SimpleNamespace(initial_checkpoint_path=None), table=table)
+    with pytest.raises(UserError, match="LTRGR starts from a trained MINDER: set INITIAL_CHECKPOINT_PATH"):
+        LtrgrPairs().iterator(no_start)
     path = tmp_path / "rank.jsonl"
     path.write_text(records_text({"built_from": {"table": "0" * 16, "keys_per_passage": 40}, "positions": 9}, []))
     with pytest.raises(UserError, match=f"{path}: LTRGR rank data built over another identifier table"):
@@ -168,3 +172,74 @@ def test_rank_data_refusals(tmp_path):
                                   "positions": 9}, []))
     with pytest.raises(UserError, match="holds 10 keys per passage, fewer than"):
         LtrgrPairs(rank_data=str(path))._read(table)
+
+
+# a small MINDER: 30 steps on 60 demo documents, short searches (later bindings win in gin)
+MINDER = """
+include 'experiments/demo/minder.gin'
+load_dataset.demo_docs = 60
+TRAIN_STEPS = 30
+BATCH_SIZE = 16
+prepare.vocab_size = 300
+train.progress = False
+train.checkpoint_period = 30
+train.final_eval = False
+SealSearch.body_length = 3
+SealSearch.title_length = 4
+SealSearch.query_length = 6
+"""
+
+
+@pytest.mark.slow
+def test_minder_then_rank_data_then_ltrgr_training(tmp_path, capsys):
+    """The three commands in a row: MINDER, its rank data (kept on a re-run, refused for other settings), then
+    LTRGR's training from the MINDER checkpoint."""
+    import gin
+
+    from gr_jax import compose, gin_utils
+    from gr_jax import train as train_cmd
+    from gr_jax.methods.seal import rank_data
+
+    exp = tmp_path / "minder.gin"
+    exp.write_text(MINDER)
+    gin.clear_config()
+    gin_utils.parse([str(exp)], [f"MODEL_DIR = '{tmp_path / 'minder'}'"])
+    compose.train()
+    gin.clear_config()
+    args = [f"--gin_file={exp}", f"--gin.MODEL_DIR='{tmp_path / 'minder'}'", "--gin.write_rank_data.top_k=60",
+            "--gin.write_rank_data.max_queries=24", "--gin.write_rank_data.num_beams=4"]
+    assert rank_data.main(args) == 0, capsys.readouterr().err
+    data = tmp_path / "minder" / "ltrgr_rank_data.jsonl"
+    from gr_jax.provenance import read_records
+
+    head, rows = read_records(data, "rank data")
+    assert head["rows"] == 24 and [r["qid"] for r in rows] == sorted(r["qid"] for r in rows)
+    for r in rows:
+        scores = [d["score"] for d in r["docs"]]
+        assert scores == sorted(scores, reverse=True) and all(len(d["keys"]) <= 40 for d in r["docs"])
+        assert all(view in ("body", "title", "query") for d in r["docs"] for _, _, view in d["keys"])
+    before = data.read_bytes()
+    gin.clear_config()
+    assert rank_data.main(args) == 0  # built from the same checkpoint and settings: kept
+    assert data.read_bytes() == before
+    gin.clear_config()
+    capsys.readouterr()
+    assert rank_data.main(args + ["--gin.write_rank_data.top_k=5"]) == 2
+    err = capsys.readouterr().err
+    assert f"{data}: LTRGR rank data built with another top_k" in err and "Traceback" not in err
+
+    ltr = tmp_path / "ltrgr.gin"
+    ltr.write_text(MINDER.replace("minder.gin", "ltrgr.gin") + f"""
+INITIAL_CHECKPOINT_PATH = '{tmp_path / 'minder'}'
+LtrgrPairs.rank_data = '{data}'
+LtrgrPairs.margin = 1e6  # keep every query with a positive and a negative, however easy
+TRAIN_STEPS = 2
+BATCH_SIZE = 4
+train.checkpoint_period = 2
+""")
+    gin.clear_config()
+    assert train_cmd.main([f"--gin_file={ltr}", f"--gin.MODEL_DIR='{tmp_path / 'ltrgr'}'"]) == 0, \
+        capsys.readouterr().err
+    logged = [json.loads(line) for line in (tmp_path / "ltrgr" / "train_metrics.jsonl").read_text().splitlines()]
+    assert {"rank_loss", "generation_loss", "pairs_ordered"} <= set(logged[-1])
+    assert (tmp_path / "ltrgr" / "checkpoints" / "2").is_dir()
