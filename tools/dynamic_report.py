@@ -71,7 +71,8 @@ def published_markdown(labels: list, results: list, published: dict) -> str:
         for label, r in zip(labels, results):
             rows.append([label, "ours", *map(fmt, r[OURS[kind]])])
             want = published[kind].get(label)
-            rows.append([label, "published", *(map(fmt, want[:n]) if want else ["—"] * n)])
+            want = list(want or [])[:n]
+            rows.append([label, "published", *map(fmt, want), *["—"] * (n - len(want))])
         out.append(f"Hit@10 on {kind} documents, ours beside the published rows\n\n"
                    + markdown_table(["row", "", *[f"D{o}" for o in range(n)]], rows))
     return "\n\n".join(out) + "\n"
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
         return 2
     results, labels = [], []
     for arg in args.model_dirs:
-        label, _, d = arg.rpartition("=") if "=" in arg else ("", "", arg)
+        label, _, d = arg.partition("=") if "=" in arg else ("", "", arg)  # a path may hold "=", a label not
         path = Path(d) / "dynamic" / "dynamic.json"
         try:
             result = json.loads(path.read_text())

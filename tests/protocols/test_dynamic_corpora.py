@@ -353,7 +353,7 @@ def test_ltrgr_starts_from_the_minder_trained_on_d0(tmp_path):
 INITIAL_CHECKPOINT_PATH = '{tmp_path / 'minder' / 'model'}'
 LtrgrPairs.max_queries = 12
 LtrgrPairs.num_beams = 4
-LtrgrPairs.margin = 1e6
+LTRGR_MARGIN = 1e6
 TRAIN_STEPS = 2
 BATCH_SIZE = 4
 """)

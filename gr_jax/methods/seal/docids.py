@@ -16,8 +16,8 @@ A corpus without titles gives no title view; a document without pseudo-queries n
 Fixed-position units (000 Fig. 2's docid granularity): with `units = 'sentence'` or `'paragraph'` the pseudo-query
 slots hold the document's own sentences or paragraphs instead (each cut to its first `max_unit_tokens` tokens), so
 the pseudo-query view generates a whole unit from its start (`text_units`: sentences end at . ! ? followed by
-white space; paragraphs are separated by a blank line, or, in a text without line breaks, are runs of
-`sentences_per_paragraph` sentences). Pseudo-
+white space; paragraphs are separated by blank lines, else by line breaks, or, in a text without line breaks,
+are runs of `sentences_per_paragraph` sentences); only the units that start within the indexed body count. Pseudo-
 queries come from `pseudo_queries_file` (`python -m gr_jax.pseudo_queries`, or any doc_id → queries file: its
 digest is kept when the scheme is fitted, and assigning with a changed file is an error — the index would no
 longer be what the model was trained on), or with `pseudo_queries_file = 'train'` from the judged queries of
@@ -50,8 +50,9 @@ UNITS = ("sentence", "paragraph")
 
 def text_units(text: str, kind: str, sentences_per_paragraph: int = 3) -> list[str]:
     """A text's sentences or paragraphs, in order (module docstring); empty ones dropped."""
-    if kind == "paragraph" and "\n" in text.strip():
-        return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    if kind == "paragraph" and "\n" in text.strip():  # blank lines separate paragraphs, else line breaks do
+        blank = re.search(r"\n\s*\n", text.strip())
+        return [p.strip() for p in re.split(r"\n\s*\n" if blank else r"\n", text) if p.strip()]
     sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s.strip()]
     if kind == "sentence":
         return sentences
@@ -146,9 +147,14 @@ class SealDocids(DocidScheme):
             title = corpus.titles[row] or ""                 # runs on into the body or a pseudo-query
             ids += (enc(title) if title.strip() else []) + [m.title_end]
         ids += enc(corpus.texts[row])[: self.max_text_tokens]
-        if self.units:
+        if self.units:  # the units that start within the indexed body (its first max_text_tokens tokens)
+            at = 0
             for unit in text_units(corpus.texts[row], self.units, self.sentences_per_paragraph):
-                ids += [m.query_start] + enc(unit)[: self.max_unit_tokens] + [m.title_end]
+                if at >= self.max_text_tokens:
+                    break
+                tokens = enc(unit)
+                ids += [m.query_start] + tokens[: self.max_unit_tokens] + [m.title_end]
+                at += len(tokens)
             return ids
         for q in self._pseudo_queries().get(corpus.doc_ids[row], [])[: self.max_pseudo_queries]:
             if q.strip():

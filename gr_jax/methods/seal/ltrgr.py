@@ -31,9 +31,16 @@ Two stages after a trained MINDER run:
            + λ · L_gen
 
    with L_gen the token cross-entropy of the top positive's targets (its title, a span drawn by overlap with the
-   query, a pseudo-query), m 300 and λ 1000 as the authors'. Differences: a passage with fewer keys is masked
-   where the authors' code repeats its last key with count 10000; L_gen is the mean over all target tokens of
-   the three views, where theirs averages the three views' means.
+   query, a pseudo-query), m 300 and λ 1000 as the authors'. With MINDER's `query_view_boost` the recorded scores
+   hold the boost and s(p) does not (as the authors': their rescoring drops it).
+
+Differences from the authors' code: positives are the judged documents (qrels, as their MS MARCO setting; NQ's
+answer-string match is not available here); the random positive and negative are drawn once per query (seeded by
+its id), where theirs are drawn again at every epoch; the pseudo-query target is the first other pseudo-query,
+theirs a random one (and their query-view loss reads the title target, a quirk not kept); a key's view is the
+search that scored it (theirs: by its token pattern); a passage with fewer keys is masked where theirs repeats
+its last key with count 10000; L_gen is the mean over all target tokens of the three views, theirs the mean of
+the three views' means.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ from gr_jax.methods.seal.model import _SealRanking, mark
 from gr_jax.methods.seal.training import SealPairs, _rng
 from gr_jax.provenance import ProvenanceError, normalized, read_records, records_text
 from gr_jax.training.objectives import ObjectivesConfig
-from gr_jax.validation import Count, Fraction, Positive
+from gr_jax.validation import Count, Positive
 from gr_jax.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
@@ -103,6 +110,9 @@ def rank_data_rows(model, params, index, doc_ids, qids: list, tokens: np.ndarray
     if not isinstance(model, _SealRanking):
         raise RankDataError(f"LTRGR's rank data needs a SEAL or MINDER model (SealRetriever, SealDecoderOnly); "
                             f"this one is {type(model).__name__}")
+    if model.search.document_score != "intersective":
+        raise RankDataError(f"LTRGR's passage scores are SEAL's intersective scores; this model ranks by "
+                            f"SealSearch.document_score = {model.search.document_score!r}")
     rows = []
     bar = progress_bar(len(qids), "rank data", unit="query")
     try:
@@ -145,7 +155,7 @@ def write_rank_data(model_dir: str, output: Optional[str] = None, split: str = "
     qids, texts = training_queries(data, split, max_queries)
     output = Path(output) if output else Path(model_dir) / "ltrgr_rank_data.jsonl"
     built_from = normalized({
-        "model_dir": str(model_dir), "step": int(step), "params": params_digest(params),
+        "model_dir": str(model_dir), "step": int(step), "network": params_digest(params["network"]),
         "table": setup.table.digest(), "split": split, "top_k": top_k, "keys_per_passage": keys_per_passage,
         "num_beams": num_beams, "search": setup.model.describe(), "queries": _queries_digest(qids, texts)})
     if output.exists():
@@ -219,16 +229,30 @@ class LtrgrPairs(ObjectivesConfig):
         return {"built_from": {"table": inp.table.digest(), "keys_per_passage": self.keys_per_passage},
                 "positions": int(start.index.num_positions)}, rows
 
-    def _read(self, table):
+    def _read(self, inp):
+        """(header, rows) of the rank data file, checked against this run: the identifier table, the training
+        split, and the network training starts from (INITIAL_CHECKPOINT_PATH's must be the one that retrieved)."""
         head, rows = read_records(self.rank_data, "LTRGR rank data")
-        held = head["built_from"].get("table")
-        if held != table.digest():
-            raise ProvenanceError(f"{self.rank_data}: LTRGR rank data built over another identifier table ({held}, "
-                                  f"this run's is {table.digest()}); build it again from the run this one starts "
-                                  f"from (INITIAL_CHECKPOINT_PATH) with the same data and docid settings")
-        if head["built_from"].get("keys_per_passage", 0) < self.keys_per_passage:
-            raise RankDataError(f"{self.rank_data}: holds {head['built_from'].get('keys_per_passage')} keys per "
-                                f"passage, fewer than LtrgrPairs.keys_per_passage = {self.keys_per_passage}")
+        built = head["built_from"]
+        fix = ("build it again from the run this one starts from (INITIAL_CHECKPOINT_PATH): python -m "
+               "gr_jax.methods.seal.rank_data, or delete LtrgrPairs.rank_data to make it at the start")
+        if built.get("table") != inp.table.digest():
+            raise ProvenanceError(f"{self.rank_data}: LTRGR rank data built over another identifier table "
+                                  f"({built.get('table')}, this run's is {inp.table.digest()}); {fix}")
+        if built.get("split", inp.train_split) != inp.train_split:
+            raise ProvenanceError(f"{self.rank_data}: LTRGR rank data of the {built['split']!r} queries, this run "
+                                  f"trains on {inp.train_split!r} (TRAIN_SPLIT); {fix}")
+        if built.get("keys_per_passage", 0) < self.keys_per_passage:
+            raise RankDataError(f"{self.rank_data}: holds {built.get('keys_per_passage')} keys per passage, fewer "
+                                f"than LtrgrPairs.keys_per_passage = {self.keys_per_passage}; lower it or {fix}")
+        start = inp.start() if inp.start is not None else None
+        if start is not None and "network" in built:
+            held = params_digest(start.params["network"])
+            if held != built["network"]:
+                origin = start.initial_checkpoint_path or "a random initialisation"
+                raise ProvenanceError(f"{self.rank_data}: LTRGR rank data retrieved by another network than the "
+                                      f"one this run starts from ({origin}: {held}, the file's: {built['network']} "
+                                      f"from {built.get('model_dir')} step {built.get('step')}); {fix}")
         return head, rows
 
     def quadruples(self, head, rows, qrels, seed: int) -> tuple[list, dict]:
@@ -253,7 +277,7 @@ class LtrgrPairs(ObjectivesConfig):
 
     def iterator(self, inp) -> MixtureIterator:
         SealPairs._identifiers(inp.table)  # refuses a table without identifier texts before any work
-        head, rows = self._read(inp.table) if self.rank_data else self._from_start(inp)
+        head, rows = self._read(inp) if self.rank_data else self._from_start(inp)
         data = inp.dataset
         if inp.train_split not in data.queries:
             raise RankDataError(f"the dataset has no query split {inp.train_split!r} (TRAIN_SPLIT)")
@@ -313,7 +337,7 @@ class LtrgrPairs(ObjectivesConfig):
             feats["key_tokens"].append(np.asarray(toks, np.int64).reshape(-1))
             for name, v in (("key_views", views), ("key_counts", counts), ("key_new", new), ("key_types", types)):
                 feats[name].append(v)
-            feats["positions"].append([positions])
+            feats["positions"].append([positions >> 20, positions & ((1 << 20) - 1)])  # int32 features
         return ExampleStore({k: np.asarray(v, np.int64) for k, v in feats.items()})
 
 
@@ -336,26 +360,26 @@ def key_weights(scores, counts, positions, smoothing: float = 5.0, exponent: flo
 class LtrgrObjective:
     """The LTRGR loss for `LtrgrPairs` batches (bind `SealRetriever.objective = @LtrgrObjective()`)."""
 
-    keys_per_passage: Count = 40  # as LtrgrPairs'
     margin: Positive = 300.0
     random_pair_extra: float = 100.0
     generation_weight: float = 1000.0  # λ
-    smoothing: Positive = 5.0
-    score_exponent: Positive = 2.0
-    repetition_penalty: Fraction = 0.8
 
     def passage_scores(self, model, params, batch, rng=None):
-        """s(p) of the module docstring, [B, 4]."""
-        B, K = batch["key_views"].shape[0], self.keys_per_passage
+        """s(p) of the module docstring, [B, 4]; smoothing, exponent and β are the model's search settings (those
+        that scored the rank data)."""
+        B, K = batch["key_views"].shape[0], batch["key_views"].shape[1] // PASSAGES
         views = batch["key_views"].reshape(B, PASSAGES * K)
         tokens = batch["key_tokens"].reshape(B * PASSAGES * K, -1)
         inputs = batch["view_inputs"].reshape(B, 3, -1)
         rows = jnp.take_along_axis(inputs, jnp.maximum(views, 0)[:, :, None], axis=1).reshape(B * PASSAGES * K, -1)
         logp, _ = model.token_log_probs(params, rows, tokens, rng)
         scores = (logp * (tokens != PAD_ID)).sum(-1).reshape(B, PASSAGES * K)
-        w = key_weights(scores, batch["key_counts"].astype(jnp.float32), batch["positions"].astype(jnp.float32),
-                        self.smoothing, self.score_exponent)
-        beta = self.repetition_penalty
+        n = batch["positions"].astype(jnp.float32)
+        positions = n[:, :1] * float(1 << 20) + n[:, 1:]
+        search = model.search
+        w = key_weights(scores, batch["key_counts"].astype(jnp.float32), positions, search.smoothing,
+                        search.score_exponent)
+        beta = search.repetition_penalty
         cover = 1.0 - beta + beta * batch["key_new"] / jnp.maximum(batch["key_types"], 1)
         return (w * cover * (views >= 0)).reshape(B, PASSAGES, K).sum(-1)
 

@@ -130,7 +130,8 @@ class _SealRanking:
         s = self.search
         return (f"{type(self).__name__}(views={','.join(s.views)}, lengths={s.body_length}/{s.title_length}/"
                 f"{s.query_length}, query_keys={s.query_keys}, max_hits={s.max_hits}, exponent={s.score_exponent}, "
-                f"repetition_penalty={s.repetition_penalty}, query_view_boost={s.query_view_boost})")
+                f"repetition_penalty={s.repetition_penalty}, query_view_boost={s.query_view_boost}, "
+                f"smoothing={s.smoothing}, document_score={s.document_score})")
 
     def use_docids(self, table) -> None:
         if table.index_kind != "substrings":

@@ -15,7 +15,7 @@ from gr_jax.data.readers import Corpus
 from gr_jax.docids.base import FitContext
 from gr_jax.errors import UserError
 from gr_jax.methods.seal.docids import SealDocids
-from gr_jax.methods.seal.ltrgr import LtrgrObjective, LtrgrPairs, coverage_counts, key_weights
+from gr_jax.methods.seal.ltrgr import LtrgrObjective, LtrgrPairs, coverage_counts, key_weights, params_digest
 from gr_jax.methods.seal.model import SealRetriever, SealSearch
 from gr_jax.methods.seal.scoring import weight
 from gr_jax.models import t5
@@ -114,13 +114,13 @@ QUERIES = np.array([[2, 3, 1, 0, 0], [4, 3, 2, 1, 0]], np.int32)  # "alpha beta"
 def test_passage_scores_before_any_update_equal_the_recorded_document_scores():
     scheme, table, model, params = _setup()
     kept, batch = _batch(model, params, QUERIES, table)
-    got = np.asarray(LtrgrObjective(keys_per_passage=64, smoothing=SMOOTHING).passage_scores(model, params, batch))
+    got = np.asarray(LtrgrObjective().passage_scores(model, params, batch))
     want = np.array([[p["score"] for p in ps] for _, ps in kept])
     # the recorded scores come from the search (float32 beam sums, float64 weights); these from teacher forcing
     # in float32: 1e-4 relative to each score
     np.testing.assert_allclose(got, want, rtol=1e-4)
     # with fewer keys kept per passage the score is the sum over the first ones, in the greedy order
-    few = np.asarray(LtrgrObjective(keys_per_passage=1, smoothing=SMOOTHING).passage_scores(model, params, _batch(
+    few = np.asarray(LtrgrObjective().passage_scores(model, params, _batch(
         model, params, QUERIES, table, keys_per_passage=1)[1]))
     assert (few <= got + 1e-4 * np.abs(got)).all() and (few > 0).all()
 
@@ -128,7 +128,7 @@ def test_passage_scores_before_any_update_equal_the_recorded_document_scores():
 def test_the_loss_is_the_hand_formula_and_its_gradient_separates_positive_from_negative():
     scheme, table, model, params = _setup()
     _, batch = _batch(model, params, QUERIES, table)
-    objective = LtrgrObjective(keys_per_passage=64, smoothing=SMOOTHING, margin=1.0, random_pair_extra=0.5, generation_weight=2.0)
+    objective = LtrgrObjective(margin=1.0, random_pair_extra=0.5, generation_weight=2.0)
     s = np.asarray(objective.passage_scores(model, params, batch), np.float64)
     gen_targets = np.asarray(batch["gen_targets"]).reshape(-1, 6)
     gen_inputs = np.asarray(batch["view_inputs"]).reshape(len(gen_targets), -1)
@@ -141,7 +141,7 @@ def test_the_loss_is_the_hand_formula_and_its_gradient_separates_positive_from_n
     assert math.isclose(float(loss), want, rel_tol=1e-4)  # float32 sums of a few dozen terms
     assert float(metrics["rank_loss"][0]) > 0  # the pairs are not yet ordered by the margin
 
-    rank_only = LtrgrObjective(keys_per_passage=64, smoothing=SMOOTHING, margin=1e3, generation_weight=0.0)
+    rank_only = LtrgrObjective(margin=1e3, generation_weight=0.0)
     gap = lambda p: np.asarray(rank_only.passage_scores(model, p, batch))  # noqa: E731
     before = gap(params)
     grad = jax.grad(lambda p: rank_only(model, p, batch)[0])(params)
@@ -165,13 +165,30 @@ def test_rank_data_refusals(tmp_path):
     with pytest.raises(UserError, match="LTRGR starts from a trained MINDER: set INITIAL_CHECKPOINT_PATH"):
         LtrgrPairs().iterator(no_start)
     path = tmp_path / "rank.jsonl"
-    path.write_text(records_text({"built_from": {"table": "0" * 16, "keys_per_passage": 40}, "positions": 9}, []))
+    inp = SimpleNamespace(table=table, train_split="train", start=None)
+
+    def write(**built):
+        path.write_text(records_text({"built_from": {"table": table.digest(), "keys_per_passage": 40, "split": "train",
+                                                     **built}, "positions": 9}, []))
+
+    write(table="0" * 16)
     with pytest.raises(UserError, match=f"{path}: LTRGR rank data built over another identifier table"):
-        LtrgrPairs(rank_data=str(path))._read(table)
-    path.write_text(records_text({"built_from": {"table": table.digest(), "keys_per_passage": 10},
-                                  "positions": 9}, []))
+        LtrgrPairs(rank_data=str(path))._read(inp)
+    write(keys_per_passage=10)
     with pytest.raises(UserError, match="holds 10 keys per passage, fewer than"):
-        LtrgrPairs(rank_data=str(path))._read(table)
+        LtrgrPairs(rank_data=str(path))._read(inp)
+    write(split="dev")
+    with pytest.raises(UserError, match="rank data of the 'dev' queries, this run trains on 'train'"):
+        LtrgrPairs(rank_data=str(path))._read(inp)
+    # retrieved by another network than the one training starts from
+    _, _, model, params = _setup()
+    write(network=params_digest(params["network"]), model_dir="runs/m", step=7)
+    other = jax.tree_util.tree_map(lambda x: x + 1e-3, params)
+    starts = lambda p: SimpleNamespace(table=table, train_split="train", start=lambda: SimpleNamespace(  # noqa: E731
+        params=p, initial_checkpoint_path="runs/m"))
+    assert LtrgrPairs(rank_data=str(path))._read(starts(params))[0]["built_from"]["step"] == 7
+    with pytest.raises(UserError, match="retrieved by another network than the one this run starts from"):
+        LtrgrPairs(rank_data=str(path))._read(starts(other))
 
 
 # a small MINDER: 30 steps on 60 demo documents, short searches (later bindings win in gin)
@@ -232,7 +249,7 @@ def test_minder_then_rank_data_then_ltrgr_training(tmp_path, capsys):
     ltr.write_text(MINDER.replace("minder.gin", "ltrgr.gin") + f"""
 INITIAL_CHECKPOINT_PATH = '{tmp_path / 'minder'}'
 LtrgrPairs.rank_data = '{data}'
-LtrgrPairs.margin = 1e6  # keep every query with a positive and a negative, however easy
+LTRGR_MARGIN = 1e6  # keep every query with a positive and a negative, however easy
 TRAIN_STEPS = 2
 BATCH_SIZE = 4
 train.checkpoint_period = 2

@@ -35,6 +35,7 @@ def test_units_of_a_text_by_hand():
                                             "Then.", "Details."]
     # a blank line separates paragraphs; a text without line breaks has runs of sentences_per_paragraph
     assert text_units(text, "paragraph") == ["Overview. It is old! Is it? History.\nIt was built. Then.", "Details."]
+    assert text_units("one\ntwo. three.\n", "paragraph") == ["one", "two. three."]  # no blank line: lines
     flat = "a. b. c. d. e."
     assert text_units(flat, "paragraph", 2) == ["a. b.", "c. d.", "e."]
     assert text_units("no full stop", "sentence") == ["no full stop"]
@@ -53,6 +54,9 @@ def test_identifier_text_holds_the_units_in_the_pseudo_query_slots():
                                  m.query_start, d, DOT, m.title_end, m.query_start, a, e, m.title_end,
                                  m.query_start, z, et, m.title_end]  # each unit cut to its first 2 tokens
     assert split_views(table.sequence(1), m)[2] == [[d, DOT], [a, e], [z, et]]
+    # only the units that start within the indexed body: 4 tokens hold "delta ." and "alpha eps ."
+    short = SealDocids(units="sentence", max_text_tokens=4).fit(CORPUS, FitContext(vocab=Words()))
+    assert split_views(short.assign(CORPUS).sequence(1), m)[2] == [[d, DOT], [a, e, DOT]]
     with pytest.raises(ValueError, match="units and pseudo_queries_file both fill"):
         SealDocids(units="sentence", pseudo_queries_file="train")
     with pytest.raises(ValueError, match="SealDocids.units must be one of"):
