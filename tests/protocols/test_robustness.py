@@ -12,6 +12,7 @@ import pytest
 from gr_jax import robustness as entry
 from gr_jax.protocols import robustness as R
 from tests.methods.pag.test_run import TRAIN
+from tests.methods.seal.small import train_small
 
 
 PAG_RUNS = ("pag", "simul_only")  # (end-to-end run, planning-only run) of a system with a planner
@@ -285,32 +286,12 @@ def test_dense_system_is_order_invariant_under_a_bag_of_words_embedder(tmp_path)
     assert result["system_runs"] == {"primary": "dense", "planning": None}
 
 
-# a small SEAL: 4 steps on 60 demo documents, short searches (later bindings win in gin)
-SEAL = """
-include 'experiments/demo/seal.gin'
-load_dataset.demo_docs = 60
-TRAIN_STEPS = 4
-BATCH_SIZE = 16
-prepare.vocab_size = 300
-train.progress = False
-train.checkpoint_period = 4
-train.final_eval = False
-SealSearch.body_length = 3
-SealSearch.title_length = 4
-"""
 
 
 @pytest.mark.slow
 def test_trained_seal_command(tmp_path, capsys):
     """The protocol runs on SEAL (substring index, intersective scoring) like on any retriever."""
-    from gr_jax import compose, gin_utils
-
-    exp = tmp_path / "seal.gin"
-    exp.write_text(SEAL)
-    gin.clear_config()
-    gin_utils.parse([str(exp)], [f"MODEL_DIR = '{tmp_path / 'm'}'"])
-    compose.train()
-    gin.clear_config()
+    exp, _ = train_small(tmp_path, "m", "experiments/demo/seal.gin", 4)
     args = [f"--gin_file={exp}", "--gin_file=runs/robustness.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
             f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'", "--gin.run_robustness.max_queries=6",
             "--gin.run_robustness.seeds=[5]", "--gin.run_robustness.variations=['misspelling', 'reordering']",

@@ -19,6 +19,7 @@ from gr_jax.methods.seal.ltrgr import LtrgrObjective, LtrgrPairs, coverage_count
 from gr_jax.methods.seal.model import SealRetriever, SealSearch
 from gr_jax.methods.seal.scoring import weight
 from gr_jax.models import t5
+from tests.methods.seal.small import small_run, train_small
 
 WORDS = [f"w{i}" for i in range(30)]
 
@@ -191,20 +192,6 @@ def test_rank_data_refusals(tmp_path):
         LtrgrPairs(rank_data=str(path))._read(starts(other))
 
 
-# a small MINDER: 30 steps on 60 demo documents, short searches (later bindings win in gin)
-MINDER = """
-include 'experiments/demo/minder.gin'
-load_dataset.demo_docs = 60
-TRAIN_STEPS = 30
-BATCH_SIZE = 16
-prepare.vocab_size = 300
-train.progress = False
-train.checkpoint_period = 30
-train.final_eval = False
-SealSearch.body_length = 3
-SealSearch.title_length = 4
-SealSearch.query_length = 6
-"""
 
 
 @pytest.mark.slow
@@ -213,16 +200,10 @@ def test_minder_then_rank_data_then_ltrgr_training(tmp_path, capsys):
     LTRGR's training from the MINDER checkpoint."""
     import gin
 
-    from gr_jax import compose, gin_utils
     from gr_jax import train as train_cmd
     from gr_jax.methods.seal import rank_data
 
-    exp = tmp_path / "minder.gin"
-    exp.write_text(MINDER)
-    gin.clear_config()
-    gin_utils.parse([str(exp)], [f"MODEL_DIR = '{tmp_path / 'minder'}'"])
-    compose.train()
-    gin.clear_config()
+    exp, _ = train_small(tmp_path, "minder", "experiments/demo/minder.gin", 30)
     args = [f"--gin_file={exp}", f"--gin.MODEL_DIR='{tmp_path / 'minder'}'", "--gin.write_rank_data.top_k=60",
             "--gin.write_rank_data.max_queries=24", "--gin.write_rank_data.num_beams=4"]
     assert rank_data.main(args) == 0, capsys.readouterr().err
@@ -246,7 +227,7 @@ def test_minder_then_rank_data_then_ltrgr_training(tmp_path, capsys):
     assert f"{data}: LTRGR rank data built with another top_k" in err and "Traceback" not in err
 
     ltr = tmp_path / "ltrgr.gin"
-    ltr.write_text(MINDER.replace("minder.gin", "ltrgr.gin") + f"""
+    ltr.write_text(small_run("experiments/demo/ltrgr.gin", 30) + f"""
 INITIAL_CHECKPOINT_PATH = '{tmp_path / 'minder'}'
 LtrgrPairs.rank_data = '{data}'
 LTRGR_MARGIN = 1e6  # keep every query with a positive and a negative, however easy
