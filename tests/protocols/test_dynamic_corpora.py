@@ -32,7 +32,8 @@ train.checkpoint_period = 100
 EvalConfig.batch_size = 32
 """
 
-GR = {  # a text-docid DSI, MDGR, a numeric-docid DSI with DSI++ replay (covers the plain numeric path), SEAL, SEAL++
+GR = {  # a text-docid DSI, MDGR, a numeric-docid DSI with DSI++ replay (covers the plain numeric path), SEAL, SEAL on
+    # sentence units (Fig. 2), SEAL++
     "naive": """
         include 'runs/dynamic.gin'
         include 'experiments/demo/dsi_naive.gin'
@@ -55,6 +56,11 @@ GR = {  # a text-docid DSI, MDGR, a numeric-docid DSI with DSI++ replay (covers 
         include 'experiments/demo/dynamic_seal.gin'
         SealSearch.body_length = 3
         SealSearch.title_length = 4
+        EvalConfig.num_beams = 4
+        """,
+    "seal_sentence": """
+        include 'experiments/demo/dynamic_seal_sentence.gin'
+        SealSearch.query_length = 6
         EvalConfig.num_beams = 4
         """,
     "seal_replay": """
@@ -154,7 +160,7 @@ def test_command_with_generative_retrievers(tmp_path, name):
     assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / name}'"]) == 0
     result = _check_outputs(tmp_path / name, name)
     expect = {"naive": "gr-naive", "mdgr": "gr-mdgr", "pq_replay": "gr-pq++", "seal": "gr-seal",
-              "seal_replay": "gr-seal++"}[name]
+              "seal_sentence": "gr-seal", "seal_replay": "gr-seal++"}[name]
     assert result["method"] == expect
     added = [s.get("docids_added") for s in result["steps"][1:]]
     if name == "mdgr":
