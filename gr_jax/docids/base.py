@@ -320,9 +320,19 @@ class DocidScheme:
         return []
 
 
+ADDED = "gr_jax.added_parameter"
+
+
+def added_field(default):
+    """A scheme parameter added after states were saved (`scheme_params` leaves it out at its default)."""
+    return dataclasses.field(default=default, metadata={ADDED: True})
+
+
 def scheme_params(scheme) -> dict:
     """The configured parameters of a scheme (its public scalar fields, and those of a nested dataclass such
-    as its embedder), read *before* fit/load_state: part of what a saved scheme state was built from."""
+    as its embedder), read *before* fit/load_state: part of what a saved scheme state was built from. A field
+    declared with `added_field(default)` (a parameter added after states were saved) is left out while it holds
+    its default, so those states still match."""
     out = {}
     if not dataclasses.is_dataclass(scheme):
         return out
@@ -330,6 +340,8 @@ def scheme_params(scheme) -> dict:
         if f.name.startswith("_"):
             continue
         value = getattr(scheme, f.name)
+        if f.metadata.get(ADDED) and value == f.default:
+            continue
         if value is None or isinstance(value, (str, int, float, bool)):
             out[f.name] = value
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
