@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
+from gr_jax.docids.base import DocidScheme, DocidTable, FitContext, added_field
 from gr_jax.docids.pseudo_query import read_queries_file
 from gr_jax.errors import UserError
 from gr_jax.provenance import file_digest
@@ -83,9 +83,11 @@ class SealDocids(DocidScheme):
     with_titles: bool = True
     pseudo_queries_file: Optional[str] = None  # MINDER's pseudo-query view: a file, or "train"
     max_pseudo_queries: Count = 10  # per document
-    units: Optional[str] = None  # 'sentence' | 'paragraph': the document's own units in the pseudo-query slots
-    max_unit_tokens: Count = 24
-    sentences_per_paragraph: Count = 3
+    # 'sentence' | 'paragraph': the document's own units in the pseudo-query slots (added later: schemes saved
+    # before them still match while they keep their defaults)
+    units: Optional[str] = added_field(None)
+    max_unit_tokens: Count = added_field(24)
+    sentences_per_paragraph: Count = added_field(3)
     name = "seal"
     text_vocab_size: int = 0
     pseudo_queries_digest: str = ""
