@@ -58,6 +58,7 @@ from gr_jax.models.heads import head_for_space
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.training import initial, trainer
 from gr_jax.training.objectives import ObjectiveInputs, Objectives, Start
+from gr_jax.training.sam import sam
 from gr_jax.training.trainer import TrainingError, check_provenance
 from gr_jax.training.vocabulary import run_vocabulary
 from gr_jax.validation import Count
@@ -401,15 +402,17 @@ def _final_evaluation(setup: Setup, params, step: int, eval_config: EvalConfig, 
 
 def fine_tune(setup: Setup, params, parts: Sequence[dsi_pairs.Pairs], rates: Sequence[float], table: DocidTable,
               *, model_dir: Path, steps: int, batch_size: int, learning_rate: float, seed: int = 0,
-              meta_extra: Optional[dict] = None) -> dict:
+              sam_rho: float = 0.0, meta_extra: Optional[dict] = None) -> dict:
     """More training of a built system on other pairs (DSI++ replay in the dynamic protocol) through the same
     loop — sharding, NaN guard, checkpoints in `model_dir` (a re-run resumes) —; the run's objectives config
-    makes the examples (`ObjectivesConfig.examples`: DSI's targets are the rows' docids in `table`).
-    Returns the new parameters."""
+    makes the examples (`ObjectivesConfig.examples`: DSI's targets are the rows' docids in `table`). AdamW, inside
+    sharpness-aware minimisation when `sam_rho` > 0 (`training/sam.py`). Returns the new parameters."""
     objs = setup.objectives if setup.objectives is not None else Objectives()
     stores = [objs.examples(p, table, setup.vocab, setup.feature_lengths) for p in parts]
     iterator = MixtureIterator(stores, batch_size, seed=seed, rates=list(rates), names=[p.name for p in parts])
     tx = optax.adamw(validation.number("fine_tune learning_rate", learning_rate), weight_decay=0.0)
+    if validation.number("fine_tune sam_rho (0: no SAM)", sam_rho, positive=False, minimum=0.0):
+        tx = sam(tx, sam_rho)
     out = trainer.fit(setup.model, params, iterator, tx, model_dir=model_dir, train_steps=steps,
                       batch_size=batch_size, meta={**provenance(setup), "docid_table_sha": table.digest(),
                                                    **(meta_extra or {})},

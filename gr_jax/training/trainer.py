@@ -43,6 +43,7 @@ from gr_jax.progress import bar as progress_bar
 from gr_jax.errors import UserError
 from gr_jax.io_utils import fault_point, free_space, json_text, no_space, write_text
 from gr_jax.training import partitioning
+from gr_jax.training.sam import global_norm, sam
 from gr_jax.validation import Positive
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,10 @@ class TrainingError(UserError, RuntimeError):
 @gin.configurable
 def make_optimizer(name: str = "adamw", learning_rate: Positive = 1e-3, warmup_steps: int = 0,
                    decay: str = "constant", total_steps: int = 0, end_factor: float = 0.0,
-                   weight_decay: float = 0.01, clip_norm: Optional[float] = 1.0) -> optax.GradientTransformation:
-    """AdamW or Adafactor with linear warm-up then constant / linear / cosine / rsqrt decay."""
+                   weight_decay: float = 0.01, clip_norm: Optional[float] = 1.0,
+                   sam_rho: float = 0.0) -> optax.GradientTransformation:
+    """AdamW or Adafactor with linear warm-up then constant / linear / cosine / rsqrt decay; `sam_rho` > 0 wraps
+    it in sharpness-aware minimisation (`training/sam.py`: the gradient taken at the ascent point)."""
     validation.number("make_optimizer.learning_rate", learning_rate)
     validation.integer("make_optimizer.warmup_steps", warmup_steps, minimum=0)
     validation.integer("make_optimizer.total_steps (TRAIN_STEPS in runs/train.gin)", total_steps, minimum=0)
@@ -69,6 +72,7 @@ def make_optimizer(name: str = "adamw", learning_rate: Positive = 1e-3, warmup_s
     validation.number("make_optimizer.end_factor", end_factor, positive=False, minimum=0.0)
     if clip_norm is not None:
         validation.number("make_optimizer.clip_norm", clip_norm)
+    validation.number("make_optimizer.sam_rho (0: no SAM)", sam_rho, positive=False, minimum=0.0)
     warm = optax.linear_schedule(0.0, learning_rate, max(warmup_steps, 1)) if warmup_steps else None
     rest = max(total_steps - warmup_steps, 1)
     decays = {
@@ -90,7 +94,8 @@ def make_optimizer(name: str = "adamw", learning_rate: Positive = 1e-3, warmup_s
     if name not in optimizers:
         raise ValueError(f"make_optimizer.name must be one of {sorted(optimizers)}, got {name!r}")
     chain = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
-    return optax.chain(*chain, optimizers[name]())
+    tx = optax.chain(*chain, optimizers[name]())
+    return sam(tx, sam_rho) if sam_rho else tx
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -151,15 +156,19 @@ class ScalarWriter:
 
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation):
     """`step(state, batch, dropout_key) -> (state, metrics)`. `loss_fn(params, batch, rng) -> (loss,
-    {name: (sum, count)})`; the metrics are those pairs plus `grad_norm` as (norm, 1). A non-finite loss or
-    gradient keeps the old parameters and optimizer state and counts in `state["nonfinite"]`."""
+    {name: (sum, count)})`; the metrics are those pairs plus `grad_norm` as (norm, 1). A non-finite loss,
+    gradient or update keeps the old parameters and optimizer state and counts in `state["nonfinite"]`. The
+    optimizer's update gets `grad_fn(params)`, the gradient of the same batch at other parameters (SAM uses it;
+    other transformations ignore it)."""
+    tx = optax.with_extra_args_support(tx)
 
     def step(state, batch, dropout_key):
         rng = jax.random.fold_in(dropout_key, state["step"])
         (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch, rng)
-        grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree_util.tree_leaves(grads)))
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        grad_norm = global_norm(grads)
+        grad_fn = jax.grad(lambda p: loss_fn(p, batch, rng)[0])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"], grad_fn=grad_fn)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(global_norm(updates))
         params = optax.apply_updates(state["params"], updates)
         keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
         new_state = {"step": state["step"] + 1, "params": keep(params, state["params"]),
