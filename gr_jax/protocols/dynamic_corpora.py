@@ -37,7 +37,7 @@ import numpy as np
 from gr_jax import gin_checks, validation
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus, Dataset, QuerySet
-from gr_jax.data.splits import DynamicSplit, dynamic_split
+from gr_jax.data.splits import PROTOCOLS, DynamicSplit, dynamic_split, pooled_qrels
 from gr_jax.evaluation import dynamic as measures
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.data.trec import Run, ranked
@@ -45,6 +45,7 @@ from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.evaluation.retrieval import EvalConfig
 from gr_jax.progress import bar as progress_bar
 from gr_jax.io_utils import atomic_dir, json_text, write_text
+from gr_jax.provenance import file_digest
 from gr_jax.protocols.systems import BM25System, DenseSystem, ProtocolError, TrainedSystem
 from gr_jax.validation import Count, Fraction, Positive
 
@@ -122,13 +123,20 @@ def _subset(values, rows):
 
 
 def make_dynamic_data(dataset: Dataset, seed: int = 0, initial_fraction: float = 0.5, n_parts: int = 5,
-                      train_split: str = "train", test_split: str = "test") -> DynamicData:
+                      train_split: str = "train", test_split: str = "test", split_protocol: str = "dataset",
+                      test_fraction: float = 0.2) -> DynamicData:
+    """The corpus reordered D0, D1, ..., Dn, D0 with its training queries P0, and the test queries of every part
+    (`data.splits`: 'dataset' keeps the dataset's query splits, 'paper' pools them as 000 does)."""
     for split in (train_split, test_split):
         if split not in dataset.queries:
             raise ProtocolError(f"the dataset has no {split!r} queries (it has {sorted(dataset.queries)})")
     c = dataset.corpus
-    split = dynamic_split(list(c.doc_ids), dataset.qrels[train_split], dataset.qrels[test_split], seed=seed,
-                          initial_fraction=initial_fraction, n_parts=n_parts)
+    try:
+        split = dynamic_split(list(c.doc_ids), dataset.qrels[train_split], dataset.qrels[test_split], seed=seed,
+                              initial_fraction=initial_fraction, n_parts=n_parts, protocol=split_protocol,
+                              test_fraction=test_fraction)
+    except ValueError as e:
+        raise ProtocolError(f"run_dynamic: {e}") from None
     order = np.array([c.index_of(d) for part in split.parts for d in part], np.int64)
     full_corpus = Corpus([c.doc_ids[i] for i in order], [c.texts[i] for i in order], _subset(c.titles, order),
                          _subset(c.urls, order))
@@ -137,19 +145,26 @@ def make_dynamic_data(dataset: Dataset, seed: int = 0, initial_fraction: float =
     n0 = len(split.parts[0])
     d0_corpus = Corpus(full_corpus.doc_ids[:n0], full_corpus.texts[:n0], _subset(full_corpus.titles, range(n0)),
                        _subset(full_corpus.urls, range(n0)))
-    train_q = dataset.queries[train_split]
-    text_of = dict(zip(train_q.qids, train_q.texts))
+    train_q, test = dataset.queries[train_split], dataset.queries[test_split]
+    train_qrels, test_qrels = dataset.qrels[train_split], dataset.qrels[test_split]
+    text_of, test_text = dict(zip(train_q.qids, train_q.texts)), dict(zip(test.qids, test.texts))
+    if split_protocol == "paper":  # both splits' queries are pooled, P0 and Q0 drawn from D0's
+        clash = [q for q in sorted(set(text_of) & set(test_text)) if text_of[q] != test_text[q]]
+        if clash:
+            raise ProtocolError(f"query ids {clash[:3]} have other texts in the {train_split!r} and the "
+                                f"{test_split!r} split; the paper's split pools them, so each id must name one query")
+        text_of = test_text = {**text_of, **test_text}
+        train_qrels = test_qrels = pooled_qrels(train_qrels, test_qrels)
     missing = [q for q in split.train_queries if q not in text_of]
     if missing:
         raise ProtocolError(f"{len(missing)} judged {train_split!r} queries have no text, e.g. {missing[:3]}")
     qids = list(split.train_queries)  # sorted by id: the training data do not depend on the query file's order
     d0_train = QuerySet(qids, [text_of[q] for q in qids])
     in_d0 = set(split.parts[0])
-    d0_qrels = {q: {d: g for d, g in sorted(dataset.qrels[train_split][q].items()) if d in in_d0} for q in qids}
+    d0_qrels = {q: {d: g for d, g in sorted(train_qrels[q].items()) if d in in_d0} for q in qids}
     d0 = Dataset(d0_corpus, {train_split: d0_train}, {train_split: d0_qrels})
-    test = dataset.queries[test_split]
     full = Dataset(full_corpus, dataset.queries, dataset.qrels)
-    return DynamicData(split, full, d0, part_rows, dict(zip(test.qids, test.texts)), dataset.qrels[test_split])
+    return DynamicData(split, full, d0, part_rows, test_text, test_qrels)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -160,16 +175,38 @@ def make_dynamic_data(dataset: Dataset, seed: int = 0, initial_fraction: float =
 @gin.configurable
 @dataclasses.dataclass
 class Replay:
-    """DSI++-style incremental training after indexing each D_o: `steps` updates on the indexing pairs of the
-    new documents mixed with a `replay_fraction` share of old pairs — indexing pairs of a sample of the
-    D0..D_{o-1} documents and the training queries (P0) of those documents —, through the trainer's loop
-    (sharding, NaN guard, checkpoints in MODEL_DIR/model/replay/D<o>; a re-run resumes)."""
+    """DSI++-style incremental training after indexing each D_o: `steps` updates on `replay_pairs` (the new
+    documents mixed with a `replay_fraction` share of old ones) through the trainer's loop (sharding, NaN guard,
+    checkpoints in MODEL_DIR/model/replay/D<o>; a re-run resumes). `sam_rho` > 0 trains with sharpness-aware
+    minimisation, as DSI++ does. `memory_file` (pseudo-queries, e.g. of `python -m gr_jax.pseudo_queries`) is
+    DSI++'s generative memory: old documents are replayed by their pseudo-queries instead of their text, and
+    the new documents' pseudo-queries join their indexing pairs."""
 
     steps: int = 100
     batch_size: Count = 32
     learning_rate: Positive = 1e-3
     replay_fraction: Fraction = 0.5
     seed: int = 0
+    sam_rho: float = 0.0
+    memory_file: Optional[str] = None
+
+    def __post_init__(self):
+        validation.number("Replay.sam_rho (0: no SAM)", self.sam_rho, positive=False, minimum=0.0)
+        if self.memory_file is not None and not Path(self.memory_file).is_file():
+            raise ProtocolError(f"Replay.memory_file: {self.memory_file} is not a file; write pseudo-queries "
+                                f"with python -m gr_jax.pseudo_queries or unset it")
+
+    def record(self) -> dict:
+        """The settings as the replay checkpoints record them: the memory file by its digest; `sam_rho` and the
+        memory only when set, so that the replay runs made before they existed resume."""
+        out = dataclasses.asdict(self)
+        if not out["sam_rho"]:
+            del out["sam_rho"]
+        if out["memory_file"] is None:
+            del out["memory_file"]
+        else:
+            out["memory_file"] = file_digest(self.memory_file, "Replay.memory_file (pseudo-queries)")
+        return out
 
 
 def trained_system(data: DynamicData, model_dir: Path, k: int, eval_batch: int) -> TrainedSystem:
@@ -187,12 +224,13 @@ def trained_system(data: DynamicData, model_dir: Path, k: int, eval_batch: int) 
     return system
 
 
-def replay_fine_tune(system: TrainedSystem, data: DynamicData, new_rows, r: Replay, part: int, model_dir: Path) -> None:
-    """DSI++-style fine-tuning after indexing part `part` (DSI++ without SAM): the new documents' indexing
-    pairs mixed with a `replay_fraction` share of old pairs (indexing pairs of a sample of the earlier
-    documents, and the P0 training queries of those documents); checkpoints in MODEL_DIR/model/replay/D<part>."""
-    from gr_jax import compose
-    from gr_jax.data.pairs import indexing_pairs, query_pairs
+def replay_pairs(data: DynamicData, new_rows, r: Replay, part: int) -> tuple[list, list]:
+    """The pairs of DSI++'s continued training after indexing part `part`, with their mixture rates: the new
+    documents' indexing pairs (and their pseudo-queries from the generative memory) at 1 − `replay_fraction`;
+    a seeded sample of the earlier documents — as many as `replay_fraction` asks — replayed by their indexing
+    pairs (or their pseudo-queries from the memory) and their P0 training queries, at `replay_fraction`."""
+    from gr_jax.data.pairs import document_query_pairs, indexing_pairs, query_pairs
+    from gr_jax.docids.pseudo_query import read_queries_file
 
     corpus = data.full.corpus
     rng = np.random.default_rng([r.seed, part])
@@ -201,19 +239,33 @@ def replay_fine_tune(system: TrainedSystem, data: DynamicData, new_rows, r: Repl
     n_old = int(round(len(new_rows) * r.replay_fraction / max(1 - r.replay_fraction, 1e-9)))
     old_pick = np.sort(rng.choice(old, size=min(n_old, len(old)), replace=False)) if n_old and len(old) \
         else old[:0]
-    parts, rates = [indexing_pairs(corpus, new_rows)], [1.0 - r.replay_fraction]
+    memory = None if r.memory_file is None else read_queries_file(r.memory_file)
+    remember = lambda rows, name: document_query_pairs(memory, corpus, name=name, restrict_rows=rows,  # noqa: E731
+                                                       source=r.memory_file)
+    new_parts = [indexing_pairs(corpus, new_rows)] + ([remember(new_rows, "memory-new")] if memory else [])
+    new_parts = [p for p in new_parts if len(p)]
+    parts, rates = list(new_parts), [(1.0 - r.replay_fraction) / len(new_parts)] * len(new_parts)
     if len(old_pick):
         d0 = data.d0
         split = next(iter(d0.queries))  # the training split the protocol kept for D0 (P0)
-        old_parts = [indexing_pairs(corpus, old_pick),
+        old_parts = [remember(old_pick, "memory-old") if memory else indexing_pairs(corpus, old_pick),
                      query_pairs(d0.queries[split], d0.qrels[split], corpus, restrict_rows=old_pick)]
         old_parts = [p for p in old_parts if len(p)]
         parts += old_parts
         rates += [r.replay_fraction / len(old_parts)] * len(old_parts)
+    return parts, rates
+
+
+def replay_fine_tune(system: TrainedSystem, data: DynamicData, new_rows, r: Replay, part: int, model_dir: Path) -> None:
+    """DSI++'s continued training after indexing part `part` on `replay_pairs` (with SAM when `r.sam_rho` > 0);
+    checkpoints in MODEL_DIR/model/replay/D<part>."""
+    from gr_jax import compose
+
+    parts, rates = replay_pairs(data, new_rows, r, part)
     system.params = compose.fine_tune(
         system.setup, system.params, parts, rates, system.table, model_dir=model_dir / "replay" / f"D{part}",
         steps=r.steps, batch_size=r.batch_size, learning_rate=r.learning_rate, seed=r.seed + part,
-        meta_extra={"replay_part": part, "replay": dataclasses.asdict(r)})
+        sam_rho=r.sam_rho, meta_extra={"replay_part": part, "replay": r.record()})
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -241,7 +293,8 @@ def _hit10(run: Run, qrels, qids) -> float:
 @gin.configurable
 def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = gin.REQUIRED, seed: int = 0,
                 initial_fraction: Fraction = 0.5, n_parts: Count = 5, train_split: str = "train",
-                test_split: str = "test", k: Count = 10, embedder=None, replay: Optional[Replay] = None,
+                test_split: str = "test", split_protocol: str = "dataset", test_fraction: Fraction = 0.2,
+                k: Count = 10, embedder=None, replay: Optional[Replay] = None,
                 eval_batch_size: int = 32, max_test_queries_per_part: int = 0,
                 memory_limit_mb: Optional[int] = None, label: Optional[str] = None, progress: bool = True) -> dict:
     """Runs the protocol for one system and writes OUTPUT_DIR/{dynamic.json, dynamic.md, dynamic.png}."""
@@ -251,7 +304,10 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
     if out_dir.exists() and not out_dir.is_dir():
         raise ProtocolError(f"MODEL_DIR {out_dir} is a file, not a directory; choose another MODEL_DIR")
     guard = MemoryGuard(None if memory_limit_mb is None else int(memory_limit_mb) << 20)
-    data = make_dynamic_data(sources.load_dataset(task), seed, initial_fraction, n_parts, train_split, test_split)
+    if split_protocol not in PROTOCOLS:
+        raise ProtocolError(f"run_dynamic.split_protocol must be one of {PROTOCOLS}, got {split_protocol!r}")
+    data = make_dynamic_data(sources.load_dataset(task), seed, initial_fraction, n_parts, train_split, test_split,
+                             split_protocol, test_fraction)
     parts_q = [q[:max_test_queries_per_part] if max_test_queries_per_part else q for q in data.split.test_queries]
     log.info("dynamic split: %s documents, %s test queries", [len(p) for p in data.split.parts],
              [len(q) for q in parts_q])
@@ -310,7 +366,7 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
     why_null["P[o][j], j > o"] = "not evaluated: D_j is not indexed yet at step o"
     result = {"method": label, "P": P.tolist(), "idbi": idbi_per_step, "steps": steps,
               "parts": [len(p) for p in data.split.parts], "test_queries": [len(q) for q in parts_q],
-              "seed": seed, **summarize(P), "null_means": why_null}
+              "seed": seed, "split_protocol": split_protocol, **summarize(P), "null_means": why_null}
     write_outputs(out_dir, result, timings)
     return {**result, "timings": timings}
 

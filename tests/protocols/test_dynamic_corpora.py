@@ -32,8 +32,8 @@ train.checkpoint_period = 100
 EvalConfig.batch_size = 32
 """
 
-GR = {  # a text-docid DSI, MDGR, a numeric-docid DSI with DSI++ replay (covers the plain numeric path), SEAL, SEAL on
-    # sentence units (Fig. 2), SEAL++
+GR = {  # a text-docid DSI, MDGR, a numeric-docid DSI with DSI++ (replay, SAM and the generative memory; covers the
+    # plain numeric path), SEAL, SEAL on sentence units (Fig. 2), SEAL++
     "naive": """
         include 'runs/dynamic.gin'
         include 'experiments/demo/dsi_naive.gin'
@@ -46,7 +46,7 @@ GR = {  # a text-docid DSI, MDGR, a numeric-docid DSI with DSI++ replay (covers 
         TfidfSvdEmbedder.dim = 16
         """,
     "pq_replay": """
-        include 'experiments/demo/dynamic_dsi_pp.gin'
+        include 'experiments/demo/dynamic_dsi_pp_sam.gin'
         PQDocids.k = 8
         TfidfSvdEmbedder.dim = 16
         Replay.steps = 2
@@ -142,6 +142,30 @@ def test_command_with_bm25(tmp_path, capsys):
     assert not (tmp_path / "t4b").exists()
 
 
+def test_the_papers_split_through_the_protocol(tmp_path):
+    """split_protocol='paper': Q1..Q5 hold every judged query of their documents, from both query splits."""
+    f = tmp_path / "bm25.gin"
+    f.write_text("include 'experiments/demo/dynamic_bm25.gin'\n" + PROTOCOL)
+    results = {}
+    for protocol in ("dataset", "paper"):
+        gin.clear_config()
+        gin_utils.parse([str(f)], [f"MODEL_DIR = '{tmp_path / protocol}'", f"run_dynamic.split_protocol = '{protocol}'"])
+        results[protocol] = gin_utils.call_configured(dc.run_dynamic)
+    data = demo.generate(num_docs=60)
+    pooled = {**data.qrels["train"], **data.qrels["test"]}
+    paper, ours = results["paper"], results["dataset"]
+    assert paper["split_protocol"] == "paper" and ours["split_protocol"] == "dataset"
+    assert paper["parts"] == ours["parts"]
+    split = dc.make_dynamic_data(data, split_protocol="paper").split
+    assert sum(paper["test_queries"]) + len(split.train_queries) == len(pooled)
+    assert paper["test_queries"][1:] == [len(q) for q in split.test_queries[1:]]
+    assert sum(paper["test_queries"][1:]) > sum(ours["test_queries"][1:])  # the training queries of D1..D5 too
+    gin.clear_config()
+    gin_utils.parse([str(f)], [f"MODEL_DIR = '{tmp_path / 'bad'}'", "run_dynamic.split_protocol = 'papers'"])
+    with pytest.raises(dc.ProtocolError, match="split_protocol must be one of"):
+        gin_utils.call_configured(dc.run_dynamic)
+
+
 def test_dense_system_reencodes_new_documents(tmp_path):
     f = tmp_path / "dense.gin"
     f.write_text("include 'experiments/demo/dynamic_dense.gin'\nTfidfSvdEmbedder.dim = 16\n" + PROTOCOL)
@@ -156,7 +180,14 @@ def test_dense_system_reencodes_new_documents(tmp_path):
 @pytest.mark.parametrize("name", sorted(GR))
 def test_command_with_generative_retrievers(tmp_path, name):
     f = tmp_path / f"{name}.gin"
-    f.write_text(textwrap.dedent(GR[name]) + SMALL)
+    extra = ""
+    if name == "pq_replay":  # DSI++'s generative memory: two pseudo-queries of every document
+        memory = tmp_path / "memory.jsonl"
+        corpus = demo.generate(num_docs=60).corpus
+        memory.write_text("".join(json.dumps({"doc_id": d, "queries": [t[:40], t[-40:]]}) + "\n"
+                                  for d, t in zip(corpus.doc_ids, corpus.texts)))
+        extra = f"Replay.memory_file = '{memory}'\n"
+    f.write_text(textwrap.dedent(GR[name]) + SMALL + extra)
     assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / name}'"]) == 0
     result = _check_outputs(tmp_path / name, name)
     expect = {"naive": "gr-naive", "mdgr": "gr-mdgr", "pq_replay": "gr-pq++", "seal": "gr-seal",
@@ -170,8 +201,53 @@ def test_command_with_generative_retrievers(tmp_path, name):
     assert (tmp_path / name / "model" / "checkpoints").is_dir()
     if name.startswith("seal"):  # every new document enters the substring index: one identifier text each
         assert added == [6] * 5
-    if name == "seal_replay":
+    if name in ("seal_replay", "pq_replay"):
         assert sorted(p.name for p in (tmp_path / name / "model" / "replay").iterdir()) == [f"D{o}" for o in range(1, 6)]
+    if name == "pq_replay":  # SAM in the D0 training and in the replay; the memory recorded by its digest
+        from gr_jax.provenance import file_digest
+
+        config = (tmp_path / name / "model" / "config.gin").read_text()
+        assert "make_optimizer.sam_rho = 0.05" in config and "Replay.sam_rho = 0.05" in config
+        replay = tmp_path / name / "model" / "replay"
+        metas = [json.loads(m.read_text()) for m in replay.glob("D*/checkpoints/*/meta/metadata")]
+        assert metas and all(m["replay"]["memory_file"] == file_digest(memory) for m in metas), metas[:1]
+
+
+def test_replay_pairs_by_hand(tmp_path):
+    """DSI++'s continued training data: new documents at 1 − replay_fraction, a seeded sample of old ones at
+    replay_fraction — by their text, or by their pseudo-queries when a generative memory is given."""
+    data = dc.make_dynamic_data(demo.generate(num_docs=60, seed=5))
+    new_rows = data.part_rows[2]
+    r = dc.Replay(replay_fraction=0.5, seed=3)
+    parts, rates = dc.replay_pairs(data, new_rows, r, 2)
+    assert [p.name for p in parts] == ["indexing", "indexing", "retrieval"] and rates == [0.5, 0.25, 0.25]
+    assert parts[0].rows.tolist() == new_rows.tolist()
+    assert parts[0].texts == [data.full.corpus.texts[int(i)] for i in new_rows]
+    old = parts[1].rows
+    assert len(set(old.tolist())) == len(new_rows) == 6 and old.max() < 36  # 0.5 / (1 − 0.5) × 6 of D0 ∪ D1
+    assert set(parts[2].rows.tolist()) <= set(old.tolist())  # P0 queries of the replayed documents only
+    assert dc.replay_pairs(data, new_rows, r, 2)[0][1].rows.tolist() == old.tolist()  # seeded
+
+    memory = tmp_path / "memory.jsonl"
+    corpus = data.full.corpus
+    memory.write_text("".join(json.dumps({"doc_id": d, "queries": [f"first {d}", f"second {d}"]}) + "\n"
+                              for d in sorted(corpus.doc_ids)[::2]))  # every other document has a memory
+    with_memory = dc.Replay(replay_fraction=0.5, seed=3, memory_file=str(memory))
+    parts, rates = dc.replay_pairs(data, new_rows, with_memory, 2)
+    assert [p.name for p in parts] == ["indexing", "memory-new", "memory-old", "retrieval"]
+    assert rates == [0.25, 0.25, 0.25, 0.25]
+    remembered = {corpus.index_of(d) for d in sorted(corpus.doc_ids)[::2]}
+    for p, rows in ((parts[1], new_rows), (parts[2], old)):
+        expect = [i for i in sorted(rows.tolist(), key=lambda i: corpus.doc_ids[i]) if i in remembered]
+        assert p.rows.tolist() == [i for i in expect for _ in range(2)]
+        assert p.texts == [f"{w} {corpus.doc_ids[i]}" for i in expect for w in ("first", "second")]
+    assert with_memory.record()["memory_file"] != str(memory) and "sam_rho" not in with_memory.record()
+    assert "memory_file" not in r.record()  # replay runs made before the memory existed still resume
+
+    with pytest.raises(ValueError, match="sam_rho"):
+        dc.Replay(sam_rho=-0.1)
+    with pytest.raises(dc.ProtocolError, match="memory_file: .*missing.jsonl is not a file"):
+        dc.Replay(memory_file=str(tmp_path / "missing.jsonl"))
 
 
 def test_atomic_docids_are_refused(tmp_path):
