@@ -77,7 +77,7 @@ class DenseIndex:
         empty = [q for q, t in zip(qids, texts) if not t.strip()]
         if empty:
             raise ValueError(f"DenseIndex.search: empty query text for {empty[:3]}")
-        q = np.asarray(self.embedder.embed(list(texts)), np.float32)
+        q = np.asarray(self.embedder.embed_queries(list(texts)), np.float32)
 
         def fetch(n: int):  # `exact_search` keeps the earlier row on a tie: fetch past the cut, cut by docid
             scores, rows = exact_search(q, self.matrix, n, self.query_block, self.doc_block)

@@ -1,5 +1,8 @@
-"""Document embedders for numeric docids, behind one interface: `fit(texts)` then `embed(texts)` → [N, D]
-float32, L2-normalised rows; `state()` / `load_state()` as JSON + arrays (no pickle).
+"""Document embedders for numeric docids and dense retrieval, behind one interface (`Embedder`): `fit(texts)`
+then `embed(texts)` → [N, D] float32, L2-normalised rows; `state()` / `load_state()` as JSON + arrays (no pickle).
+An embedder that encodes queries otherwise (a DPR query encoder) overrides `embed_queries`; one that learns
+from judged queries (DPR) declares `trains_on_queries` and implements `train(dataset, split, model_dir)`, which
+the dense system calls on the initial documents before `fit` (`protocols/systems.DenseSystem`).
 
 * `TfidfSvdEmbedder` — TF-IDF over words, then truncated SVD (LSA) to `dim` dimensions; scikit-learn, needs
   no weights, so it works offline everywhere.
@@ -24,6 +27,28 @@ from gr_jax.validation import Count
 log = logging.getLogger(__name__)
 
 
+class Embedder:
+    """The embedder interface and its defaults (subclasses are dataclasses with a class attribute `name`)."""
+
+    name = "?"
+    trains_on_queries = False  # True: `train` before `fit` (supervised: DPR)
+
+    def fit(self, texts: Sequence[str]) -> "Embedder":
+        return self
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        raise NotImplementedError
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Query vectors, in the documents' space; the same encoder unless a subclass has its own."""
+        return self.embed(texts)
+
+    def train(self, dataset, split: str, model_dir) -> None:
+        """Learn from the judged `split` queries of `dataset` (its corpus: the documents it may index), saving
+        what it learns under `model_dir` (a re-run reuses it)."""
+        raise NotImplementedError(f"the {self.name} embedder does not train on queries")
+
+
 def normalise(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, np.float32)
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
@@ -31,7 +56,7 @@ def normalise(x: np.ndarray) -> np.ndarray:
 
 @gin.configurable
 @dataclasses.dataclass
-class TfidfSvdEmbedder:
+class TfidfSvdEmbedder(Embedder):
     dim: Count = 64
     max_features: Count = 50_000
     seed: int = 0
@@ -75,7 +100,7 @@ class TfidfSvdEmbedder:
 
 @gin.configurable
 @dataclasses.dataclass
-class MiniLMEmbedder:
+class MiniLMEmbedder(Embedder):
     """all-MiniLM-L6-v2 (384-d, mean pooling, normalised) through sentence-transformers on the host (torch)."""
 
     batch_size: Count = 64

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.data.readers import DataError
+from gr_jax.docids.embed import Embedder
 from gr_jax.io_utils import read_json
 from gr_jax.validation import Count
 
@@ -228,7 +229,7 @@ def load_sentence_encoder(path: Optional[str | os.PathLike] = None) -> SentenceE
 
 @gin.configurable
 @dataclasses.dataclass
-class MiniLMJaxEmbedder:
+class MiniLMJaxEmbedder(Embedder):
     """all-MiniLM-L6-v2 (or any `load_sentence_encoder` directory) in JAX, with the embedder interface of
     `docids/embed.py`: `fit` (nothing to fit) and `embed` → [N, D] float32, normalised. `params` replaces the
     pretrained weights (a fine-tuned encoder, e.g. DPR's)."""

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.data.pipeline import tokenize
-from gr_jax.docids.embed import normalise
+from gr_jax.docids.embed import Embedder, normalise
 from gr_jax.models import t5
 from gr_jax.validation import Count
 
@@ -30,7 +30,7 @@ def t5_mean_pool(model, params, ids, mask=None):
 
 @gin.configurable
 @dataclasses.dataclass
-class T5MeanEmbedder:
+class T5MeanEmbedder(Embedder):
     """Mean of the encoder's output states over non-padding positions."""
 
     model: object = None  # gr_jax.models.t5.T5

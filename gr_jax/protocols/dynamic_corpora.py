@@ -318,7 +318,7 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
         system = BM25System(data.full.corpus, k, rows=d0_rows)
     elif method == "dense":
         system = DenseSystem(data.full.corpus, k, embedder if embedder is not None else TfidfSvdEmbedder(),
-                             rows=d0_rows)
+                             rows=d0_rows, training=(data.d0, train_split, out_dir / "model"))
         label = label or f"dense-{system.embedder_name}"  # the embedder tells dense systems apart in a report
     else:
         system = trained_system(data, out_dir / "model", k, eval_batch_size)

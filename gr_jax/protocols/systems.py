@@ -68,15 +68,22 @@ class BM25System:
 
 class DenseSystem:
     """Exact inner-product search; the embedder is fitted on the first rows (TF-IDF) or frozen (MiniLM, T5)
-    and encodes the rows of every `add` without refitting."""
+    and encodes the rows of every `add` without refitting. An embedder that `trains_on_queries` (DPR) is first
+    trained on `training` = (dataset of the first rows, its query split, a directory for what it learns)."""
 
     name = "dense"
     planner = None
 
-    def __init__(self, corpus: Corpus, depth: int, embedder, rows: Optional[Sequence[int]] = None):
+    def __init__(self, corpus: Corpus, depth: int, embedder, rows: Optional[Sequence[int]] = None,
+                 training: Optional[tuple] = None):
         from gr_jax.baselines.dense import DenseIndex
 
         self.corpus, self.depth = corpus, int(depth)
+        if embedder.trains_on_queries:
+            if training is None:
+                raise ProtocolError(f"the {embedder.name} embedder trains on judged queries, and this protocol "
+                                    f"gives it none; use an embedder without training")
+            embedder.train(*training)
         self.index = DenseIndex.build(embedder, corpus, rows=rows)
 
     @property
