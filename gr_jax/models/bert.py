@@ -171,19 +171,43 @@ class SentenceEncoder:
         """Normalised sentence embeddings [B, D] (differentiable in params)."""
         return l2_normalise(mean_pool(self.network.apply({"params": params}, ids_BxL, mask_BxL), mask_BxL))
 
-    def tokenize(self, texts: Sequence[str], pad_to: int = 32) -> tuple[np.ndarray, np.ndarray]:
-        """ids and mask [N, L], L the longest encoding rounded up to a multiple of `pad_to` (fewer shapes to
-        compile), at most `max_length`."""
-        enc = self.tokenizer.encode_batch(list(texts))
+    def tokenize(self, texts: Sequence[str], pad_to: int = 32, max_length: Optional[int] = None,
+                 width: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+        """ids and mask [N, L]: each text truncated to `max_length` tokens (default and at most the model's, [SEP]
+        kept), L = `width`, or the longest encoding rounded up to a multiple of `pad_to` (fewer shapes to
+        compile)."""
+        limit = self.max_length if max_length is None else min(int(max_length), self.max_length)
+        if limit != self.max_length:
+            self.tokenizer.enable_truncation(limit)
+        try:
+            enc = self.tokenizer.encode_batch(list(texts))
+        finally:
+            if limit != self.max_length:
+                self.tokenizer.enable_truncation(self.max_length)
         longest = max((len(e.ids) for e in enc), default=1)
-        width = min(self.max_length, -(-longest // pad_to) * pad_to)
+        if width is None:
+            width = min(limit, -(-longest // pad_to) * pad_to)
+        elif width < longest:
+            raise ValueError(f"tokenize: width {width} is below the longest encoding ({longest} tokens)")
         ids = np.zeros((len(enc), width), np.int32)
-        for i, e in enumerate(enc):
-            ids[i, : len(e.ids)] = e.ids
         mask = np.zeros((len(enc), width), bool)
         for i, e in enumerate(enc):
+            ids[i, : len(e.ids)] = e.ids
             mask[i, : len(e.ids)] = True
         return ids, mask
+
+    def embed(self, params, texts: Sequence[str], batch_size: int = 64,
+              max_length: Optional[int] = None) -> np.ndarray:
+        """Normalised embeddings [N, D] of `texts` by `params`, in batches of similar lengths (rows in place)."""
+        texts = list(texts)
+        order = np.argsort(-np.array([len(t) for t in texts]), kind="stable")
+        out = np.zeros((len(texts), self.config.hidden_size), np.float32)
+        fn = _encode_fn(self)
+        for s in range(0, len(texts), batch_size):
+            rows = order[s:s + batch_size]
+            ids, mask = self.tokenize([texts[i] for i in rows], max_length=max_length)
+            out[rows] = np.asarray(fn(params, jnp.asarray(ids), jnp.asarray(mask)))
+        return out
 
 
 def load_sentence_encoder(path: Optional[str | os.PathLike] = None) -> SentenceEncoder:
@@ -251,17 +275,7 @@ class MiniLMJaxEmbedder(Embedder):
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         enc = self.load()
-        params = enc.params if self.params is None else self.params
-        texts = list(texts)
-        lengths = np.array([len(t) for t in texts])
-        order = np.argsort(-lengths, kind="stable")  # similar lengths batch together; rows go back in place
-        out = np.zeros((len(texts), enc.config.hidden_size), np.float32)
-        fn = _encode_fn(enc)
-        for s in range(0, len(texts), self.batch_size):
-            rows = order[s:s + self.batch_size]
-            ids, mask = enc.tokenize([texts[i] for i in rows])
-            out[rows] = np.asarray(fn(params, jnp.asarray(ids), jnp.asarray(mask)))
-        return out
+        return enc.embed(enc.params if self.params is None else self.params, texts, self.batch_size)
 
 
 _ENCODE_FNS: dict = {}
