@@ -1,6 +1,8 @@
 """Datasets by name, for gin (`MIXTURE_OR_TASK_NAME`) — the non-seqio path the trainer uses.
 
     demo            the embedded demo corpus (no files; `demo_docs`, `demo_seed`)
+    pydoc           the Python standard library's documentation, real English from the install itself
+                    (no files; `data/pydoc.py`; `pydoc_documents` keeps a subset)
     nq320k_nci      NQ320k, NCI layout        nq320k_glen  GLEN layout      nq320k_genret  GenRET layout
     msmarco         MS MARCO passage (collection.tsv, queries.{train,dev}.tsv, qrels.{train,dev}.tsv)
     jsonl           corpus.jsonl + queries.<split>.jsonl + qrels.<split>.tsv (users' own data)
@@ -17,7 +19,7 @@ from typing import Optional
 
 import gin
 
-from gr_jax.data import demo, readers
+from gr_jax.data import demo, pydoc, readers
 
 _REQUIRED = {
     "nq320k_nci": ["NQ_doc_content.tsv", "nq_train_doc_newid.tsv", "nq_dev_doc_newid.tsv"],
@@ -26,7 +28,8 @@ _REQUIRED = {
     "msmarco": ["collection.tsv", "queries.train.tsv", "queries.dev.tsv", "qrels.train.tsv", "qrels.dev.tsv"],
     "jsonl": ["corpus.jsonl", "queries.train.jsonl", "qrels.train.tsv"],
 }
-NAMES = ("demo", *_REQUIRED)
+BUILT_IN = ("demo", "pydoc")
+NAMES = (*BUILT_IN, *_REQUIRED)
 
 
 def _read_jsonl_dataset(d: Path) -> readers.Dataset:
@@ -42,7 +45,7 @@ def _read_jsonl_dataset(d: Path) -> readers.Dataset:
 def check_data_dir(name: str, data_dir: Optional[str]) -> None:
     if name not in NAMES:
         raise ValueError(f"unknown dataset {name!r} (MIXTURE_OR_TASK_NAME); one of {list(NAMES)}")
-    if name == "demo":
+    if name in BUILT_IN:
         return
     if not data_dir:
         raise ValueError(f"dataset {name!r} needs its files: set --gin.DATA_DIR=\\\"path/to/{name}\\\"")
@@ -73,7 +76,7 @@ def _read_msmarco_splits(d: Path, query_files: dict) -> readers.Dataset:
 
 @gin.configurable
 def load_dataset(name: str = gin.REQUIRED, data_dir: Optional[str] = None, demo_docs: int = 2000,
-                 demo_seed: int = 0, query_files: Optional[dict] = None) -> readers.Dataset:
+                 demo_seed: int = 0, query_files: Optional[dict] = None, pydoc_documents: int = 0) -> readers.Dataset:
     """`query_files` (msmarco only): {split: [queries tsv, qrels]} under DATA_DIR instead of the default
     queries.{train,dev}.tsv / qrels.{train,dev}.tsv."""
     if query_files and name != "msmarco":
@@ -85,6 +88,8 @@ def load_dataset(name: str = gin.REQUIRED, data_dir: Optional[str] = None, demo_
     check_data_dir(name, data_dir)
     if name == "demo":
         return demo.generate(num_docs=demo_docs, seed=demo_seed)
+    if name == "pydoc":
+        return pydoc.generate(max_documents=pydoc_documents)
     d = Path(os.fspath(data_dir))
     loaders = {"nq320k_nci": readers.read_nq320k_nci, "nq320k_glen": readers.read_nq320k_glen,
                "nq320k_genret": readers.read_nq320k_genret, "msmarco": readers.read_msmarco,

@@ -2,7 +2,6 @@
 protocol with the document encoder frozen after D0."""
 
 import json
-from pathlib import Path
 
 import gin
 import jax
@@ -13,7 +12,7 @@ import pytest
 from gr_jax.data.readers import Corpus, DataError
 from gr_jax.docids.embed import Embedder
 from gr_jax.methods.dpr import negatives as hard
-from gr_jax.methods.dpr.model import DprEmbedder, DprIterator, DprModel
+from gr_jax.methods.dpr.model import DprIterator, DprModel
 from gr_jax.models.bert import Bert, BertConfig
 from tests.conftest import require
 
