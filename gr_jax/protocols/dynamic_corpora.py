@@ -282,6 +282,16 @@ def summarize(P: np.ndarray) -> dict:
     return out
 
 
+def query_hits(run: Run, qrels, qids, k: int = 10) -> dict[str, int]:
+    """Hit@k of each judged query (1: a relevant document among its first k in trec_eval's order)."""
+    out = {}
+    for q in qids:
+        if q in qrels:
+            relevant = {d for d, g in qrels[q].items() if g > 0}
+            out[q] = int(any(d in relevant for d in ranked(run.get(q, {}))[:k]))
+    return out
+
+
 def _hit10(run: Run, qrels, qids) -> float:
     qids = [q for q in qids if q in qrels]
     if not qids:
@@ -329,6 +339,7 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
 
     n = len(data.split.parts) - 1
     P = np.full((n + 1, n + 1), np.nan)
+    per_query: list = []  # per_query[o][j]: {query id: Hit@10} of Q_j after indexing D_o
     idbi_per_step: list[Optional[float]] = [None]
     why_null = {"idbi[0]": "D0 only: no new documents to be biased against"}
     label = label or method
@@ -344,6 +355,7 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
             steps.append({"step": o, **info})
             timings.append({"step": o, "index_s": time.perf_counter() - t})
         P[o, : o + 1], idbi, timing = _evaluate_step(system, data, parts_q, o)
+        per_query.append(timing.pop("hits"))
         steps[-1]["queries"] = timing.pop("queries")
         timings[-1].update(timing)
         if o > 0:
@@ -367,7 +379,7 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
     result = {"method": label, "P": P.tolist(), "idbi": idbi_per_step, "steps": steps,
               "parts": [len(p) for p in data.split.parts], "test_queries": [len(q) for q in parts_q],
               "seed": seed, "split_protocol": split_protocol, **summarize(P), "null_means": why_null}
-    write_outputs(out_dir, result, timings)
+    write_outputs(out_dir, result, timings, per_query)
     return {**result, "timings": timings}
 
 
@@ -394,6 +406,12 @@ def _evaluate_step(system, data: DynamicData, parts_q: Sequence[Sequence[str]], 
     run = system.search(QuerySet(qids, [data.test_texts[q] for q in qids])) if qids else {}
     timing = {"search_s": time.perf_counter() - t, "queries": len(qids), "rss_mb": rss_bytes() / 2**20}
     row = np.array([_hit10(run, data.test_qrels, parts_q[j]) for j in range(o + 1)])
+    hits = [query_hits(run, data.test_qrels, parts_q[j]) for j in range(o + 1)]
+    for j, h in enumerate(hits):  # the per-query record must give the table's number
+        if h and abs(np.mean(list(h.values())) - row[j]) > 1e-9:
+            raise AssertionError(f"per-query Hit@10 of Q{j} at step {o} averages {np.mean(list(h.values()))}, "
+                                 f"the evaluation gave {row[j]}")
+    timing["hits"] = hits
     idbi = None
     if o > 0 and qids:
         initial = set(data.split.parts[0])
@@ -450,11 +468,16 @@ def plot(results: Sequence[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(out_dir: Path, result: dict, timings: Optional[list] = None) -> None:
+def write_outputs(out_dir: Path, result: dict, timings: Optional[list] = None,
+                  per_query: Optional[list] = None) -> None:
     """OUTPUT_DIR/dynamic/ (results: a re-run with equal results replaces it quietly, a different one is kept
-    as dynamic.prev-<n>) and OUTPUT_DIR/dynamic_timing.json (the seconds and memory of the latest run only)."""
+    as dynamic.prev-<n>) and OUTPUT_DIR/dynamic_timing.json (the seconds and memory of the latest run only).
+    `per_query` goes to dynamic/per_query.json: {"hits": [[{query id: Hit@10} of Q_j, j ≤ o] after D_o]}, what
+    paired significance tests between systems read."""
     with atomic_dir(out_dir / "dynamic", keep_previous=True) as tmp:
         (tmp / "dynamic.json").write_text(json_text(result, indent=1))
+        if per_query is not None:
+            (tmp / "per_query.json").write_text(json_text({"hits": per_query}))
         (tmp / "dynamic.md").write_text(tables_markdown([result]))
         plot([result], tmp / "dynamic.png")
     if timings is not None:

@@ -93,6 +93,13 @@ def _check_outputs(out: Path, method: str):
     assert all(t["rss_mb"] > 0 and t["search_s"] >= 0 for t in timings)
     assert not any(k in s for s in result["steps"] for k in ("rss_mb", "search_s", "index_s"))
     assert result["parts"] == [30, 6, 6, 6, 6, 6]
+    hits = json.loads((out / "dynamic" / "per_query.json").read_text())["hits"]  # what significance tests read
+    assert [len(row) for row in hits] == list(range(1, 7))
+    for o, row in enumerate(hits):
+        for j, h in enumerate(row):
+            assert set(h.values()) <= {0, 1}
+            assert np.mean(list(h.values())) == pytest.approx(P[o, j], abs=1e-12)
+        assert row[0].keys() == hits[0][0].keys()  # the same Q0 queries at every step
     md = (out / "dynamic" / "dynamic.md").read_text()
     assert "F_5" in md and "GA_5" in md and "IDBI" in md and result["method"] in md
     png = (out / "dynamic" / "dynamic.png").read_bytes()
