@@ -160,6 +160,15 @@ def _previous_name(path: Path) -> Path:
     return path.with_name(f"{path.name}.prev-{n}")
 
 
+def keep_aside(path: str | os.PathLike) -> Path:
+    """Renames an existing `path` to `<name>.prev-<n>` (the first free n) and returns the new name: an output
+    that a new run replaces is kept, not deleted."""
+    path = Path(path)
+    kept = _previous_name(path)
+    os.replace(path, kept)
+    return kept
+
+
 def _publish(tmp: Path, path: Path, keep_previous: bool) -> None:
     """Moves `tmp` to `path`; an existing `path` is renamed aside first (kept when `keep_previous` and it
     differs, otherwise removed after the swap)."""

@@ -1,0 +1,101 @@
+"""`python -m gr_jax.reproduce`: a small paper of fast systems end to end (reuse, a changed recipe, a failure,
+a missing system), the paired randomisation test by hand, and the shipped paper files."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gr_jax import reproduce as cmd
+from gr_jax.protocols import reproduce as rp
+
+QUICK = ["load_dataset.demo_docs = 60", "run_dynamic.progress = False"]
+
+
+def _paper(tmp_path, systems):
+    (tmp_path / "papers").mkdir(exist_ok=True)
+    published = {"BM25": {"NQ": [0.9, 0.8, 0.8, 0.7, 0.7, 0.6]}}
+    spec = {"paper": "a toy paper", "quick": QUICK, "systems": systems,
+            "tables": {"table1": {"title": "T1", "measure": "initial", "rows": list(systems),
+                                  "published": published},
+                       "table2": {"title": "T2", "measure": "new", "rows": list(systems), "published": published}}}
+    (tmp_path / "papers" / "toy.json").write_text(json.dumps(spec))
+
+
+def test_the_paired_randomisation_test_by_hand():
+    same = [np.array([1.0, 0.0, 1.0])]
+    assert rp.paired_randomisation(same, same, permutations=2000) == (0.0, 1.0)
+    # three queries, each a win for a: of the 8 sign patterns only all-+ and all-− reach |d| = 1 → p ≈ 1/4
+    diff, p = rp.paired_randomisation([np.ones(3)], [np.zeros(3)], permutations=20000)
+    assert diff == 1.0 and p == pytest.approx(0.25, abs=0.01)
+    # two groups: the statistic is the mean of the groups' means, not the mean over queries
+    a, b = [np.array([1.0]), np.array([1.0, 0.0, 0.0, 0.0])], [np.array([0.0]), np.zeros(4)]
+    assert rp.statistic(a) == pytest.approx((1.0 + 0.25) / 2)
+    assert rp.paired_randomisation(a, b, permutations=100)[0] == pytest.approx(0.625)
+    assert rp.kendall_tau(["a", "b", "c"], ["a", "b", "c"]) == 1.0
+    assert rp.kendall_tau(["a", "b", "c"], ["c", "b", "a"]) == -1.0
+
+
+def test_shipped_papers_load_and_name_existing_experiment_files():
+    for path in sorted((Path(rp.gin_utils.GIN_CONFIGS) / "papers").glob("*.json")):
+        paper = rp.load_paper(path.stem)
+        for name in rp.order(paper, [r for t in paper.tables.values() for r in t["rows"]]):
+            for f in paper.systems[name]["gin"]:
+                rp.gin_utils.resolve(f)  # raises for a file that does not exist
+        argv = rp.command(paper, "LTRGR", Path("out"), [], [], quick=True)
+        assert "--gin_bindings=INITIAL_CHECKPOINT_PATH = 'out/systems/MINDER/model'" in argv
+        assert rp.order(paper, ["LTRGR"]) == ["MINDER", "LTRGR"]
+
+
+@pytest.mark.slow
+def test_a_small_paper_end_to_end(tmp_path, capsys):
+    (tmp_path / "dense16.gin").write_text("include 'experiments/demo/dynamic_dense.gin'\nTfidfSvdEmbedder.dim = 16\n")
+    systems = {"BM25": {"gin": ["experiments/demo/dynamic_bm25.gin"]},
+               "Dense": {"gin": ["dense16.gin"]},
+               "Alias": {"same_as": "BM25"},
+               "Later": {"missing": "not built yet"}}
+    _paper(tmp_path, systems)
+    out = tmp_path / "out"
+    argv = ["--paper", "toy", f"--gin.OUTPUT_DIR='{out}'", "--quick", f"--gin_search_paths={tmp_path}"]
+    assert cmd.main(argv) == 0
+    md = (out / "paper" / "tables.md").read_text()
+    assert "| Later | ours | no run: not built yet |" in md
+    assert "| BM25 | published NQ | 0.900 | 0.800 |" in md
+    bm25 = json.loads((out / "systems" / "BM25" / "dynamic" / "dynamic.json").read_text())
+    assert "| BM25 | ours | " + " | ".join(f"{x:.3f}" for x in bm25["initial_P_o0"]) in md
+    assert "| Alias | ours | " + " | ".join(f"{x:.3f}" for x in bm25["initial_P_o0"]) in md  # same_as: one run
+    assert not (out / "systems" / "Alias").exists()
+    tests = json.loads((out / "paper" / "significance.json").read_text())["tables"]
+    pairs = {(t["a"], t["b"]) for t in tests["table1"]}
+    assert pairs == {("BM25", "Dense"), ("Dense", "Alias")}  # Alias and BM25 are one run: no test
+    for t in tests["table1"] + tests["table2"]:
+        assert 0 < t["p"] <= 1
+    assert (out / "paper" / "tables.png").stat().st_size > 5000
+    status = json.loads((out / "reproduce_status.json").read_text())
+    assert {k: v["status"] for k, v in status.items()} == {"BM25": "ran", "Dense": "ran"}
+
+    # again: both reused, the same tables (replaced quietly)
+    assert cmd.main(argv) == 0
+    status = json.loads((out / "reproduce_status.json").read_text())
+    assert {k: v["status"] for k, v in status.items()} == {"BM25": "reused", "Dense": "reused"}
+    assert not (out / "paper.prev-1").exists()
+
+    # a changed experiment file: that system runs again, its earlier run kept aside
+    (tmp_path / "dense16.gin").write_text("include 'experiments/demo/dynamic_dense.gin'\nTfidfSvdEmbedder.dim = 12\n")
+    assert cmd.main(argv) == 0
+    status = json.loads((out / "reproduce_status.json").read_text())
+    assert {k: v["status"] for k, v in status.items()} == {"BM25": "reused", "Dense": "ran"}
+    assert (out / "systems" / "Dense.prev-1" / "dynamic" / "dynamic.json").is_file()
+
+    # a system that fails: the others are reported, the command exits 1 naming its log
+    systems["Broken"] = {"gin": ["experiments/demo/dynamic_bm25.gin"], "bindings": ["run_dynamic.k = -3"]}
+    _paper(tmp_path, systems)
+    capsys.readouterr()
+    assert cmd.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Broken:" in err and "reproduce.log" in err
+    assert "| Broken | ours | failed (exit 2;" in (out / "paper" / "tables.md").read_text()
+
+    assert cmd.main(["--paper", "nope", f"--gin.OUTPUT_DIR='{tmp_path / 'x'}'"]) == 2
+    assert "no paper 'nope'" in capsys.readouterr().err
