@@ -53,16 +53,19 @@ class FieldDocids(DocidScheme):
         if self._vocab is None:
             raise ValueError("FieldDocids.assign before fit() (or bind(vocab) after loading)")
         self._check(corpus)
-        values = getattr(corpus, f"{self.field}s")
         rows = np.arange(len(corpus)) if rows is None else np.asarray(rows, dtype=np.int64)
         seqs = []
         for r in rows:
-            text = values[int(r)]
+            text = self.field_text(corpus, int(r))
             ids = self._vocab.encode(text)[: self.max_tokens] if text else []
             if not ids:
                 raise ValueError(f"document {corpus.doc_ids[int(r)]!r} has an empty {self.field}")
             seqs.append(ids)
         return DocidTable.from_lists(seqs, rows, DocidTokenSpace("text", self.text_vocab_size))
+
+    def field_text(self, corpus, row: int) -> str:
+        """The text that names document `row` (a subclass may rewrite the field, e.g. Ultron's URL docids)."""
+        return getattr(corpus, f"{self.field}s")[row]
 
     def state(self):
         return {"field": self.field, "max_tokens": self.max_tokens, "text_vocab_size": self.text_vocab_size}, {}
