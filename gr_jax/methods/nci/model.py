@@ -1,0 +1,215 @@
+"""NCI's prefix-aware weight-adaptive (PAWA) decoder and its consistency-regularised objective.
+
+Docid tokens are position-specific (the core's `CodebookHead`: one table E_t of V code embeddings per
+position t, which is NCI's "position-aware" vocabulary). PAWA makes the output projection depend on the prefix
+too, as NCI's released code computes it:
+
+    x_0..x_{t}  = the decoder's input embeddings (start, then the codes chosen so far, position-specific)
+    g_t         = Adaptor(x_0..x_t)            a small causal transformer decoder over the prefix whose
+                                               cross-attention reads one learned vector (NCI: 4 layers, 8 heads)
+    W_t         = E_t^T + reshape(A g_t)       A: [D → D·V] (no bias), reshaped to [D, V]
+    logits_t    = s_t W_t                      s_t: the T5 decoder's state at t (scaled as the head scales it)
+
+computed without building W_t: s_t E_t^T + Σ_ij s_t[i] A[j, i, v] g_t[j].
+
+In decoding the prefix's embeddings are kept in the decode cache (`PawaCache`, a row per beam: the search
+reorders it with the network's cache) and the adaptor reads them at each step, so a beam's logits are the ones
+teacher forcing gives for its prefix (tested).
+
+`nci_objective`: the docid cross-entropy of two forward passes with independent dropout, plus `alpha` times
+the symmetric KL between their output distributions at every docid position (½(KL(p‖q) + KL(q‖p)), summed over
+the codes, averaged over positions) — the consistency regularisation of NCI's paper. NCI's released code runs a
+contrastive loss between the two passes' decoder states instead (an override of its R-Drop setting); that
+variant is not built here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import flax
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+
+from gr_jax.models import t5
+from gr_jax.models.heads import CodebookHead
+from gr_jax.models.retriever import GenerativeRetriever
+from gr_jax.models.search import share_encoder
+from gr_jax.validation import Count
+
+
+class AdaptorLayer(nn.Module):
+    """A post-LN transformer decoder layer (PyTorch's TransformerDecoderLayer): causal self-attention, attention
+    to the memory, a ReLU feed-forward."""
+
+    heads: int
+    ffn: int
+
+    @nn.compact
+    def __call__(self, x_BxTxD, memory_Bx1xD, mask_Bx1xTxT):
+        d = x_BxTxD.shape[-1]
+        att = lambda name: nn.MultiHeadDotProductAttention(self.heads, qkv_features=d, name=name)  # noqa: E731
+        x = nn.LayerNorm(name="self_norm")(x_BxTxD + att("self_attention")(x_BxTxD, x_BxTxD, mask=mask_Bx1xTxT))
+        x = nn.LayerNorm(name="memory_norm")(x + att("memory_attention")(x, memory_Bx1xD))
+        h = nn.Dense(d, name="ffn_out")(jax.nn.relu(nn.Dense(self.ffn, name="ffn_in")(x)))
+        return nn.LayerNorm(name="ffn_norm")(x + h)
+
+
+class Adaptor(nn.Module):
+    """prefix embeddings [B, T, D] → g [B, T, D]; g_t depends on positions ≤ t only."""
+
+    layers: int
+    heads: int
+    ffn: int
+
+    @nn.compact
+    def __call__(self, x_BxTxD):
+        B, T, D = x_BxTxD.shape
+        memory = self.param("memory", nn.initializers.uniform(1.0), (1, 1, D))
+        mask = nn.make_causal_mask(jnp.ones((B, T), jnp.int32))
+        x = x_BxTxD.astype(jnp.float32)
+        for i in range(self.layers):
+            x = AdaptorLayer(self.heads, self.ffn, name=f"layer_{i}")(x, jnp.broadcast_to(memory, (B, 1, D)), mask)
+        return x
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class PawaHead(CodebookHead):
+    """`CodebookHead` with the prefix-aware weight-adaptive projection (module docstring)."""
+
+    adaptor_layers: Count = 4
+    adaptor_heads: Count = 8
+    adaptor_ffn: Count = 2048
+    adapt_init_std: float = 0.02
+    kind = "codebook"
+    candidate_logits = False
+
+    def adaptor(self) -> Adaptor:
+        return Adaptor(self.adaptor_layers, self.adaptor_heads, self.adaptor_ffn)
+
+    def init_params(self, config: t5.T5Config, key) -> dict:
+        k1, k2, k3 = jax.random.split(key, 3)
+        D = config.d_model
+        if D % self.adaptor_heads:
+            raise ValueError(f"PawaHead.adaptor_heads {self.adaptor_heads} does not divide d_model {D}")
+        out = super().init_params(config, k1)
+        out["adaptor"] = self.adaptor().init(k2, jnp.zeros((1, self.length, D)))["params"]
+        out["adapt"] = self.adapt_init_std * jax.random.normal(k3, (D, D, self.codes), jnp.float32)  # A[j, i, v]
+        return out
+
+    def adapted(self, params, x_BxTxD):
+        """g [B, T, D] for the prefix embeddings x."""
+        return self.adaptor().apply({"params": params["head"]["adaptor"]}, x_BxTxD)
+
+    def pawa_logits(self, network, params, hidden_BxTxD, g_BxTxD, positions_T):
+        """logits [B, T, V] = s_t E_t^T + Σ_ij s_t[i] A[j, i, v] g_t[j], s = the scaled decoder states."""
+        s = self._scale(network, hidden_BxTxD).astype(jnp.float32)
+        table = self._table(params)[jnp.clip(positions_T, 0, self.length - 1)]  # [T, V, D]
+        base = jnp.einsum("btd,tvd->btv", s, table)
+        adapt = jnp.einsum("bti,jiv,btj->btv", s, params["head"]["adapt"], g_BxTxD.astype(jnp.float32))
+        return base + adapt
+
+
+@flax.struct.dataclass
+class PawaCache:
+    """The network's decode cache plus the prefix's input embeddings, a row per beam ([R, L, D])."""
+
+    inner: t5.DecodeCache
+    prefix: jax.Array
+
+    @property
+    def step_index(self):
+        return self.inner.step_index
+
+
+@gin.configurable
+class NciRetriever(GenerativeRetriever):
+    """A `GenerativeRetriever` whose codebook head is made a `PawaHead` (its adaptor settings from gin)."""
+
+    def __init__(self, config, head=None, score_mode: str = "log_softmax", pawa: Optional[PawaHead] = None,
+                 **kwargs):
+        if not isinstance(head, CodebookHead):
+            raise ValueError("NCI's PAWA decoder needs codebook docids (position-specific codes, e.g. "
+                             "SemanticDocids); this docid scheme gives a text head")
+        pawa = pawa if pawa is not None else PawaHead()
+        head = dataclasses.replace(pawa, length=head.length, codes=head.codes, init_std=head.init_std)
+        super().__init__(config, head, score_mode, **kwargs)
+
+    def describe(self) -> str:
+        return f"NciRetriever(score_mode={self.score_mode!r})"
+
+    # -- training: teacher forcing with the adapted projection --------------------------------------------
+    def token_logits(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
+        deterministic = dropout_rng is None
+        rngs = {} if deterministic else {"dropout": dropout_rng}
+        mask = inputs_BxL != self.config.pad_token_id
+        variables = {"params": params["network"]}
+        encoded = self.network.apply(variables, inputs_BxL, mask, deterministic, method=t5.T5.encode, rngs=rngs)
+        x = self.head.embed(self.network, params, t5.shift_right(targets_BxT, self.config.decoder_start_token_id))
+        hidden = self.network.apply(variables, encoded, mask, x, deterministic, method=t5.T5.decode_hidden_embedded,
+                                    rngs=rngs)
+        g = self.head.adapted(params, x)
+        return self.head.pawa_logits(self.network, params, hidden, g, jnp.arange(targets_BxT.shape[1]))
+
+    def token_log_probs(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
+        logits = self.token_logits(params, inputs_BxL, targets_BxT, dropout_rng)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        target_logp = jnp.take_along_axis(logp, targets_BxT[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        return target_logp, jnp.argmax(logits, axis=-1) == targets_BxT
+
+    # -- decoding: the prefix rides in the cache ----------------------------------------------------------
+    def _cache(self, params, query_tokens, max_length: int):
+        inner = super()._cache(params, query_tokens, max_length)
+        rows = query_tokens.shape[0]
+        return PawaCache(inner, jnp.zeros((rows, self.head.length, self.config.d_model), jnp.float32))
+
+    def _step(self, params, cache: PawaCache, tokens_B):
+        head, index = self.head, cache.step_index
+        table = head._table(params)
+        start = self.network.apply({"params": params["network"]}, tokens_B, method=t5.T5.embed)
+        prev = table[jnp.clip(index - 1, 0, head.length - 1), jnp.clip(tokens_B, 0, head.codes - 1)]
+        x_BxD = jnp.where(index == 0, start, prev.astype(start.dtype))
+        prefix = jax.lax.dynamic_update_slice(cache.prefix, x_BxD[:, None, :].astype(jnp.float32),
+                                              (0, jnp.minimum(index, head.length - 1), 0))
+        hidden, inner = self.network.apply({"params": params["network"]}, cache.inner, x_BxD,
+                                           method=t5.T5.decode_step_embedded)
+        g = head.adapted(params, prefix)  # the adaptor is causal: row `index` sees the prefix so far
+        g_t = jax.lax.dynamic_index_in_dim(g, jnp.minimum(index, head.length - 1), axis=1, keepdims=True)
+        logits = head.pawa_logits(self.network, params, hidden[:, None, :], g_t, index[None])[:, 0]
+        return logits, PawaCache(inner, prefix)
+
+    @staticmethod
+    def _tile(cache: PawaCache, n: int):
+        return PawaCache(share_encoder(cache.inner, n), jnp.repeat(cache.prefix, n, axis=0))
+
+
+def _docid_logp(model, params, batch, rng):
+    logits = model.token_logits(params, batch["inputs"], batch["targets"], rng)
+    return jax.nn.log_softmax(logits, axis=-1)
+
+
+@gin.configurable
+def nci_objective(model, params, batch, dropout_rng=None, alpha: float = 0.15):
+    """Cross-entropy of two dropout passes + alpha · symmetric KL between them (module docstring); without a
+    dropout key (evaluation) one pass and no KL."""
+    targets = batch["targets"]
+    mask = model.head.target_mask(targets).astype(jnp.float32)
+    tokens = mask.sum()
+    pick = lambda logp: jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]  # noqa
+    if dropout_rng is None:
+        logp = _docid_logp(model, params, batch, None)
+        ce = -(pick(logp) * mask).sum() / jnp.maximum(tokens, 1.0)
+        return ce, {"loss": (ce * tokens, tokens)}
+    r1, r2 = jax.random.split(dropout_rng)
+    p, q = _docid_logp(model, params, batch, r1), _docid_logp(model, params, batch, r2)
+    ce_sum = -((pick(p) + pick(q)) * mask).sum() / 2
+    kl = 0.5 * ((jnp.exp(p) * (p - q)).sum(-1) + (jnp.exp(q) * (q - p)).sum(-1))  # [B, T]
+    kl_sum = (kl * mask).sum()
+    loss = (ce_sum + alpha * kl_sum) / jnp.maximum(tokens, 1.0)
+    hit = ((jnp.argmax(p, -1) == targets) | (mask == 0)).all(-1)
+    return loss, {"loss": (ce_sum, tokens), "consistency_kl": (kl_sum, tokens),
+                  "docid_accuracy": (hit.sum().astype(jnp.float32), jnp.asarray(targets.shape[0], jnp.float32))}
