@@ -144,15 +144,9 @@ class NciRetriever(GenerativeRetriever):
 
     # -- training: teacher forcing with the adapted projection --------------------------------------------
     def token_logits(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
-        deterministic = dropout_rng is None
-        rngs = {} if deterministic else {"dropout": dropout_rng}
-        mask = inputs_BxL != self.config.pad_token_id
-        variables = {"params": params["network"]}
-        encoded = self.network.apply(variables, inputs_BxL, mask, deterministic, method=t5.T5.encode, rngs=rngs)
-        x = self.head.embed(self.network, params, t5.shift_right(targets_BxT, self.config.decoder_start_token_id))
-        hidden = self.network.apply(variables, encoded, mask, x, deterministic, method=t5.T5.decode_hidden_embedded,
-                                    rngs=rngs)
-        g = self.head.adapted(params, x)
+        decoder_inputs = t5.shift_right(targets_BxT, self.config.decoder_start_token_id)
+        hidden = self._hidden(params, inputs_BxL, decoder_inputs, dropout_rng)
+        g = self.head.adapted(params, self.head.embed(self.network, params, decoder_inputs))  # the prefix's inputs
         return self.head.pawa_logits(self.network, params, hidden, g, jnp.arange(targets_BxT.shape[1]))
 
     def token_log_probs(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
