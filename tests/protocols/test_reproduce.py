@@ -75,6 +75,17 @@ def test_a_small_paper_end_to_end(tmp_path, capsys):
     status = json.loads((out / "reproduce_status.json").read_text())
     assert {k: v["status"] for k, v in status.items()} == {"BM25": "ran", "Dense": "ran"}
 
+    # each system's times (tools/bench_systems.py)
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "tools/bench_systems.py", str(out), "--no_write"], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = {r["system"]: r for r in map(json.loads, res.stdout.splitlines())}
+    assert sorted(rows) == ["BM25", "Dense"] and all(float(r["D0: train + index s"]) > 0 for r in rows.values())
+
     # again: both reused, the same tables (replaced quietly)
     assert cmd.main(argv) == 0
     status = json.loads((out / "reproduce_status.json").read_text())
