@@ -46,8 +46,9 @@ def main(argv=None) -> int:
     sys.stdout.write(record["markdown"] + "\n")
     failed = {n: s for n, s in record["status"].items() if s["status"] in ("failed", "skipped")}
     if failed:
-        sys.stderr.write("error: " + "; ".join(f"{n}: {s.get('log') or s.get('why')}" for n, s in failed.items())
-                         + "\n")
+        sys.stderr.write("error: " + "; ".join(
+            f"{n}: {s['last_line']} (log: {s['log']})" if s["status"] == "failed" else f"{n}: not run, {s['why']}"
+            for n, s in failed.items()) + "\n")
         return 1
     return 0
 

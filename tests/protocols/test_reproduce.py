@@ -105,7 +105,7 @@ def test_a_small_paper_end_to_end(tmp_path, capsys):
     capsys.readouterr()
     assert cmd.main(argv) == 1
     err = capsys.readouterr().err
-    assert "Broken:" in err and "reproduce.log" in err
+    assert "Broken: error: bad gin binding: run_dynamic.k must be an integer ≥ 1, got -3 (log: " in err
     assert "| Broken | ours | failed (exit 2;" in (out / "paper" / "tables.md").read_text()
 
     assert cmd.main(["--paper", "nope", f"--gin.OUTPUT_DIR='{tmp_path / 'x'}'"]) == 2
