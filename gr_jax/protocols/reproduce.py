@@ -417,6 +417,8 @@ def reproduce(paper_name: str, output_dir: str, dataset_files: Sequence[str] = (
         gin_utils.resolve(f, search_paths)  # a missing dataset file stops the command before anything runs
     runnable = order(paper, wanted)
     status: dict = {}
+    previous = read_json(out / "reproduce_status.json", "reproduce status") \
+        if (out / "reproduce_status.json").is_file() else {}
     for name in runnable:
         model_dir = out / "systems" / directory_name(name)
         failed_needs = [n for n in paper.systems[name].get("needs", []) if status.get(n, {}).get("status")
@@ -428,6 +430,9 @@ def reproduce(paper_name: str, output_dir: str, dataset_files: Sequence[str] = (
             log.warning("%s: run again as asked; the earlier run is kept as %s", name, keep_aside(model_dir))
         argv = command(paper, name, out, dataset_files, bindings, quick)
         status[name] = run_system(name, argv, model_dir, search_paths)
+        made = previous.get(name, {}) if isinstance(previous, dict) else {}
+        if status[name]["status"] == "reused" and "seconds" in made:
+            status[name]["seconds"] = made["seconds"]  # of the run that made the reused results
         log.info("%s: %s", name, status[name])
     results, hits = {}, {}
     for name in runnable:

@@ -88,8 +88,10 @@ def test_a_small_paper_end_to_end(tmp_path, capsys):
 
     # again: both reused, the same tables (replaced quietly)
     assert cmd.main(argv) == 0
+    first = status
     status = json.loads((out / "reproduce_status.json").read_text())
     assert {k: v["status"] for k, v in status.items()} == {"BM25": "reused", "Dense": "reused"}
+    assert all(status[k]["seconds"] == first[k]["seconds"] for k in status)  # the times of the runs reused
     assert not (out / "paper.prev-1").exists()
 
     # a changed experiment file: that system runs again, its earlier run kept aside
