@@ -31,6 +31,21 @@ def clean_gin():
     gin.clear_config()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_programs():
+    """After each test module, JAX's in-memory caches of compiled programs are dropped (what is needed again comes
+    back from the persistent cache above): otherwise the suite's one process keeps every program it ever compiled.
+    On 2026-11-26, on a machine shared with other jobs, XLA aborted writing a cache entry at about 60% of the
+    suite, in a test that passes alone."""
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
 def require(module: str):
     """Imports `module`, or skips (locally) / fails (CI) the calling test."""
     try:
