@@ -13,8 +13,9 @@ Deterministic for a given Python version and order-free: files are read in sorte
 repeats another's is dropped (the smaller id is kept), a summary that several documents share is not a query
 (it would be ambiguous), and each query's split is drawn from a hash of its id: 10% test, 10% dev, 80% train.
 `max_documents` keeps the documents with the smallest hashes of their ids (a subset that does not depend on
-order either). Skipped: private names, the test suites, idlelib, lib2to3, turtledemo and modules with side
-effects on import are read like any other (their source is parsed, not run).
+order either). Skipped: private names (a leading underscore) and the packages test, tests, idlelib, lib2to3,
+turtledemo, ensurepip, venv and site-packages. Modules with side effects on import (antigravity, this) are read
+like any other: their source is parsed, never run.
 """
 
 from __future__ import annotations

@@ -161,9 +161,11 @@ def command(paper: Paper, name: str, output_dir: Path, dataset_files: Sequence[s
     return argv + [f"--gin_bindings={b}" for b in extra]
 
 
-def recipe(argv: Sequence[str], search_paths: Sequence[str]) -> dict:
-    """What a system's run is made from: its command line and the content of every gin file it reads (the
-    library's version is recorded, but an edit of the code within a version is not seen: --rerun NAME)."""
+def recipe(argv: Sequence[str], search_paths: Sequence[str], needs: Optional[dict] = None) -> dict:
+    """What a system's run is made from: its command line, the content of every gin file it reads and, for each
+    system it starts from (`needs`: name → directory), that system's recipe and results — so a system is run
+    again when what it starts from was (the library's version is recorded, but an edit of the code within a
+    version is not seen: --rerun NAME)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -171,13 +173,19 @@ def recipe(argv: Sequence[str], search_paths: Sequence[str]) -> dict:
     except PackageNotFoundError:
         __version__ = "unknown"
     files = [a.split("=", 1)[1] for a in argv if a.startswith("--gin_file=")]
-    return {"argv": list(argv), "gr_jax": __version__,
-            "files": {str(p): file_digest(p, "gin file") for p in include_closure(files, search_paths)}}
+    out = {"argv": list(argv), "gr_jax": __version__,
+           "files": {str(p): file_digest(p, "gin file") for p in include_closure(files, search_paths)}}
+    if needs:
+        out["needs"] = {name: {"recipe": file_digest(Path(d) / "recipe.json", f"{name}'s recipe"),
+                               "results": file_digest(Path(d) / "dynamic" / "dynamic.json", f"{name}'s results")}
+                        for name, d in sorted(needs.items())}
+    return out
 
 
-def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Sequence[str]) -> dict:
+def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Sequence[str],
+               needs: Optional[dict] = None) -> dict:
     """Runs (or reuses) one system; → {"status": "reused" | "ran" | "failed", ...}."""
-    rec = recipe(argv, search_paths)
+    rec = recipe(argv, search_paths, needs)
     rec_path, result = model_dir / "recipe.json", model_dir / "dynamic" / "dynamic.json"
     if model_dir.exists():
         old = read_json(rec_path, "system recipe") if rec_path.is_file() else None
@@ -239,10 +247,12 @@ def paired_randomisation(a: Sequence[np.ndarray], b: Sequence[np.ndarray], permu
     """(observed difference of the statistic, two-sided p): each query's pair of values is swapped with
     probability ½, `permutations` times (seeded); p = (1 + #{|d*| ≥ |d|}) / (1 + permutations)."""
     rng = np.random.default_rng(seed)
-    observed = statistic(a) - statistic(b)
     diffs = [np.asarray(x, float) - np.asarray(y, float) for x, y in zip(a, b)]
-    total = np.zeros(permutations)
     used = [d for d in diffs if len(d)]
+    if not used:  # no query to compare on: no test (not the smallest p)
+        return float("nan"), float("nan")
+    observed = statistic(a) - statistic(b)
+    total = np.zeros(permutations)
     for d in used:
         signs = rng.integers(0, 2, size=(permutations, len(d))) * 2 - 1
         total += (signs * d).mean(axis=1)
@@ -312,8 +322,9 @@ def table_markdown(paper: Paper, tname: str, results: dict, status: dict) -> tup
                      "hardware and what their memory counts are not stated.")
         return "\n".join(lines), record
     kinds = ["initial", "new"] if measure == "both" else [measure]
+    lengths = [len(results[paper.source(r)]["result"]["P"]) for r in t["rows"] if paper.source(r) in results]
+    n = (lengths[0] if lengths else 6) - 1
     for kind in kinds:
-        n = None
         rows, ours_summary, pub_summary = [], {}, {}
         for r in t["rows"]:
             src = paper.source(r)
@@ -323,20 +334,18 @@ def table_markdown(paper: Paper, tname: str, results: dict, status: dict) -> tup
                 pub = {"NQ": pub.get(kind)} if pub.get(kind) else {}
             if res is not None:
                 vals = _rows_of(res, kind)
-                n = len(vals) - 1
                 summ = _summary(vals, kind)
                 ours_summary[r] = summ
                 rows.append([r, "ours", *map(_fmt, vals), _fmt(summ)])
                 record["rows"].setdefault(r, {})[kind] = {"ours": vals, "summary": summ}
             else:
-                rows.append([r, "ours", status_text(paper, r, status), *[""] * 6])
+                rows.append([r, "ours", status_text(paper, r, status), *[""] * (n + 1)])
             for ds, vals in pub.items():
                 summ = _summary(vals, kind)
                 if ds == "NQ":
                     pub_summary[r] = summ
                 rows.append([r, f"published {ds}", *map(_fmt, vals), _fmt(summ)])
                 record["rows"].setdefault(r, {}).setdefault(kind, {})[f"published_{ds}"] = vals
-        n = n or 5
         name = f"F_{n} ↓" if kind == "initial" else f"GA_{n} ↑"
         lines += [f"{'Initial' if kind == 'initial' else 'New'} documents", "",
                   markdown_table(["system", "", *[f"D{o}" for o in range(n + 1)], name], rows), ""]
@@ -429,7 +438,8 @@ def reproduce(paper_name: str, output_dir: str, dataset_files: Sequence[str] = (
         if name in rerun and model_dir.exists():
             log.warning("%s: run again as asked; the earlier run is kept as %s", name, keep_aside(model_dir))
         argv = command(paper, name, out, dataset_files, bindings, quick)
-        status[name] = run_system(name, argv, model_dir, search_paths)
+        needs = {n: out / "systems" / directory_name(n) for n in paper.systems[name].get("needs", [])}
+        status[name] = run_system(name, argv, model_dir, search_paths, needs)
         made = previous.get(name, {}) if isinstance(previous, dict) else {}
         if status[name]["status"] == "reused" and "seconds" in made:
             status[name]["seconds"] = made["seconds"]  # of the run that made the reused results
@@ -466,5 +476,6 @@ def reproduce(paper_name: str, output_dir: str, dataset_files: Sequence[str] = (
         if results:
             plot(paper, results, tmp / "tables.png")
     # what ran and how long: beside the results, not in them (a reused run gives the same paper/ again)
-    write_text(out / "reproduce_status.json", json_text(status, indent=1))
+    kept = {k: v for k, v in previous.items() if k not in status} if isinstance(previous, dict) else {}
+    write_text(out / "reproduce_status.json", json_text({**kept, **status}, indent=1))
     return {**record, "status": status, "markdown": "\n".join(md)}

@@ -33,6 +33,8 @@ def test_the_paired_randomisation_test_by_hand():
     a, b = [np.array([1.0]), np.array([1.0, 0.0, 0.0, 0.0])], [np.array([0.0]), np.zeros(4)]
     assert rp.statistic(a) == pytest.approx((1.0 + 0.25) / 2)
     assert rp.paired_randomisation(a, b, permutations=100)[0] == pytest.approx(0.625)
+    nan = rp.paired_randomisation([np.zeros(0)], [np.zeros(0)])  # no query: no test, not the smallest p
+    assert all(np.isnan(x) for x in nan)
     assert rp.kendall_tau(["a", "b", "c"], ["a", "b", "c"]) == 1.0
     assert rp.kendall_tau(["a", "b", "c"], ["c", "b", "a"]) == -1.0
 
@@ -46,6 +48,19 @@ def test_shipped_papers_load_and_name_existing_experiment_files():
         argv = rp.command(paper, "LTRGR", Path("out"), [], [], quick=True)
         assert "--gin_bindings=INITIAL_CHECKPOINT_PATH = 'out/systems/MINDER/model'" in argv
         assert rp.order(paper, ["LTRGR"]) == ["MINDER", "LTRGR"]
+
+
+def test_a_system_is_run_again_when_what_it_starts_from_changes(tmp_path):
+    need = tmp_path / "MINDER"
+    (need / "dynamic").mkdir(parents=True)
+    (need / "recipe.json").write_text("{}")
+    (need / "dynamic" / "dynamic.json").write_text('{"P": [[0.5]]}')
+    (tmp_path / "x.gin").write_text("A = 1\n")
+    argv = [f"--gin_file={tmp_path / 'x.gin'}"]
+    before = rp.recipe(argv, (), {"MINDER": need})
+    assert rp.recipe(argv, (), {"MINDER": need}) == before
+    (need / "dynamic" / "dynamic.json").write_text('{"P": [[0.6]]}')  # MINDER ran again, with other results
+    assert rp.recipe(argv, (), {"MINDER": need}) != before
 
 
 @pytest.mark.slow

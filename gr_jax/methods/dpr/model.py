@@ -229,7 +229,8 @@ class DprEmbedder(Embedder):
         model = DprModel(enc.network, float(self.temperature))
         out = trainer.fit(model, start, iterator, tx, model_dir=Path(model_dir) / "dpr", train_steps=self.steps,
                           batch_size=self.batch_size, meta=meta, seed=self.seed,
-                          log_period=max(1, min(50, self.steps)), checkpoint_period=self.steps, keep_checkpoints=1,
+                          log_period=max(1, min(50, self.steps)), checkpoint_period=max(1, min(100, self.steps)),
+                          keep_checkpoints=1,
                           progress=self.progress, name="dpr")
         self.params = out["state"]["params"]
         log.info("DPR (%s) trained on %d pairs: %d steps", self.name, len(rows), self.steps)

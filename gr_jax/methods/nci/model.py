@@ -18,7 +18,7 @@ teacher forcing gives for its prefix (tested).
 
 `nci_objective`: the docid cross-entropy of two forward passes with independent dropout, plus `alpha` times
 the symmetric KL between their output distributions at every docid position (½(KL(p‖q) + KL(q‖p)), summed over
-the codes, averaged over positions) — the consistency regularisation of NCI's paper. NCI's released code runs a
+the codes, averaged over positions; rows weighted by `batch["weights"]` when given) — the consistency regularisation of NCI's paper. NCI's released code runs a
 contrastive loss between the two passes' decoder states instead (an override of its R-Drop setting); that
 variant is not built here.
 """
@@ -191,7 +191,9 @@ def nci_objective(model, params, batch, dropout_rng=None, alpha: float = 0.15):
     """Cross-entropy of two dropout passes + alpha · symmetric KL between them (module docstring); without a
     dropout key (evaluation) one pass and no KL."""
     targets = batch["targets"]
-    mask = model.head.target_mask(targets).astype(jnp.float32)
+    weights = batch.get("weights")  # per-row weights, as the default docid cross-entropy reads them
+    row_w = jnp.ones(targets.shape[0], jnp.float32) if weights is None else weights.astype(jnp.float32)
+    mask = model.head.target_mask(targets).astype(jnp.float32) * row_w[:, None]
     tokens = mask.sum()
     pick = lambda logp: jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]  # noqa
     if dropout_rng is None:
@@ -206,4 +208,4 @@ def nci_objective(model, params, batch, dropout_rng=None, alpha: float = 0.15):
     loss = (ce_sum + alpha * kl_sum) / jnp.maximum(tokens, 1.0)
     hit = ((jnp.argmax(p, -1) == targets) | (mask == 0)).all(-1)
     return loss, {"loss": (ce_sum, tokens), "consistency_kl": (kl_sum, tokens),
-                  "docid_accuracy": (hit.sum().astype(jnp.float32), jnp.asarray(targets.shape[0], jnp.float32))}
+                  "docid_accuracy": ((hit * row_w).sum(), row_w.sum())}

@@ -97,6 +97,12 @@ def test_the_consistency_loss_by_hand():
     # float32 network outputs read in float64: the sums of 12 terms of order 1 agree to ~1e-5 relative
     assert float(loss) == pytest.approx((ce + 0.5 * kl) / 12, rel=1e-4)
     assert float(m["consistency_kl"][0]) == pytest.approx(kl, rel=1e-3, abs=1e-6)
+    # per-row weights, as the default cross-entropy reads them: only row 0 counts
+    one, m1 = nci_objective(model, params, {**batch, "weights": np.array([1.0, 0.0, 0.0, 0.0])}, key, alpha=0.5)
+    ce0 = sum(-(p[0, t, batch["targets"][0, t]] + q[0, t, batch["targets"][0, t]]) / 2 for t in range(L))
+    kl0 = sum(0.5 * (np.sum(np.exp(p[0, t]) * (p[0, t] - q[0, t])) + np.sum(np.exp(q[0, t]) * (q[0, t] - p[0, t])))
+              for t in range(L))
+    assert float(one) == pytest.approx((ce0 + 0.5 * kl0) / L, rel=1e-4) and float(m1["docid_accuracy"][1]) == 1
     evaluation, _ = nci_objective(model, params, batch, None)  # no dropout key: one pass, no KL
     assert float(evaluation) > 0
 
