@@ -77,7 +77,9 @@ class DprIterator:
         self.q_ids, self.q_mask = query_tokens
         self.d_ids, self.d_mask = doc_tokens
         self.rows, self.qids = np.asarray(rows, np.int64), list(qids)
-        self.candidates, self.counts = candidates, counts  # [[n, depth] per source], [how many from each]
+        # [[n, depth] per source] or a function that mines them, called at the first batch drawn (a run restored
+        # at its last step draws none); [how many from each]
+        self._candidates, self.counts = candidates, counts
         self.batch_size, self.seed, self.pool = int(batch_size), int(seed), np.asarray(pool, np.int64)
         self.positives = hard.positives_of(self.qids, self.rows)
         self.epoch, self.position = 0, 0
@@ -88,6 +90,12 @@ class DprIterator:
         if sum(counts) > len(self.pool) - most:
             raise DataError(f"DPR: {sum(counts)} hard negatives a query, but {len(self.pool)} documents with up to "
                             f"{most} positives a query; lower DprEmbedder.bm25_negatives / dense_negatives")
+
+    @property
+    def candidates(self) -> list:
+        if callable(self._candidates):
+            self._candidates = self._candidates()
+        return self._candidates
 
     def get_state(self) -> dict:
         return {"epoch": self.epoch, "position": self.position}
@@ -205,14 +213,17 @@ class DprEmbedder(Embedder):
         # two encoders start from the same weights in buffers of their own (the training step donates them)
         start = {"shared": copy(enc.params)} if self.shared else {"query": copy(enc.params),
                                                                    "document": copy(enc.params)}
-        candidates, counts = [], []
-        if self.bm25_negatives:
-            candidates.append(hard.bm25_negatives(corpus, qids, texts, rows, self.negative_depth))
-            counts.append(self.bm25_negatives)
-        if self.dense_negatives:
-            frozen = dataclasses.replace(self, params=start, bm25_negatives=0, dense_negatives=0)
-            candidates.append(hard.dense_negatives(frozen, corpus, qids, texts, rows, self.negative_depth))
-            counts.append(self.dense_negatives)
+        counts = [c for c in (self.bm25_negatives, self.dense_negatives) if c]
+
+        def candidates() -> list:  # mined only if a batch is drawn (not when a finished run is restored)
+            out = []
+            if self.bm25_negatives:
+                out.append(hard.bm25_negatives(corpus, qids, texts, rows, self.negative_depth))
+            if self.dense_negatives:
+                frozen = dataclasses.replace(self, params=start, bm25_negatives=0, dense_negatives=0)
+                out.append(hard.dense_negatives(frozen, corpus, qids, texts, rows, self.negative_depth))
+            return out
+
         iterator = DprIterator(enc.tokenize(texts, max_length=self.query_length, width=self.query_length),
                                enc.tokenize(corpus.texts, max_length=self.document_length,
                                             width=self.document_length),

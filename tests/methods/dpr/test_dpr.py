@@ -110,6 +110,13 @@ def test_batches_negatives_and_masks_by_hand():
     resumed.set_state({"epoch": 0, "position": 4})
     again = next(resumed)
     assert all(np.array_equal(second[k], again[k]) for k in second)
+    mined = []  # candidates given as a function are mined at the first batch, once
+    lazy = DprIterator(tokens(4), tokens(10), rows, qids, lambda: mined.append(1) or [cand], [2], batch_size=4,
+                       seed=3, pool=np.arange(10))
+    assert mined == []
+    first = next(lazy)
+    next(lazy)
+    assert mined == [1] and all(np.array_equal(first[k], batch[k]) for k in batch)
     with pytest.raises(DataError, match="cannot fill a batch of 5"):
         DprIterator(tokens(4), tokens(10), rows, qids, [cand], [2], batch_size=5, seed=0, pool=np.arange(10))
     with pytest.raises(DataError, match="9 hard negatives a query"):
