@@ -10,8 +10,9 @@ behind one interface:
 
 A system indexes `rows` of `corpus` (default: all of them) and returns documents by their ids. BM25 is
 re-indexed over every indexed row at each `add` (as 000 does); dense retrieval encodes new rows with the
-embedder fitted on the first ones; a trained retriever gives new documents docids from its frozen scheme and
-inserts them into its prefix tree. Ties are broken by document id in all three.
+embedder fitted on the first ones; a trained retriever gives new documents docids from its frozen scheme (or,
+for docids decoded by the model, decodes them with its trained parameters) and inserts them into its prefix tree.
+Ties are broken by document id in all three.
 """
 
 from __future__ import annotations
@@ -176,10 +177,12 @@ class TrainedSystem:
     def add(self, rows) -> dict:
         s = self.setup
         self.check_can_add()
-        embeddings = None
-        if s.scheme.needs_embeddings:
-            embeddings = s.embedder.embed([self.corpus.texts[r] for r in rows])
-        table = s.scheme.assign(self.corpus, rows=rows, embeddings=embeddings)
+        table = self._decoded(rows) if s.scheme.decoded_by_model else None
+        if table is None:
+            embeddings = None
+            if s.scheme.needs_embeddings:
+                embeddings = s.embedder.embed([self.corpus.texts[r] for r in rows])
+            table = s.scheme.assign(self.corpus, rows=rows, embeddings=embeddings)
         if table.space.kind == "text" and table.space.end > s.model.config.vocab_size:
             raise ProtocolError(f"new docids use token ids up to {table.space.end} but the model has "
                                f"{s.model.config.vocab_size}")
@@ -189,6 +192,15 @@ class TrainedSystem:
         self.documents += len(rows)
         return {"documents": self.documents, "docids_added": counts["docids_added"],
                 "index_mb": s.index.nbytes / 2**20}
+
+    def _decoded(self, rows) -> DocidTable:
+        """Docids the model decodes from the new documents with its trained parameters (a scheme
+        `decoded_by_model`: GLEN, GenRET), tokenized as the composition tokenizes the corpus."""
+        s = self.setup
+        length = s.feature_lengths.get("documents", s.feature_lengths["inputs"])
+        tokens = tokenize([self.corpus.texts[r] for r in rows], s.vocab, length, what="new documents")
+        codes, weights = s.model.decode_docids(self.params, tokens)
+        return s.scheme.table(codes, weights, np.asarray(rows, np.int64), s.model.config.vocab_size)
 
     def estimate_bytes(self, rows) -> int:
         per_doc = self.setup.index.nbytes / max(self.documents, 1)
