@@ -182,6 +182,17 @@ def recipe(argv: Sequence[str], search_paths: Sequence[str], needs: Optional[dic
     return out
 
 
+def _current(paper: Paper, name: str, out: Path, dataset_files, bindings, quick: bool, search_paths) -> bool:
+    """Whether OUTPUT_DIR holds a result of `name` made by the recipe it would run now (what `run_system` reuses)."""
+    model_dir = out / "systems" / directory_name(name)
+    rec_path = model_dir / "recipe.json"
+    if not rec_path.is_file() or not (model_dir / "dynamic" / "dynamic.json").is_file():
+        return False
+    needs = {n: out / "systems" / directory_name(n) for n in paper.systems[name].get("needs", [])}
+    argv = command(paper, name, out, dataset_files, bindings, quick)
+    return read_json(rec_path, "system recipe") == recipe(argv, search_paths, needs)
+
+
 def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Sequence[str],
                needs: Optional[dict] = None) -> dict:
     """Runs (or reuses) one system; → {"status": "reused" | "ran" | "failed", ...}."""
@@ -444,10 +455,15 @@ def reproduce(paper_name: str, output_dir: str, dataset_files: Sequence[str] = (
         if status[name]["status"] == "reused" and "seconds" in made:
             status[name]["seconds"] = made["seconds"]  # of the run that made the reused results
         log.info("%s: %s", name, status[name])
+    # systems not run this time (--only) whose results are current still fill their rows
+    shown = dict(status)
+    for name in order(paper, [r for t in paper.tables.values() for r in t["rows"]]):
+        if name not in shown and _current(paper, name, out, dataset_files, bindings, quick, search_paths):
+            shown[name] = {"status": "reused"}
     results, hits = {}, {}
-    for name in runnable:
+    for name in shown:
         d = out / "systems" / directory_name(name)
-        if status[name]["status"] in ("ran", "reused"):
+        if shown[name]["status"] in ("ran", "reused"):
             results[name] = {"result": read_json(d / "dynamic" / "dynamic.json", "dynamic result"),
                              "timings": read_json(d / "dynamic_timing.json", "dynamic timing")
                              if (d / "dynamic_timing.json").is_file() else None}
@@ -460,9 +476,7 @@ def reproduce(paper_name: str, output_dir: str, dataset_files: Sequence[str] = (
     record: dict = {"paper": paper.name, "quick": quick, "dataset_files": list(dataset_files), "tables": {}}
     tests: dict = {}
     for tname, t in paper.tables.items():
-        if only and not any(r in only for r in t["rows"]):
-            continue
-        text, rec = table_markdown(paper, tname, results, status)
+        text, rec = table_markdown(paper, tname, results, shown)
         md += [text, ""]
         record["tables"][tname] = rec
         if t["measure"] != "cost":

@@ -108,6 +108,9 @@ def test_a_small_paper_end_to_end(tmp_path, capsys):
     assert {k: v["status"] for k, v in status.items()} == {"BM25": "reused", "Dense": "reused"}
     assert all(status[k]["seconds"] == first[k]["seconds"] for k in status)  # the times of the runs reused
     assert not (out / "paper.prev-1").exists()
+    # one system asked for: the tables still hold every current result (the same tables again)
+    assert cmd.main(argv + ["--only", "Dense"]) == 0
+    assert (out / "paper" / "tables.md").read_text() == md and not (out / "paper.prev-1").exists()
 
     # a changed experiment file: that system runs again, its earlier run kept aside
     (tmp_path / "dense16.gin").write_text("include 'experiments/demo/dynamic_dense.gin'\nTfidfSvdEmbedder.dim = 12\n")
