@@ -1,5 +1,5 @@
 """The dynamic-corpora protocol: the command end to end at small scale (BM25, numeric DSI, text DSI, MDGR,
-DSI++ replay, SEAL, SEAL++), insert == rebuild, the MDGR ranker and docids by hand, published rows, the memory guard."""
+DSI++ replay, SEAL, SEAL++, GenRET), insert == rebuild, the MDGR ranker and docids by hand, published rows, the memory guard."""
 
 import json
 import textwrap
@@ -51,6 +51,12 @@ GR = {  # a text-docid DSI, MDGR, a numeric-docid DSI with DSI++ (replay, SAM an
         TfidfSvdEmbedder.dim = 16
         Replay.steps = 2
         Replay.batch_size = 8
+        """,
+    "genret": """
+        include 'experiments/demo/dynamic_genret.gin'
+        GenretDocids.codes = 8
+        genret_objective.iterations = 20
+        EvalConfig.num_beams = 4
         """,
     "seal": """
         include 'experiments/demo/dynamic_seal.gin'
@@ -198,11 +204,13 @@ def test_command_with_generative_retrievers(tmp_path, name):
     assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / name}'"]) == 0
     result = _check_outputs(tmp_path / name, name)
     expect = {"naive": "gr-naive", "mdgr": "gr-mdgr", "pq_replay": "gr-pq++", "seal": "gr-seal",
-              "seal_sentence": "gr-seal", "seal_replay": "gr-seal++"}[name]
+              "seal_sentence": "gr-seal", "seal_replay": "gr-seal++", "genret": "gr-genret"}[name]
     assert result["method"] == expect
     added = [s.get("docids_added") for s in result["steps"][1:]]
     if name == "mdgr":
         assert added == [0] * 5  # constrained expansion: new chunks only reuse D0 docids
+    elif name == "genret":  # the trained model decodes every new document (its codes may repeat D0's)
+        assert [s["documents"] for s in result["steps"]] == [30, 36, 42, 48, 54, 60]
     else:
         assert sum(added) > 0
     assert (tmp_path / name / "model" / "checkpoints").is_dir()

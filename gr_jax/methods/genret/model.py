@@ -1,0 +1,123 @@
+"""GenRET's model: one T5 is both the document tokeniser and the retriever.
+
+Reading a text (a document or a query), the decoder's state h_t at position t — its inputs the start token, then
+the codes of positions < t — is scored against position t's codebook E_t [K, D]: logits_t = h_t · E_tᵀ (the
+core's `CodebookHead` projection). The codes fed back as the next position's input have embeddings of their own
+(`GenretHead.code_inputs`, one table per position), separate from the codebooks, as in GenRET's released code.
+
+A document's docid is its greedy decoding (`decode_docids`: the argmax code at each position, fed back); a
+query's ranking is the constrained beam search over the documents' decoded docids (the core's search).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.models import t5
+from gr_jax.models.contract import Capabilities
+from gr_jax.models.heads import CodebookHead
+from gr_jax.models.retriever import GenerativeRetriever
+
+
+def _apply(network, params, *args, method):
+    return network.apply({"params": params["network"]}, *args, method=method)
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class GenretHead(CodebookHead):
+    """A codebook head whose input code embeddings (`code_inputs` [T·K, D]) are separate from the output
+    codebooks (`codebook` [T·K, D], E_t = rows t·K … t·K + K − 1)."""
+
+    def init_params(self, config: t5.T5Config, key) -> dict:
+        out_key, in_key = jax.random.split(key)
+        shape = (self.length * self.codes, config.d_model)
+        return {"codebook": self.init_std * jax.random.normal(out_key, shape, jnp.float32),
+                "code_inputs": self.init_std * jax.random.normal(in_key, shape, jnp.float32)}
+
+    def _inputs(self, params):
+        return params["head"]["code_inputs"].reshape(self.length, self.codes, -1)
+
+    def embed(self, network, params, decoder_input_tokens_BxT):
+        """[start, c_0, …, c_{T-2}] → the start token's text embedding, then each code's input embedding."""
+        T = decoder_input_tokens_BxT.shape[1]
+        start = _apply(network, params, decoder_input_tokens_BxT[:, :1], method="embed")
+        prev_pos = jnp.clip(jnp.arange(1, T) - 1, 0, self.length - 1)
+        codes = jnp.clip(decoder_input_tokens_BxT[:, 1:], 0, self.codes - 1)
+        rest = self._inputs(params)[prev_pos[None, :], codes]
+        return jnp.concatenate([start, rest.astype(start.dtype)], axis=1)
+
+    def step(self, network, params, cache, tokens_B):
+        index = cache.step_index
+        start = _apply(network, params, tokens_B, method="embed")
+        prev = self._inputs(params)[jnp.clip(index - 1, 0, self.length - 1), jnp.clip(tokens_B, 0, self.codes - 1)]
+        x_BxD = jnp.where(index == 0, start, prev.astype(start.dtype))
+        hidden, cache = _apply(network, params, cache, x_BxD, method="decode_step_embedded")
+        table_VxD = self._table(params)[jnp.clip(index, 0, self.length - 1)]
+        logits = jnp.dot(self._scale(network, hidden).astype(jnp.float32), table_VxD.T)
+        return logits, cache
+
+
+@gin.configurable
+class GenretRetriever(GenerativeRetriever):
+    """A `GenerativeRetriever` with a `GenretHead` (made from the docid space's codebook head) that decodes the
+    documents' docids itself (capability `decodes_docids`)."""
+
+    def __init__(self, config, head=None, score_mode: str = "log_softmax", **kwargs):
+        if not isinstance(head, CodebookHead):
+            raise ValueError("GenRET needs codebook docids (prepare.docid_scheme = @GenretDocids()); this docid "
+                             "scheme gives a text head")
+        if not isinstance(head, GenretHead):
+            head = GenretHead(length=head.length, codes=head.codes, init_std=head.init_std)
+        super().__init__(config, head, score_mode, **kwargs)
+        self._greedy = jax.jit(self._greedy_impl)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(decodes_docids=True, decoding_bonus=self.bonus_fn is not None)
+
+    def describe(self) -> str:
+        return f"GenretRetriever(score_mode={self.score_mode!r})"
+
+    def positions(self, params, inputs_BxL, codes_BxT, dropout_rng=None):
+        """Teacher forcing over the codes `codes_BxT` (the decoder reads start, c_0, …, c_{T-2}) →
+        (h [B, T, D] float32, the decoder's output states; logits [B, T, K], the head's projection of them)."""
+        decoder_inputs = t5.shift_right(codes_BxT, self.config.decoder_start_token_id)
+        hidden = self._hidden(params, inputs_BxL, decoder_inputs, dropout_rng)
+        logits = self.head.logits(self.network, params, hidden)
+        return hidden.astype(jnp.float32), logits
+
+    def _greedy_impl(self, params, tokens_BxL):
+        B, T = tokens_BxL.shape[0], self.head.length
+        codes = jnp.zeros((B, T), jnp.int32)
+        for t in range(T):  # position t reads the argmax codes of positions < t
+            _, logits = self.positions(params, tokens_BxL, codes)
+            codes = codes.at[:, t].set(jnp.argmax(logits[:, t], axis=-1).astype(jnp.int32))
+        _, logits = self.positions(params, tokens_BxL, codes)
+        return codes, jnp.take_along_axis(logits, codes[..., None], axis=-1)[..., 0]
+
+    def decode_docids(self, params, doc_tokens, batch_size: int = 64):
+        """Every document's greedy code sequence and the raw logit of each code: ([n, T] int32, [n, T] float32).
+        Batches are padded to one shape (one compile); padding rows are dropped."""
+        return _batched(functools.partial(self._greedy, params), np.asarray(doc_tokens, np.int32), batch_size,
+                        self.head.length)
+
+
+def _batched(fn, tokens: np.ndarray, batch_size: int, T: int):
+    n = len(tokens)
+    codes, logits = np.zeros((n, T), np.int32), np.zeros((n, T), np.float32)
+    for start in range(0, n, batch_size):
+        part = tokens[start:start + batch_size]
+        pad = batch_size - len(part)
+        if pad:
+            part = np.concatenate([part, np.zeros((pad, part.shape[1]), np.int32)])
+        c, lg = jax.device_get(fn(jnp.asarray(part)))
+        codes[start:start + batch_size] = c[: batch_size - pad]
+        logits[start:start + batch_size] = lg[: batch_size - pad]
+    return codes, logits

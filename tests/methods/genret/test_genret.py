@@ -1,0 +1,246 @@
+"""GenRET: the balanced assignment (Sinkhorn) against a closed form and its balance, the four loss terms against
+numpy, frozen codebooks, greedy docid decoding equal to teacher forcing and to the search's steps, the stages of
+the batches and their resume, and a demo run restored through infer."""
+
+import json
+from pathlib import Path
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gr_jax.methods.genret.docids import GenretDocids
+from gr_jax.methods.genret.model import GenretHead, GenretRetriever
+from gr_jax.methods.genret.training import (GenretBatches, balanced_codes, genret_losses, genret_objective,
+                                            in_batch_ce, sinkhorn)
+from gr_jax.models import t5
+from gr_jax.models.heads import CodebookHead
+
+CONFIG = t5.get_config("tiny", vocab_size=64, dropout_rate=0.0)
+T, K = 3, 5
+
+
+def _model():
+    return GenretRetriever(CONFIG, CodebookHead(T, K), objective=genret_objective)
+
+
+def test_sinkhorn_two_by_two_closed_form():
+    """Both rows prefer code 0. With uniform marginals (½ each) a 2×2 plan is [[p, ½−p], [½−p, p]], and Sinkhorn
+    keeps the cross-ratio of exp(S'/ε): (p / (½−p))² = e^{S'00 + S'11 − S'01 − S'10}. S = [[2, 0], [1, 0]]
+    rescales to S' = [[1, 0], [½, 0]], cross-ratio e^{½}, so p = e^{¼} / (2 (1 + e^{¼}))."""
+    plan = np.asarray(sinkhorn(jnp.array([[2.0, 0.0], [1.0, 0.0]]), epsilon=1.0, iterations=100))
+    p = np.exp(0.25) / (2 * (1 + np.exp(0.25)))
+    # converged to float32 rounding: entries near ¼, 1e-6 relative
+    np.testing.assert_allclose(plan, [[p, 0.5 - p], [0.5 - p, p]], rtol=1e-6)
+    # balanced: the row that prefers code 0 less takes code 1; a plain argmax gives both code 0
+    assert np.asarray(balanced_codes(jnp.array([[2.0, 0.0], [1.0, 0.0]]))).tolist() == [0, 1]
+
+
+def _numpy_sinkhorn(S, eps=1.0, iters=100):
+    """Plain (not log-domain) alternating normalisation: the oracle shares no code with `sinkhorn`."""
+    Q = np.exp(S / np.abs(S).max() / eps)
+    B, Kc = Q.shape
+    for _ in range(iters):
+        Q = Q / Q.sum(0, keepdims=True) / Kc
+        Q = Q / Q.sum(1, keepdims=True) / B
+    return Q
+
+
+def test_balanced_codes_spread_a_skewed_batch_and_follow_the_rows():
+    rng = np.random.default_rng(0)
+    B, Kc = 64, 8
+    S = rng.normal(size=(B, Kc)) * 0.3
+    S[:, 0] += 2.0  # every document's best code is 0
+    assert (S.argmax(1) == 0).all()
+    plan = np.asarray(sinkhorn(jnp.asarray(S, jnp.float32)))
+    oracle = _numpy_sinkhorn(S)
+    # marginals: float32 log-domain iterations against float64; entries ~1/512, 1e-4 relative
+    np.testing.assert_allclose(plan, oracle, rtol=1e-4)
+    np.testing.assert_allclose(plan.sum(1), 1 / B, rtol=1e-5)
+    np.testing.assert_allclose(plan.sum(0), 1 / Kc, rtol=1e-3)
+    codes = np.asarray(balanced_codes(jnp.asarray(S, jnp.float32)))
+    counts = np.bincount(codes, minlength=Kc)
+    assert (counts > 0).all() and counts.max() <= 2 * B // Kc, counts
+    np.testing.assert_array_equal(codes, oracle.argmax(1))
+    perm = rng.permutation(B)  # a row's code does not depend on where the row sits in the batch
+    np.testing.assert_array_equal(np.asarray(balanced_codes(jnp.asarray(S[perm], jnp.float32))), codes[perm])
+
+
+def _log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def test_the_loss_terms_by_hand():
+    rng = np.random.default_rng(1)
+    B, D, t = 4, 6, 1
+    qh, dh = rng.normal(size=(B, T, D)), rng.normal(size=(B, T, D))
+    ql, dl = rng.normal(size=(B, T, K)) * 2, rng.normal(size=(B, T, K)) * 2
+    prefix = rng.integers(0, K, (B, T))
+    rows = np.array([7, 3, 7, 5])  # rows 0 and 2 hold the same document
+    E = rng.normal(size=(K, D))
+    out = genret_losses(*(jnp.asarray(a, jnp.float32) for a in (qh, ql, dh, dl)), jnp.asarray(prefix),
+                        jnp.int32(t), jnp.asarray(rows), jnp.asarray(E, jnp.float32))
+    c = _numpy_sinkhorn(dl[:, t]).argmax(1)
+    np.testing.assert_array_equal(np.asarray(out["codes"]), c)
+    ce = -(_log_softmax(ql[:, t])[np.arange(B), c] + _log_softmax(dl[:, t])[np.arange(B), c]).mean()
+
+    def in_batch(S):
+        S = S.copy()
+        for i in range(B):
+            for j in range(B):
+                if i != j and rows[i] == rows[j]:
+                    S[i, j] = -np.inf
+        return -np.diag(_log_softmax(S)).mean()
+
+    cl = in_batch(qh[:, t] @ dh[:, t].T)
+    code = -(_log_softmax(ql[:, 0])[np.arange(B), prefix[:, 0]]
+             + _log_softmax(dl[:, 0])[np.arange(B), prefix[:, 0]]).mean()  # positions < t: only 0
+    rec = in_batch(E[c] @ dh[:, t].T)
+    # float32 against float64 on terms of order 1–10: 1e-5 relative
+    for name, want in (("ce", ce), ("cl", cl), ("code", code), ("rec", rec)):
+        np.testing.assert_allclose(float(out[name]), want, rtol=1e-5, err_msg=name)
+    # at position 0 there is no prefix to keep
+    out0 = genret_losses(*(jnp.asarray(a, jnp.float32) for a in (qh, ql, dh, dl)), jnp.asarray(prefix),
+                         jnp.int32(0), jnp.asarray(rows), jnp.asarray(E, jnp.float32))
+    assert float(out0["code"]) == 0.0
+
+
+def test_in_batch_ce_masks_only_other_copies_of_the_same_document():
+    S = jnp.array([[1.0, 5.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    # rows 0 and 1 hold the same document: each one's column of the other is masked (row 0 loses its 5.0)
+    masked = float(in_batch_ce(S, jnp.array([2, 2, 9])))
+    one_other = -np.log(np.exp(1) / (np.exp(1) + np.exp(0)))
+    two_others = -np.log(np.exp(1) / (np.exp(1) + 2))
+    np.testing.assert_allclose(masked, (one_other + one_other + two_others) / 3, rtol=1e-6)
+
+
+def test_earlier_codebooks_are_frozen_and_later_ones_untouched():
+    model = _model()
+    params = model.init_params(0)
+    rng = np.random.default_rng(2)
+    B = 6
+    batch = {"inputs": jnp.asarray(rng.integers(2, 64, (B, 8)), jnp.int32),
+             "documents": jnp.asarray(rng.integers(2, 64, (B, 10)), jnp.int32),
+             "prefix": jnp.asarray(rng.integers(0, K, (B, T)), jnp.int32),
+             "rows": jnp.arange(B, dtype=jnp.int32), "position": jnp.full(B, 1, jnp.int32)}
+    grads = jax.grad(lambda p: genret_objective(model, p, batch)[0])(params)
+    g = np.abs(np.asarray(grads["head"]["codebook"]).reshape(T, K, -1)).sum(axis=(1, 2))
+    assert g[0] == 0.0 and g[2] == 0.0 and g[1] > 0.0, g
+    assert np.abs(np.asarray(grads["head"]["code_inputs"])).sum() > 0.0  # the prefix's input codes train
+
+
+def test_greedy_docids_equal_teacher_forcing_and_the_search_steps():
+    model = _model()
+    params = model.init_params(3)
+    # make the codebooks large enough that the argmax depends on the document
+    params["head"]["codebook"] = params["head"]["codebook"] * 30.0
+    docs = np.random.default_rng(4).integers(2, 64, (70, 12)).astype(np.int32)  # > one batch of 64
+    codes, weights = model.decode_docids(params, docs)
+    assert codes.shape == (70, T) and len({tuple(c) for c in codes}) > 5
+    _, logits = model.positions(params, jnp.asarray(docs), jnp.asarray(codes))
+    logits = np.asarray(logits)
+    np.testing.assert_array_equal(logits.argmax(-1), codes)  # each code is the argmax given the earlier ones
+    np.testing.assert_allclose(weights, np.take_along_axis(logits, codes[..., None], -1)[..., 0], rtol=1e-5,
+                               atol=1e-5)
+    cache = model._cache(params, jnp.asarray(docs[:5]), T + 1)
+    prev = jnp.full(5, CONFIG.decoder_start_token_id, jnp.int32)
+    for pos in range(T):  # the search's cached steps give teacher forcing's logits
+        step_logits, cache = model._step(params, cache, prev)
+        # float32 through two code paths (cached attention vs full): logits of order 10–100, 1e-4 relative
+        np.testing.assert_allclose(np.asarray(step_logits), logits[:5, pos], rtol=1e-4, atol=1e-3)
+        prev = jnp.asarray(codes[:5, pos])
+
+
+def _batches(order=None, B=4):
+    rows = np.arange(10)  # pair i: query "q<i>" (input tokens all i) → document row i
+    keys = [(f"q{i}", f"d{i}") for i in rows]
+    o = np.arange(10) if order is None else order
+    doc_tokens = np.arange(10)[:, None] * np.ones((1, 3), np.int32) + 100
+    b = GenretBatches(np.tile(rows[o, None], (1, 4)), rows[o], [keys[i] for i in o], doc_tokens, B,
+                      stage_steps=4, positions=3, seed=1)
+    b.set_docids(np.stack([rows % 2, rows % 3, rows % 5], 1))  # position 0's prefix groups: even / odd rows
+    return b
+
+
+def test_the_batches_stages_prefix_groups_and_resume():
+    with pytest.raises(RuntimeError, match="set_docids"):
+        next(GenretBatches(np.zeros((2, 3)), np.arange(2), [1, 2], np.zeros((2, 3)), 2, 2, 3))
+    b = _batches()
+    got = [next(b) for _ in range(12)]
+    assert [int(x["position"][0]) for x in got] == [0] * 4 + [1] * 4 + [2] * 4
+    for x in got:
+        r = x["inputs"][:, 0]
+        assert len(r) == 4
+        np.testing.assert_array_equal(x["rows"], r)
+        np.testing.assert_array_equal(x["documents"][:, 0], r + 100)
+        np.testing.assert_array_equal(x["prefix"], np.stack([r % 2, r % 3, r % 5], 1))
+    # position 1: groups {0,2,4,6,8} and {1,3,5,7,9} (code 0 = row mod 2) → batches of 4, then 1 + 3 filled from
+    # the other group; one epoch = 4 batches, every pair once as a group member
+    plan = b.plan(1, 0)
+    assert len(plan) == 4
+    members = np.concatenate([m for m, _ in plan])
+    assert sorted(members.tolist()) == list(range(10))
+    for m, fill in plan:
+        assert len(m) + len(fill) == 4 and len({int(x) % 2 for x in m}) == 1
+        assert all(int(f) % 2 != int(m[0]) % 2 for f in fill)
+    # position 2: groups by (row mod 2, row mod 3): six groups of 1–2 pairs
+    assert sorted(len(g) for g in b.groups(2)) == [1, 1, 2, 2, 2, 2]
+    # resume: the state is the step
+    resumed = _batches()
+    resumed.set_state({"step": 3})
+    for want in got[3:]:
+        have = next(resumed)
+        assert all(np.array_equal(have[k], want[k]) for k in want)
+    # the order of the pairs changes no batch (keys decide)
+    shuffled = _batches(order=np.random.default_rng(0).permutation(10))
+    for want in got:
+        have = next(shuffled)
+        assert all(np.array_equal(have[k], want[k]) for k in want)
+    with pytest.raises(ValueError, match="one per document row"):
+        b.set_docids(np.zeros((10, 2)))
+
+
+def test_the_scheme_and_the_model_refuse_what_they_cannot_do():
+    from gr_jax.models.heads import TextHead
+
+    with pytest.raises(ValueError, match="codebook docids"):
+        GenretRetriever(CONFIG, TextHead())
+    with pytest.raises(ValueError, match="decoded by the model"):
+        GenretDocids().assign(None)
+    with pytest.raises(ValueError, match="integer ≥ 1"):
+        GenretDocids(codes=0)
+    scheme = GenretDocids(length=2, codes=4)
+    table = scheme.table(np.array([[1, 3], [0, 2]]), np.zeros((2, 2)), np.array([5, 2]), 100)
+    assert table.doc_rows.tolist() == [2, 5] and table.sequences.tolist() == [[0, 2], [1, 3]]
+    with pytest.raises(ValueError, match="outside"):
+        scheme.table(np.array([[1, 4]]), np.zeros((1, 2)), np.array([0]), 100)
+    with pytest.raises(ValueError, match="codes 8"):
+        GenretDocids(length=2, codes=4).load_state({"length": 2, "codes": 8}, {})
+    assert isinstance(_model().head, GenretHead)
+
+
+@pytest.mark.slow
+def test_a_small_genret_run_trains_in_stages_and_restores_through_infer(tmp_path):
+    from gr_jax import infer as infer_cmd
+    from gr_jax import train as train_cmd
+
+    exp = tmp_path / "genret.gin"
+    exp.write_text("include 'experiments/demo/genret.gin'\nload_dataset.demo_docs = 60\nTRAIN_STEPS = 9\n"
+                   "BATCH_SIZE = 16\nprepare.vocab_size = 300\ntrain.progress = False\ntrain.log_period = 1\n"
+                   "train.checkpoint_period = 9\nEvalConfig.num_beams = 4\nGenretDocids.codes = 8\n"
+                   "genret_objective.iterations = 20\n")
+    model_dir = tmp_path / "run"
+    assert train_cmd.main([f"--gin_file={exp}", f"--gin.MODEL_DIR='{model_dir}'"]) == 0
+    metrics = [json.loads(x) for x in (model_dir / "train_metrics.jsonl").read_text().splitlines()]
+    assert [m["position"] for m in metrics if "loss" in m] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    lines = (model_dir / "docids" / "step9.tsv").read_text().splitlines()
+    assert len(lines) == 60 and all(len(x.split("\t")[1].split()) == 3 for x in lines)
+    final = model_dir / "runs" / "test.step9.run"
+    final.rename(tmp_path / "final.run")
+    gin.clear_config()
+    assert infer_cmd.main([f"--gin_file={exp}", "--gin_file=runs/eval.gin", f"--gin.MODEL_DIR='{model_dir}'",
+                           "--gin.NUM_BEAMS=4", "--gin.EVAL_SPLIT='test'"]) == 0
+    assert Path(final).read_text() == (tmp_path / "final.run").read_text()
