@@ -343,6 +343,10 @@ def train(model_dir: str = gin.REQUIRED, train_steps: Count = gin.REQUIRED, batc
     def redecode(step, params):
         log.info("step %d: decoding every document's docid with the current parameters", step)
         use_model_docids(setup, decode_model_docids(setup, params))
+        new = setup.objectives.on_refresh(step, params, setup.model, setup.table, setup.document_tokens())
+        if new is not None:  # the objectives rewrote parameters (GenRET's new codebook): the docids follow them
+            use_model_docids(setup, decode_model_docids(setup, new))
+        return new
 
     out = trainer.fit(setup.model, initial_params(setup, seed, initial_checkpoint_path), setup.iterator, tx,
                       model_dir=model_dir, train_steps=train_steps, batch_size=batch_size, meta=provenance(setup),

@@ -31,12 +31,21 @@ class ObjectivesConfig:
     again; 0: never after the start), and `examples(pairs, table, vocab, lengths)`: given pairs (`data.pairs.Pairs`:
     texts → corpus rows, e.g. the new and replayed documents of DSI++'s continued training) as training
     examples. The default makes DSI's (the text → the row's docid); a method whose targets are not the table's
-    rows (SEAL: n-grams of them) makes its own."""
+    rows (SEAL: n-grams of them) makes its own.
+
+    `on_refresh(step, params, model, table, doc_tokens)` runs after each decoding of docids decoded by the model
+    (before the first step and every `refresh_period` steps, `table` the docids just decoded, `doc_tokens` the
+    corpus by row) and may return new parameters (GenRET initialises a new position's codebook from the documents);
+    default: None, the parameters stay. A rewrite must give the same parameters when applied to its own result (a
+    resumed run applies it again to the checkpoint saved after it)."""
 
     refresh_period = 0
 
     def iterator(self, inp: "ObjectiveInputs") -> MixtureIterator:
         raise NotImplementedError
+
+    def on_refresh(self, step: int, params, model, table: DocidTable, doc_tokens):
+        return None
 
     def examples(self, pairs, table: DocidTable, vocab, lengths: dict) -> ExampleStore:
         return example_store(pairs, table, vocab, lengths, all_docids=False)

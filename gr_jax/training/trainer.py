@@ -434,7 +434,10 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     `refresh(step, params)` rebuilds state that follows the parameters (GLEN's docids, re-decoded from the
     corpus): once before the first step (after a resume: with the resumed parameters) and, with
     `refresh_period` R > 0, after every step that is a multiple of R. A resumed run repeats an uninterrupted
-    one only if it resumes at a multiple of R, hence `checkpoint_period` must be one.
+    one only if it resumes at a multiple of R, hence `checkpoint_period` must be one. A refresh may return new
+    parameters (e.g. GenRET's codebook of a new docid position, initialised from the documents), which replace the
+    state's before that step's checkpoint is saved; since a resumed run calls it again with the checkpoint's
+    parameters, such a rewrite must give the same parameters when applied to its own result.
 
     `on_start()` runs once the checkpoints in `model_dir` have been accepted (a run refused for another
     provenance has written nothing by then): `compose.train` writes the run's config.gin there."""
@@ -469,8 +472,13 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
                             f"raise TRAIN_STEPS or use a new MODEL_DIR")
     if on_start is not None:
         on_start()
+    def apply_refresh():
+        new = refresh(step, state["params"])
+        if new is not None:  # placed as the state's parameters are: the step keeps its one compilation
+            state["params"] = jax.device_put(new, state_shardings["params"])
+
     if refresh is not None:
-        refresh(step, state["params"])
+        apply_refresh()
     scalars = _Scalars(model_dir, name, progress, train_steps, step)
     eval_writer = ScalarWriter(model_dir, "eval", step) if evaluate is not None and eval_period else None
     # The step's temporaries are allocated afresh on every call: keep the freed blocks (host_memory).
@@ -482,7 +490,7 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
             if step_callback is not None:
                 step_callback(step)
             if refresh is not None and refresh_period and step % refresh_period == 0 and step < train_steps:
-                refresh(step, state["params"])
+                apply_refresh()
             if step % log_period == 0 or step == train_steps:
                 if int(state["nonfinite"]) > 0:
                     raise TrainingError(_nonfinite_message(model_dir, step - scalars.since, step, saver.steps,
