@@ -32,6 +32,7 @@ from gr_jax.decoding import beam_search as bs
 from gr_jax.index.device import leaf_documents
 from gr_jax.methods.glen.ranker import CollisionFree
 from gr_jax.models import convert, t5
+from gr_jax.models.batching import map_padded
 from gr_jax.models.contract import Capabilities
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.models.search import Searcher
@@ -108,17 +109,11 @@ def decode_docids(network: t5.T5, net_params, doc_tokens: np.ndarray, length: in
     (one compile); padding rows are dropped."""
     masked = tuple(int(i) for i in masked_ids)
     doc_tokens = np.asarray(doc_tokens, np.int32)
-    n = len(doc_tokens)
-    ids, logits = np.zeros((n, length), np.int32), np.zeros((n, length), np.float32)
-    for start in range(0, n, batch_size):
-        part = doc_tokens[start:start + batch_size]
-        pad = batch_size - len(part)
-        if pad:
-            part = np.concatenate([part, np.zeros((pad, part.shape[1]), np.int32)])
-        i, lg = jax.device_get(_greedy(network, net_params, jnp.asarray(part), length, masked))
-        ids[start:start + batch_size] = i[: batch_size - pad]
-        logits[start:start + batch_size] = lg[: batch_size - pad]
-    return ids, logits
+    if not len(doc_tokens):
+        return np.zeros((0, length), np.int32), np.zeros((0, length), np.float32)
+    ids, logits = map_padded(lambda part: _greedy(network, net_params, part, length, masked), [doc_tokens],
+                             batch_size)
+    return ids.astype(np.int32), logits.astype(np.float32)
 
 
 def _table_cache(logits_BxMxV, masked_ids):
