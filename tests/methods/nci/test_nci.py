@@ -1,10 +1,7 @@
 """NCI: PAWA's projection for a given prefix against numpy, the adaptor's causality, decoding equal to teacher
 forcing (the prefix kept in the cache), the consistency loss by hand, and a demo run restored through infer."""
 
-import json
-from pathlib import Path
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +12,7 @@ from gr_jax.methods.nci.model import NciRetriever, PawaHead, nci_objective
 from gr_jax.models import t5
 from gr_jax.models.heads import CodebookHead
 from gr_jax.vocab import DocidTokenSpace
+from tests.methods import assert_infer_repeats_the_final_run, train_small
 
 CONFIG = t5.get_config("tiny", dropout_rate=0.0)
 L, V = 3, 5
@@ -116,21 +114,8 @@ def test_a_text_docid_scheme_is_refused():
 
 @pytest.mark.slow
 def test_a_small_nci_run_restores_through_infer(tmp_path):
-    from gr_jax import infer as infer_cmd
-    from gr_jax import train as train_cmd
-
-    exp = tmp_path / "nci.gin"
-    exp.write_text("include 'experiments/demo/nci.gin'\nload_dataset.demo_docs = 60\nTRAIN_STEPS = 8\n"
-                   "BATCH_SIZE = 16\nprepare.vocab_size = 300\ntrain.progress = False\ntrain.log_period = 1\n"
-                   "train.checkpoint_period = 8\nEvalConfig.num_beams = 4\nSemanticDocids.k = 4\n"
-                   "SemanticDocids.c = 8\nTfidfSvdEmbedder.dim = 8\nPawaHead.adaptor_ffn = 32\n")
-    model_dir = tmp_path / "run"
-    assert train_cmd.main([f"--gin_file={exp}", f"--gin.MODEL_DIR='{model_dir}'"]) == 0
-    metrics = [json.loads(x) for x in (model_dir / "train_metrics.jsonl").read_text().splitlines()]
+    exp, model_dir, metrics = train_small(tmp_path, "experiments/demo/nci.gin", 8,
+                                          "SemanticDocids.k = 4\nSemanticDocids.c = 8\nTfidfSvdEmbedder.dim = 8\n"
+                                          "PawaHead.adaptor_ffn = 32\n")
     assert all("consistency_kl" in m for m in metrics if "loss" in m)
-    final = model_dir / "runs" / "test.step8.run"
-    final.rename(tmp_path / "final.run")
-    gin.clear_config()
-    assert infer_cmd.main([f"--gin_file={exp}", "--gin_file=runs/eval.gin", f"--gin.MODEL_DIR='{model_dir}'",
-                           "--gin.NUM_BEAMS=4", "--gin.EVAL_SPLIT='test'"]) == 0
-    assert Path(final).read_text() == (tmp_path / "final.run").read_text()
+    assert_infer_repeats_the_final_run(tmp_path, exp, model_dir, 8)

@@ -2,9 +2,7 @@
 trains in three stages and restores through gr_jax.infer."""
 
 import json
-from pathlib import Path
 
-import gin
 import numpy as np
 import pytest
 
@@ -12,6 +10,7 @@ from gr_jax.data.pipeline import ExampleStore, MixtureIterator
 from gr_jax.data.readers import Corpus, Dataset, QuerySet
 from gr_jax.methods.ultron.docids import ultron_url
 from gr_jax.methods.ultron.training import StagedIterator, UltronStages, passages, top_terms
+from tests.methods import assert_infer_repeats_the_final_run, train_small
 
 
 def _stage(marker: int, n: int = 5) -> MixtureIterator:
@@ -81,23 +80,9 @@ def test_ultron_url_docids_by_hand():
 
 @pytest.mark.slow
 def test_a_small_ultron_run_trains_in_three_stages_and_restores_through_infer(tmp_path):
-    from gr_jax import infer as infer_cmd
-    from gr_jax import train as train_cmd
-
-    exp = tmp_path / "ultron.gin"
-    exp.write_text("include 'experiments/demo/ultron_url.gin'\nload_dataset.demo_docs = 60\nTRAIN_STEPS = 12\n"
-                   "BATCH_SIZE = 16\nprepare.vocab_size = 300\nTASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 24}\n"
-                   "train.progress = False\ntrain.log_period = 1\ntrain.checkpoint_period = 12\n"
-                   "EvalConfig.num_beams = 4\n")
-    model_dir = tmp_path / "run"
-    assert train_cmd.main([f"--gin_file={exp}", f"--gin.MODEL_DIR='{model_dir}'"]) == 0
-    metrics = [json.loads(x) for x in (model_dir / "train_metrics.jsonl").read_text().splitlines()]
+    exp, model_dir, metrics = train_small(tmp_path, "experiments/demo/ultron_url.gin", 12,
+                                          "TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 24}\n")
     assert [m["step"] for m in metrics][-1] == 12
-    final = next(model_dir.glob("runs/test.step12.run"))
-    final.rename(tmp_path / "final.run")
-    gin.clear_config()
-    assert infer_cmd.main([f"--gin_file={exp}", "--gin_file=runs/eval.gin", f"--gin.MODEL_DIR='{model_dir}'",
-                           "--gin.NUM_BEAMS=4", "--gin.EVAL_SPLIT='test'"]) == 0
-    assert Path(final).read_text() == (tmp_path / "final.run").read_text()
     config = (model_dir / "config.gin").read_text()
     assert "UltronStages" in config and "UltronUrlDocids" in config
+    assert_infer_repeats_the_final_run(tmp_path, exp, model_dir, 12)
