@@ -21,6 +21,7 @@ import numpy as np
 
 from gr_jax.models import t5
 from gr_jax.models.contract import Capabilities
+from gr_jax.models.batching import map_padded
 from gr_jax.models.heads import CodebookHead
 from gr_jax.models.retriever import GenerativeRetriever
 
@@ -77,6 +78,7 @@ class GenretRetriever(GenerativeRetriever):
             head = GenretHead(length=head.length, codes=head.codes, init_std=head.init_std)
         super().__init__(config, head, score_mode, **kwargs)
         self._greedy = jax.jit(self._greedy_impl)
+        self._states = jax.jit(lambda params, tokens, codes: self.positions(params, tokens, codes)[0])
 
     @property
     def capabilities(self) -> Capabilities:
@@ -105,19 +107,12 @@ class GenretRetriever(GenerativeRetriever):
     def decode_docids(self, params, doc_tokens, batch_size: int = 64):
         """Every document's greedy code sequence and the raw logit of each code: ([n, T] int32, [n, T] float32).
         Batches are padded to one shape (one compile); padding rows are dropped."""
-        return _batched(functools.partial(self._greedy, params), np.asarray(doc_tokens, np.int32), batch_size,
-                        self.head.length)
+        codes, logits = map_padded(functools.partial(self._greedy, params), [np.asarray(doc_tokens, np.int32)],
+                                   batch_size)
+        return codes.astype(np.int32), logits.astype(np.float32)
 
-
-def _batched(fn, tokens: np.ndarray, batch_size: int, T: int):
-    n = len(tokens)
-    codes, logits = np.zeros((n, T), np.int32), np.zeros((n, T), np.float32)
-    for start in range(0, n, batch_size):
-        part = tokens[start:start + batch_size]
-        pad = batch_size - len(part)
-        if pad:
-            part = np.concatenate([part, np.zeros((pad, part.shape[1]), np.int32)])
-        c, lg = jax.device_get(fn(jnp.asarray(part)))
-        codes[start:start + batch_size] = c[: batch_size - pad]
-        logits[start:start + batch_size] = lg[: batch_size - pad]
-    return codes, logits
+    def document_states(self, params, doc_tokens, codes, position: int, batch_size: int = 64) -> np.ndarray:
+        """The decoder's states at `position` [n, D] of every document, teacher-forced over its `codes` [n, T]."""
+        (h,) = map_padded(lambda tokens, c: self._states(params, tokens, c)[:, position],
+                          [np.asarray(doc_tokens, np.int32), np.asarray(codes, np.int32)], batch_size)
+        return h.astype(np.float32)

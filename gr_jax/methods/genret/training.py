@@ -3,7 +3,8 @@ time. TRAIN_STEPS is split into T stages; stage t trains position t:
 
 * at the stage's start every document's docid is decoded with the current parameters (the composition's
   re-decoding, `refresh_period` = the stage length): its codes at positions < t are the fixed prefix of the
-  stage, and both the document and its query are teacher-forced over that prefix;
+  stage, and both the document and its query are teacher-forced over that prefix; then E_t is initialised by
+  a balanced k-means of the documents' states at t (`on_refresh`);
 * the codebooks of positions < t are frozen (no gradient reaches them) and positions > t are not trained yet;
 * the document's target code at t is its *balanced* assignment within the batch (`balanced_codes`): the
   argmax of the entropic optimal-transport plan between the batch's documents and the K codes (`sinkhorn`,
@@ -13,7 +14,7 @@ time. TRAIN_STEPS is split into T stages; stage t trains position t:
 The loss of a batch of (query, document) pairs at position t, h the decoder states, ℓ the codebook logits:
 
     ce    = CE(ℓ^q_t, c) + CE(ℓ^d_t, c)                    both texts predict the balanced code c
-    cl    = in-batch CE of h^q_t · h^dᵀ_t                    query → its document among the batch's (no temperature)
+    cl    = in-batch CE of h^q_t · h^dᵀ_t                    query → its document in the batch (no temperature)
     code  = mean over p < t of CE(ℓ^q_p, prefix_p) + CE(ℓ^d_p, prefix_p)      keeps the earlier codes stable
     rec   = in-batch CE of (E_t[c] + h^d_t − sg(h^d_t)) · sg(h^d)ᵀ_t          the code must identify its document
                                                                            (straight-through reconstruction)
@@ -26,10 +27,11 @@ Differences from GenRET's released code (sunnweiwei/GenRet, run.py), on purpose 
 * its Sinkhorn divides by the total mass on the document side, so only the per-code normalisation acts (a
   one-sided balance); here both marginals are enforced (the paper's algorithm: ε 1, 100 iterations, scores
   rescaled to [−1, 1] by their largest magnitude — the released code rescales by the batch's max and min);
-* before each main stage it trains a "pre" stage (contrastive + prefix codes) and initialises E_t by a
-  size-constrained k-means of the documents' states at t (prefix-group means replaced by the global mean); not
-  built: E_t keeps its initialisation and the balanced assignment alone keeps the codes used. The k-means needs a
-  trainer hook that rewrites parameters at a stage boundary, resumably, which the core does not have yet;
+* before each main stage it trains a "pre" stage (contrastive + prefix codes only), then initialises E_t by a
+  size-constrained k-means (scikit's KMeansConstrained) of the documents' states at t, prefix-group means replaced
+  by the global mean; here there is no "pre" stage, and E_t is initialised at the stage's start from the same
+  prefix-centred states by the core's k-means followed by Lloyd steps with the balanced assignment
+  (`GenretTraining.on_refresh`, `balanced_kmeans`: no cluster above twice the mean size);
 * its code logits are the raw h_t · E_tᵀ; here the core head's projection, which for T5 v1.0 (tied) scales h_t by
   d_model^-0.5 (a constant factor inside the softmax); the contrastive and reconstruction terms use the raw h_t;
 * it rebuilds the optimizer per stage (constant lr 5e-4); here one AdamW with the run's schedule runs through, so
@@ -79,6 +81,62 @@ def balanced_codes(scores_BxK, epsilon: float = 1.0, iterations: int = 100):
     """Each row's code under the balanced plan (`sinkhorn`), no gradient: [B] int32."""
     plan = sinkhorn(jax.lax.stop_gradient(scores_BxK), epsilon, iterations)
     return jnp.argmax(plan, axis=-1).astype(jnp.int32)
+
+
+def prefix_centered(states_NxD: np.ndarray, prefixes_NxT: np.ndarray) -> np.ndarray:
+    """Each state minus the mean of the states sharing its prefix, plus the mean of all (GenRET's
+    `norm_by_prefix`): clusters at a later position then split every prefix group rather than repeat the earlier
+    positions' split. An empty prefix (position 0) leaves the states as they are."""
+    x = np.asarray(states_NxD, np.float64)
+    if prefixes_NxT.shape[1] == 0:
+        return x.astype(np.float32)
+    _, g = np.unique(prefixes_NxT, axis=0, return_inverse=True)
+    g = g.reshape(-1)
+    sums = np.zeros((g.max() + 1, x.shape[1]))
+    np.add.at(sums, g, x)
+    means = sums / np.bincount(g)[:, None]
+    return (x - means[g] + x.mean(0)).astype(np.float32)
+
+
+def capped_assignment(d_NxK: np.ndarray, cap: int) -> np.ndarray:
+    """Each row's cluster when no cluster takes more than `cap` rows: (row, cluster) pairs are taken by distance,
+    nearest first, skipping full clusters and assigned rows (ties by cluster, then row). [N] int."""
+    n, k = d_NxK.shape
+    if cap * k < n:
+        raise ValueError(f"capped assignment: {k} clusters of at most {cap} cannot hold {n} rows")
+    rows, cols = np.divmod(np.arange(n * k), k)
+    order = np.lexsort((rows, cols, d_NxK.reshape(-1)))
+    out = np.full(n, -1, np.int64)
+    size = np.zeros(k, np.int64)
+    left = n
+    for i in order:
+        r, c = rows[i], cols[i]
+        if out[r] < 0 and size[c] < cap:
+            out[r] = c
+            size[c] += 1
+            left -= 1
+            if not left:
+                break
+    return out
+
+
+def balanced_kmeans(x_NxD: np.ndarray, k: int, iters: int = 10, seed: int = 0, max_ratio: float = 2.0) -> np.ndarray:
+    """k centroids [k, D]: k-means (the core's, k-means++ start), then `iters` Lloyd steps whose assignment caps
+    every cluster at `max_ratio` times the mean size (`capped_assignment`; GenRET's size-constrained k-means, whose
+    largest cluster is bounded the same way); an empty cluster keeps its centroid."""
+    from gr_jax.docids.quantize import kmeans
+
+    x = np.asarray(x_NxD, np.float32)
+    c = kmeans(x, k, seed=seed).centroids.astype(np.float32)
+    cap = max(1, math.ceil(max_ratio * len(x) / k))
+    for _ in range(iters):
+        d = (x * x).sum(1)[:, None] - 2.0 * x @ c.T + (c * c).sum(1)[None]  # squared distances [N, k]
+        codes = capped_assignment(d, cap)
+        for j in range(k):
+            members = x[codes == j]
+            if len(members):
+                c[j] = members.mean(0)
+    return c
 
 
 def _ce(logits_BxK, targets_B):
@@ -257,6 +315,8 @@ class GenretTraining(ObjectivesConfig):
 
     train_steps: Count = gin.REQUIRED  # bind to %TRAIN_STEPS
     positions: Count = 3  # GenretDocids.length
+    kmeans_init: bool = True  # each position's codebook from a balanced k-means of the documents' states
+    seed: int = 0
 
     @property
     def stage_steps(self) -> int:
@@ -265,6 +325,26 @@ class GenretTraining(ObjectivesConfig):
     @property
     def refresh_period(self) -> int:
         return self.stage_steps
+
+    def on_refresh(self, step: int, params, model, table, doc_tokens):
+        """At each stage's start (after its docids are decoded): position t's codebook E_t ← the balanced k-means
+        centroids of the documents' states at t (teacher-forced over their decoded prefix; prefix groups centred,
+        `prefix_centered`). The states at t do not read E_t, so applying this to its own result changes nothing
+        (a resumed run repeats it exactly). Off with `kmeans_init = False`."""
+        if not self.kmeans_init or step % self.stage_steps:
+            return None
+        t = step // self.stage_steps
+        if t == 0 or t >= self.positions:
+            return None
+        T, K = model.head.length, model.head.codes
+        codes = np.asarray(table.sequences)[np.argsort(table.doc_rows, kind="stable")][:, :T]
+        states = model.document_states(params, doc_tokens, codes, t)
+        centroids = balanced_kmeans(prefix_centered(states, codes[:, :t]), K, seed=self.seed + t)
+        book = np.array(params["head"]["codebook"], np.float32).reshape(T, K, -1)
+        book[t] = centroids
+        log.info("step %d: codebook of docid position %d initialised by balanced k-means of %d documents' states",
+                 step, t + 1, len(states))
+        return {**params, "head": {**params["head"], "codebook": jnp.asarray(book.reshape(T * K, -1))}}
 
     def iterator(self, inp) -> GenretBatches:
         from gr_jax.data import pairs as dsi_pairs

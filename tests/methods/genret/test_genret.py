@@ -2,10 +2,6 @@
 numpy, frozen codebooks, greedy docid decoding equal to teacher forcing and to the search's steps, the stages of
 the batches and their resume, and a demo run restored through infer."""
 
-import json
-from pathlib import Path
-
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,10 +9,12 @@ import pytest
 
 from gr_jax.methods.genret.docids import GenretDocids
 from gr_jax.methods.genret.model import GenretHead, GenretRetriever
-from gr_jax.methods.genret.training import (GenretBatches, balanced_codes, genret_losses, genret_objective,
-                                            in_batch_ce, sinkhorn)
+from gr_jax.methods.genret.training import (GenretBatches, GenretTraining, balanced_codes, balanced_kmeans,
+                                            capped_assignment, genret_losses, genret_objective, in_batch_ce,
+                                            prefix_centered, sinkhorn)
 from gr_jax.models import t5
 from gr_jax.models.heads import CodebookHead
+from tests.methods import assert_infer_repeats_the_final_run, train_small
 
 CONFIG = t5.get_config("tiny", vocab_size=64, dropout_rate=0.0)
 T, K = 3, 5
@@ -203,6 +201,58 @@ def test_the_batches_stages_prefix_groups_and_resume():
         b.set_docids(np.zeros((10, 2)))
 
 
+def test_prefix_centering_by_hand():
+    x = np.array([[1.0, 0.0], [3.0, 2.0], [10.0, 10.0], [0.0, 0.0]])
+    prefix = np.array([[0], [0], [1], [2]])
+    # group means (2, 1), (10, 10), (0, 0); global mean (3.5, 3)
+    want = np.array([[2.5, 2.0], [4.5, 4.0], [3.5, 3.0], [3.5, 3.0]])
+    np.testing.assert_allclose(prefix_centered(x, prefix), want, rtol=1e-6)
+    np.testing.assert_array_equal(prefix_centered(x, prefix[:, :0]), x.astype(np.float32))
+
+
+def test_capped_assignment_by_hand():
+    d = np.array([[0.0, 5.0], [1.0, 4.0], [2.0, 3.0], [9.0, 0.5]])
+    # nearest first: (0,0) 0.0, (3,1) 0.5, (1,0) 1.0 fills cluster 0 (cap 2); row 2 goes to cluster 1 (3.0)
+    assert capped_assignment(d, 2).tolist() == [0, 0, 1, 1]
+    assert capped_assignment(d, 4).tolist() == [0, 0, 0, 1]
+    with pytest.raises(ValueError, match="cannot hold"):
+        capped_assignment(d, 1)
+
+
+def test_balanced_kmeans_caps_a_lopsided_cloud():
+    rng = np.random.default_rng(5)
+    # 60 points near one centre and 4 near another: no cluster may end above twice the mean (32)
+    x = np.concatenate([rng.normal(0, 1, (60, 2)), rng.normal(20, 1, (4, 2))]).astype(np.float32)
+    c = balanced_kmeans(x, 4, iters=10)
+    d = ((x[:, None] - c[None]) ** 2).sum(-1)
+    counts = np.bincount(capped_assignment(d, 32), minlength=4)
+    assert counts.max() <= 32 and counts.sum() == 64
+    plain = np.bincount(d.argmin(1), minlength=4)
+    assert plain.max() <= 40, plain  # the centroids themselves spread over the large blob
+
+
+def test_the_codebook_of_a_new_position_from_the_documents_and_again_the_same():
+    model = _model()
+    params = model.init_params(6)
+    docs = np.random.default_rng(7).integers(2, 64, (40, 12)).astype(np.int32)
+    scheme = GenretDocids(length=T, codes=K)
+    table = scheme.table(*model.decode_docids(params, docs), np.arange(40), 64)
+    training = GenretTraining(train_steps=9, positions=T)
+    assert training.on_refresh(0, params, model, table, docs) is None  # position 0: untrained states, no k-means
+    assert training.on_refresh(4, params, model, table, docs) is None  # not a stage's start
+    new = training.on_refresh(3, params, model, table, docs)  # stage 2 starts: position 1
+    book, old = (np.asarray(p["head"]["codebook"]).reshape(T, K, -1) for p in (new, params))
+    np.testing.assert_array_equal(book[[0, 2]], old[[0, 2]])
+    states = model.document_states(params, docs, table.sequences, 1)
+    want = balanced_kmeans(prefix_centered(states, table.sequences[:, :1]), K, seed=1)
+    np.testing.assert_allclose(book[1], want, rtol=1e-5, atol=1e-6)
+    again = training.on_refresh(3, new, model, scheme.table(*model.decode_docids(new, docs), np.arange(40), 64), docs)
+    # the states at position 1 do not read E_1: the same centroids (float32 through the same ops)
+    np.testing.assert_allclose(np.asarray(again["head"]["codebook"]), np.asarray(new["head"]["codebook"]),
+                               rtol=1e-5, atol=1e-6)
+    assert GenretTraining(train_steps=9, kmeans_init=False).on_refresh(3, params, model, table, docs) is None
+
+
 def test_the_scheme_and_the_model_refuse_what_they_cannot_do():
     from gr_jax.models.heads import TextHead
 
@@ -224,23 +274,9 @@ def test_the_scheme_and_the_model_refuse_what_they_cannot_do():
 
 @pytest.mark.slow
 def test_a_small_genret_run_trains_in_stages_and_restores_through_infer(tmp_path):
-    from gr_jax import infer as infer_cmd
-    from gr_jax import train as train_cmd
-
-    exp = tmp_path / "genret.gin"
-    exp.write_text("include 'experiments/demo/genret.gin'\nload_dataset.demo_docs = 60\nTRAIN_STEPS = 9\n"
-                   "BATCH_SIZE = 16\nprepare.vocab_size = 300\ntrain.progress = False\ntrain.log_period = 1\n"
-                   "train.checkpoint_period = 9\nEvalConfig.num_beams = 4\nGenretDocids.codes = 8\n"
-                   "genret_objective.iterations = 20\n")
-    model_dir = tmp_path / "run"
-    assert train_cmd.main([f"--gin_file={exp}", f"--gin.MODEL_DIR='{model_dir}'"]) == 0
-    metrics = [json.loads(x) for x in (model_dir / "train_metrics.jsonl").read_text().splitlines()]
+    exp, model_dir, metrics = train_small(tmp_path, "experiments/demo/genret.gin", 9,
+                                          "GenretDocids.codes = 8\ngenret_objective.iterations = 20\n")
     assert [m["position"] for m in metrics if "loss" in m] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     lines = (model_dir / "docids" / "step9.tsv").read_text().splitlines()
     assert len(lines) == 60 and all(len(x.split("\t")[1].split()) == 3 for x in lines)
-    final = model_dir / "runs" / "test.step9.run"
-    final.rename(tmp_path / "final.run")
-    gin.clear_config()
-    assert infer_cmd.main([f"--gin_file={exp}", "--gin_file=runs/eval.gin", f"--gin.MODEL_DIR='{model_dir}'",
-                           "--gin.NUM_BEAMS=4", "--gin.EVAL_SPLIT='test'"]) == 0
-    assert Path(final).read_text() == (tmp_path / "final.run").read_text()
+    assert_infer_repeats_the_final_run(tmp_path, exp, model_dir, 9)
