@@ -13,6 +13,8 @@ def map_padded(fn: Callable, arrays: Sequence[np.ndarray], batch_size: int) -> t
     """`fn(*batch)` over consecutive `batch_size` rows of the parallel `arrays`; the last batch is padded with
     zero rows so every call has one shape, and the padding rows are dropped from the outputs. `fn` returns an
     array or a tuple of arrays with one row per input row; → the outputs of all batches, concatenated (numpy)."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"map_padded: batch_size must be an integer ≥ 1, got {batch_size!r}")
     n = len(arrays[0])
     if n == 0 or any(len(a) != n for a in arrays):
         raise ValueError(f"map_padded: parallel, non-empty arrays expected, got lengths {[len(a) for a in arrays]}")

@@ -189,8 +189,15 @@ def _current(paper: Paper, name: str, out: Path, dataset_files, bindings, quick:
     if not rec_path.is_file() or not (model_dir / "dynamic" / "dynamic.json").is_file():
         return False
     needs = {n: out / "systems" / directory_name(n) for n in paper.systems[name].get("needs", [])}
+    if any(not (d / "recipe.json").is_file() or not (d / "dynamic" / "dynamic.json").is_file()
+           for d in needs.values()):
+        return False  # a system it starts from has no finished run now: its result is not current
     argv = command(paper, name, out, dataset_files, bindings, quick)
-    return read_json(rec_path, "system recipe") == recipe(argv, search_paths, needs)
+    try:
+        return read_json(rec_path, "system recipe") == recipe(argv, search_paths, needs)
+    except (OSError, ValueError) as e:  # an unreadable recipe or gin file: shown as not run, never as current
+        log.warning("%s: its earlier result is not shown (%s)", name, e)
+        return False
 
 
 def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Sequence[str],

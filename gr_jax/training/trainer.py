@@ -474,8 +474,14 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
         on_start()
     def apply_refresh():
         new = refresh(step, state["params"])
-        if new is not None:  # placed as the state's parameters are: the step keeps its one compilation
-            state["params"] = jax.device_put(new, state_shardings["params"])
+        if new is None:
+            return
+        old = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), state["params"])
+        got = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), new)
+        if jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(state["params"]) or old != got:
+            raise TrainingError(f"step {step}: the refresh returned parameters of another structure, shape or dtype "
+                                f"than the model's (a bug in the objectives config's on_refresh)")
+        state["params"] = jax.device_put(new, state_shardings["params"])  # the step keeps its one compilation
 
     if refresh is not None:
         apply_refresh()

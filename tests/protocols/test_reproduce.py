@@ -63,6 +63,34 @@ def test_a_system_is_run_again_when_what_it_starts_from_changes(tmp_path):
     assert rp.recipe(argv, (), {"MINDER": need}) != before
 
 
+def test_a_result_is_shown_only_while_its_recipe_and_what_it_starts_from_hold(tmp_path):
+    systems = {"A": {"gin": ["experiments/demo/dynamic_bm25.gin"]},
+               "B": {"gin": ["experiments/demo/dynamic_bm25.gin"], "needs": ["A"]}}
+    _paper(tmp_path, systems)
+    paper = rp.load_paper("toy", [str(tmp_path)])
+    out = tmp_path / "out"
+
+    def finished(name, rec):
+        d = out / "systems" / name
+        (d / "dynamic").mkdir(parents=True, exist_ok=True)
+        (d / "dynamic" / "dynamic.json").write_text("{}")
+        (d / "recipe.json").write_text(json.dumps(rec))
+
+    def rec(name):
+        needs = {n: out / "systems" / n for n in systems[name].get("needs", [])}
+        return rp.recipe(rp.command(paper, name, out, [], [], False), [str(tmp_path)], needs)
+
+    current = lambda name: rp._current(paper, name, out, [], [], False, [str(tmp_path)])  # noqa: E731
+    finished("B", {"stale": True})
+    assert not current("B")  # A has no run: B's result is not current (and no error)
+    finished("A", rec("A"))
+    assert current("A") and not current("B")  # B's recipe is another
+    finished("B", rec("B"))
+    assert current("B")
+    (out / "systems" / "A" / "dynamic" / "dynamic.json").write_text('{"P": 1}')  # A ran again
+    assert not current("B")
+
+
 @pytest.mark.slow
 def test_a_small_paper_end_to_end(tmp_path, capsys):
     (tmp_path / "dense16.gin").write_text("include 'experiments/demo/dynamic_dense.gin'\nTfidfSvdEmbedder.dim = 16\n")

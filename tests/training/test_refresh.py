@@ -78,3 +78,13 @@ def test_a_refresh_rewrites_the_parameters_and_a_resume_repeats_it(tmp_path):
     assert calls == [0, 2]
     resumed = _fit(tmp_path / "c", 6, [])
     np.testing.assert_array_equal(np.asarray(resumed["state"]["params"]["w"]), np.asarray(out["state"]["params"]["w"]))
+
+
+def test_a_refresh_returning_other_shapes_is_refused(tmp_path):
+    import pytest
+
+    with pytest.raises(trainer.TrainingError, match="another structure, shape or dtype"):
+        trainer.fit(_Model(), {"w": jnp.zeros(3, jnp.float32)}, _Batches(), optax.sgd(0.1), model_dir=tmp_path,
+                    train_steps=2, batch_size=2, meta={"toy": 1}, log_period=1, checkpoint_period=2,
+                    progress=False, refresh=lambda step, params: {"w": jnp.zeros(4, jnp.float32)},
+                    refresh_period=1)
