@@ -200,6 +200,8 @@ def test_command_with_generative_retrievers(tmp_path, name):
         memory.write_text("".join(json.dumps({"doc_id": d, "queries": [t[:40], t[-40:]]}) + "\n"
                                   for d, t in zip(corpus.doc_ids, corpus.texts)))
         extra = f"Replay.memory_file = '{memory}'\n"
+    if name == "genret":  # one stage per docid position: TRAIN_STEPS a multiple of 3
+        extra = "TRAIN_STEPS = 6\n"
     f.write_text(textwrap.dedent(GR[name]) + SMALL + extra)
     assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / name}'"]) == 0
     result = _check_outputs(tmp_path / name, name)

@@ -2,8 +2,9 @@
 
 Reading a text (a document or a query), the decoder's state h_t at position t — its inputs the start token, then
 the codes of positions < t — is scored against position t's codebook E_t [K, D]: logits_t = h_t · E_tᵀ (the
-core's `CodebookHead` projection). The codes fed back as the next position's input have embeddings of their own
-(`GenretHead.code_inputs`, one table per position), separate from the codebooks, as in GenRET's released code.
+core's `CodebookHead` projection, which for T5 v1.0 scales h_t by d_model^-0.5 first). The codes fed back as the
+next position's input have embeddings of their own (`GenretHead.code_inputs`, one table per position), separate
+from the codebooks, as in GenRET's released code.
 
 A document's docid is its greedy decoding (`decode_docids`: the argmax code at each position, fed back); a
 query's ranking is the constrained beam search over the documents' decoded docids (the core's search).
@@ -107,8 +108,10 @@ class GenretRetriever(GenerativeRetriever):
     def decode_docids(self, params, doc_tokens, batch_size: int = 64):
         """Every document's greedy code sequence and the raw logit of each code: ([n, T] int32, [n, T] float32).
         Batches are padded to one shape (one compile); padding rows are dropped."""
-        codes, logits = map_padded(functools.partial(self._greedy, params), [np.asarray(doc_tokens, np.int32)],
-                                   batch_size)
+        doc_tokens = np.asarray(doc_tokens, np.int32)
+        if not len(doc_tokens):
+            return np.zeros((0, self.head.length), np.int32), np.zeros((0, self.head.length), np.float32)
+        codes, logits = map_padded(functools.partial(self._greedy, params), [doc_tokens], batch_size)
         return codes.astype(np.int32), logits.astype(np.float32)
 
     def document_states(self, params, doc_tokens, codes, position: int, batch_size: int = 64) -> np.ndarray:

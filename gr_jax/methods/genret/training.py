@@ -35,7 +35,8 @@ Differences from GenRET's released code (sunnweiwei/GenRet, run.py), on purpose 
 * its code logits are the raw h_t · E_tᵀ; here the core head's projection, which for T5 v1.0 (tied) scales h_t by
   d_model^-0.5 (a constant factor inside the softmax); the contrastive and reconstruction terms use the raw h_t;
 * it rebuilds the optimizer per stage (constant lr 5e-4); here one AdamW with the run's schedule runs through, so
-  the moments of a frozen codebook decay over a few steps after its stage;
+  the moments of a frozen codebook decay over a few steps after its stage, and with weight decay > 0 (the demo
+  sets 0) a frozen codebook would shrink through the later stages;
 * it draws one query per document per epoch (training and generated queries); here every training pair is used;
 * its final "fit" stage appends a code that separates documents sharing a docid (and fails as shipped: its label
   count does not match); not built: documents sharing a docid share a leaf and are returned together, as the
@@ -47,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Mapping
+from typing import Mapping, Optional
 
 import gin
 import jax
@@ -99,25 +100,30 @@ def prefix_centered(states_NxD: np.ndarray, prefixes_NxT: np.ndarray) -> np.ndar
 
 
 def capped_assignment(d_NxK: np.ndarray, cap: int) -> np.ndarray:
-    """Each row's cluster when no cluster takes more than `cap` rows: (row, cluster) pairs are taken by distance,
-    nearest first, skipping full clusters and assigned rows (ties by cluster, then row). [N] int."""
-    n, k = d_NxK.shape
+    """Each row's cluster when no cluster takes more than `cap` rows → [N] int. In rounds: every unassigned row
+    proposes to its nearest cluster not yet tried; a cluster keeps the nearest proposals that fit (ties by row) and
+    refuses the rest, which propose to their next cluster in the following round (at most K rounds, each
+    vectorised)."""
+    d = np.asarray(d_NxK, np.float64)
+    n, k = d.shape
     if cap * k < n:
         raise ValueError(f"capped assignment: {k} clusters of at most {cap} cannot hold {n} rows")
-    rows, cols = np.divmod(np.arange(n * k), k)
-    order = np.lexsort((rows, cols, d_NxK.reshape(-1)))
+    prefs = np.argsort(d, axis=1, kind="stable")  # each row's clusters, nearest first (ties by cluster)
+    tried = np.zeros(n, np.int64)
     out = np.full(n, -1, np.int64)
     size = np.zeros(k, np.int64)
-    left = n
-    for i in order:
-        r, c = rows[i], cols[i]
-        if out[r] < 0 and size[c] < cap:
-            out[r] = c
-            size[c] += 1
-            left -= 1
-            if not left:
-                break
-    return out
+    while True:
+        rows = np.flatnonzero(out < 0)
+        if not len(rows):
+            return out
+        cand = prefs[rows, tried[rows]]
+        o = np.lexsort((rows, d[rows, cand], cand))  # by cluster, then distance, then row
+        rows, cand = rows[o], cand[o]
+        first = np.searchsorted(cand, cand, side="left")  # where each cluster's proposals start
+        fits = (np.arange(len(rows)) - first) < (cap - size[cand])
+        out[rows[fits]] = cand[fits]
+        np.add.at(size, cand[fits], 1)
+        tried[rows[~fits]] += 1
 
 
 def balanced_kmeans(x_NxD: np.ndarray, k: int, iters: int = 10, seed: int = 0, max_ratio: float = 2.0) -> np.ndarray:
@@ -317,10 +323,16 @@ class GenretTraining(ObjectivesConfig):
     positions: Count = 3  # GenretDocids.length
     kmeans_init: bool = True  # each position's codebook from a balanced k-means of the documents' states
     seed: int = 0
+    # the corpus rows in document-id order (set by `iterator`): the k-means reads the documents in this order, so the
+    # codebook does not depend on the corpus's row order
+    _by_key: Optional[np.ndarray] = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def stage_steps(self) -> int:
-        return max(1, math.ceil(int(self.train_steps) / int(self.positions)))
+        if self.train_steps % self.positions:
+            raise ValueError(f"GenretTraining: TRAIN_STEPS ({self.train_steps}, GenretTraining.train_steps) must be a "
+                             f"multiple of the {self.positions} docid positions (one stage each)")
+        return self.train_steps // self.positions
 
     @property
     def refresh_period(self) -> int:
@@ -331,20 +343,26 @@ class GenretTraining(ObjectivesConfig):
         centroids of the documents' states at t (teacher-forced over their decoded prefix; prefix groups centred,
         `prefix_centered`). The states at t do not read E_t, so applying this to its own result changes nothing
         (a resumed run repeats it exactly). Off with `kmeans_init = False`."""
-        if not self.kmeans_init or step % self.stage_steps:
+        if not self.kmeans_init or step % self.stage_steps or step >= self.train_steps:
             return None
         t = step // self.stage_steps
         if t == 0 or t >= self.positions:
             return None
         T, K = model.head.length, model.head.codes
-        codes = np.asarray(table.sequences)[np.argsort(table.doc_rows, kind="stable")][:, :T]
-        states = model.document_states(params, doc_tokens, codes, t)
+        if len(doc_tokens) < K:
+            raise ValueError(f"GenRET: {len(doc_tokens)} documents cannot initialise {K} codes per position; lower "
+                             f"GenretDocids.codes or set GenretTraining.kmeans_init = False")
+        by_key = self._by_key if self._by_key is not None else np.arange(len(doc_tokens))
+        codes = np.asarray(table.sequences)[np.argsort(table.doc_rows, kind="stable")][:, :T][by_key]
+        states = model.document_states(params, np.asarray(doc_tokens)[by_key], codes, t)
         centroids = balanced_kmeans(prefix_centered(states, codes[:, :t]), K, seed=self.seed + t)
-        book = np.array(params["head"]["codebook"], np.float32).reshape(T, K, -1)
+        old_book = params["head"]["codebook"]
+        book = np.array(old_book, np.float32).reshape(T, K, -1)
         book[t] = centroids
         log.info("step %d: codebook of docid position %d initialised by balanced k-means of %d documents' states",
                  step, t + 1, len(states))
-        return {**params, "head": {**params["head"], "codebook": jnp.asarray(book.reshape(T * K, -1))}}
+        new_book = jnp.asarray(book.reshape(T * K, -1), dtype=old_book.dtype)
+        return {**params, "head": {**params["head"], "codebook": new_book}}
 
     def iterator(self, inp) -> GenretBatches:
         from gr_jax.data import pairs as dsi_pairs
@@ -356,6 +374,9 @@ class GenretTraining(ObjectivesConfig):
                              f"{getattr(inp.scheme, 'name', '?')!r} has {length} positions; GenRET trains with "
                              f"GenretDocids, set both to the same length")
         ds, split = inp.dataset, inp.train_split
+        if self.stage_steps < 1:  # stage_steps refuses a TRAIN_STEPS the stages cannot split
+            raise ValueError(f"GenretTraining: TRAIN_STEPS {self.train_steps} < {self.positions} positions")
+        self._by_key = np.argsort(np.asarray(ds.corpus.doc_ids), kind="stable")
         if split not in ds.queries:
             raise ValueError(f"GenRET trains on queries: the dataset has no split {split!r} (TRAIN_SPLIT); it has "
                              f"{sorted(ds.queries)}")

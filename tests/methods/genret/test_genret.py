@@ -159,7 +159,7 @@ def _batches(order=None, B=4):
     doc_tokens = np.arange(10)[:, None] * np.ones((1, 3), np.int32) + 100
     b = GenretBatches(np.tile(rows[o, None], (1, 4)), rows[o], [keys[i] for i in o], doc_tokens, B,
                       stage_steps=4, positions=3, seed=1)
-    b.set_docids(np.stack([rows % 2, rows % 3, rows % 5], 1))  # position 0's prefix groups: even / odd rows
+    b.set_docids(np.stack([rows % 2, rows % 3, rows % 5], 1))  # position 1's prefix groups: even / odd rows
     return b
 
 
@@ -219,16 +219,23 @@ def test_capped_assignment_by_hand():
         capped_assignment(d, 1)
 
 
-def test_balanced_kmeans_caps_a_lopsided_cloud():
+def test_balanced_kmeans_splits_a_cluster_above_the_cap():
     rng = np.random.default_rng(5)
-    # 60 points near one centre and 4 near another: no cluster may end above twice the mean (32)
+    # 60 points near one centre and 4 near another: plain k-means with k = 2 keeps the two blobs (60 / 4); with
+    # clusters capped at the mean size (32) the large blob is split and the 4 far points join 28 near ones
     x = np.concatenate([rng.normal(0, 1, (60, 2)), rng.normal(20, 1, (4, 2))]).astype(np.float32)
-    c = balanced_kmeans(x, 4, iters=10)
+    from gr_jax.docids.quantize import kmeans
+
+    assert sorted(np.bincount(kmeans(x, 2, seed=0).assignments).tolist()) == [4, 60]
+    c = balanced_kmeans(x, 2, iters=30, max_ratio=1.0)
     d = ((x[:, None] - c[None]) ** 2).sum(-1)
-    counts = np.bincount(capped_assignment(d, 32), minlength=4)
-    assert counts.max() <= 32 and counts.sum() == 64
-    plain = np.bincount(d.argmin(1), minlength=4)
-    assert plain.max() <= 40, plain  # the centroids themselves spread over the large blob
+    codes = capped_assignment(d, 32)
+    assert sorted(np.bincount(codes, minlength=2).tolist()) == [32, 32]
+    # converged: each centroid is the mean of the rows its own capped assignment gives it (float32 means, 1e-5)
+    for j in range(2):
+        np.testing.assert_allclose(c[j], x[codes == j].mean(0), rtol=1e-5, atol=1e-5)
+    far = codes[60:]
+    assert len(set(far.tolist())) == 1  # the far points stay together
 
 
 def test_the_codebook_of_a_new_position_from_the_documents_and_again_the_same():
@@ -247,10 +254,18 @@ def test_the_codebook_of_a_new_position_from_the_documents_and_again_the_same():
     want = balanced_kmeans(prefix_centered(states, table.sequences[:, :1]), K, seed=1)
     np.testing.assert_allclose(book[1], want, rtol=1e-5, atol=1e-6)
     again = training.on_refresh(3, new, model, scheme.table(*model.decode_docids(new, docs), np.arange(40), 64), docs)
-    # the states at position 1 do not read E_1: the same centroids (float32 through the same ops)
-    np.testing.assert_allclose(np.asarray(again["head"]["codebook"]), np.asarray(new["head"]["codebook"]),
-                               rtol=1e-5, atol=1e-6)
+    # the states at position 1 do not read E_1: bit for bit the same centroids (what a resumed run relies on)
+    np.testing.assert_array_equal(np.asarray(again["head"]["codebook"]), np.asarray(new["head"]["codebook"]))
+    assert training.on_refresh(9, params, model, table, docs) is None  # training is over: no rewrite
     assert GenretTraining(train_steps=9, kmeans_init=False).on_refresh(3, params, model, table, docs) is None
+    # the corpus in another row order (the k-means reads documents by id): the same codebook, bit for bit
+    ids = np.array([f"d{i:02d}" for i in range(40)])
+    perm = np.random.default_rng(8).permutation(40)
+    keyed = GenretTraining(train_steps=9, positions=T)
+    keyed._by_key = np.argsort(ids[perm], kind="stable")
+    moved = keyed.on_refresh(3, params, model, scheme.table(*model.decode_docids(params, docs[perm]), np.arange(40),
+                                                            64), docs[perm])
+    np.testing.assert_array_equal(np.asarray(moved["head"]["codebook"]), np.asarray(new["head"]["codebook"]))
 
 
 def test_the_scheme_and_the_model_refuse_what_they_cannot_do():
