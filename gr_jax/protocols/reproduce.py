@@ -200,6 +200,13 @@ def _current(paper: Paper, name: str, out: Path, dataset_files, bindings, quick:
         return False
 
 
+def write_status(out: Path, previous, status: dict) -> None:
+    """OUTPUT_DIR/reproduce_status.json: this command's statuses over those of systems it has not run (yet)."""
+    kept = {k: v for k, v in previous.items() if k not in status} if isinstance(previous, dict) else {}
+    make_dirs(out)
+    write_text(out / "reproduce_status.json", json_text({**kept, **status}, indent=1))
+
+
 def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Sequence[str],
                needs: Optional[dict] = None) -> dict:
     """Runs (or reuses) one system; → {"status": "reused" | "ran" | "failed", ...}."""
@@ -462,6 +469,7 @@ def reproduce(paper_name: str, output_dir: str, dataset_files: Sequence[str] = (
         if status[name]["status"] == "reused" and "seconds" in made:
             status[name]["seconds"] = made["seconds"]  # of the run that made the reused results
         log.info("%s: %s", name, status[name])
+        write_status(out, previous, status)  # after every system: a command stopped later keeps what it learnt
     # systems not run this time (--only) whose results are current still fill their rows
     shown = dict(status)
     for name in order(paper, [r for t in paper.tables.values() for r in t["rows"]]):
@@ -497,6 +505,5 @@ def reproduce(paper_name: str, output_dir: str, dataset_files: Sequence[str] = (
         if results:
             plot(paper, results, tmp / "tables.png")
     # what ran and how long: beside the results, not in them (a reused run gives the same paper/ again)
-    kept = {k: v for k, v in previous.items() if k not in status} if isinstance(previous, dict) else {}
-    write_text(out / "reproduce_status.json", json_text({**kept, **status}, indent=1))
+    write_status(out, previous, status)
     return {**record, "status": status, "markdown": "\n".join(md)}

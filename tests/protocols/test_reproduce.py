@@ -63,6 +63,14 @@ def test_a_system_is_run_again_when_what_it_starts_from_changes(tmp_path):
     assert rp.recipe(argv, (), {"MINDER": need}) != before
 
 
+def test_the_status_keeps_systems_not_run_yet(tmp_path):
+    previous = {"A": {"status": "ran", "seconds": 3.0}, "B": {"status": "ran", "seconds": 5.0}}
+    rp.write_status(tmp_path / "out", previous, {"B": {"status": "reused", "seconds": 5.0}})
+    rp.write_status(tmp_path / "out", previous, {"B": {"status": "reused", "seconds": 5.0}, "C": {"status": "ran"}})
+    assert json.loads((tmp_path / "out" / "reproduce_status.json").read_text()) == {
+        "A": {"status": "ran", "seconds": 3.0}, "B": {"status": "reused", "seconds": 5.0}, "C": {"status": "ran"}}
+
+
 def test_a_result_is_shown_only_while_its_recipe_and_what_it_starts_from_hold(tmp_path):
     systems = {"A": {"gin": ["experiments/demo/dynamic_bm25.gin"]},
                "B": {"gin": ["experiments/demo/dynamic_bm25.gin"], "needs": ["A"]}}
