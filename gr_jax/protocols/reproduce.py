@@ -12,7 +12,8 @@ and its results exist; a system whose recipe changed is run again and its earlie
 `<name>.prev-<n>` (nothing is deleted). A system that fails is reported (its log named) and the others go on;
 the command then exits non-zero.
 
-OUTPUT_DIR/reproduce_status.json says what ran, was reused or failed, and the seconds of each run;
+OUTPUT_DIR/reproduce_status.json says what ran, was reused or failed, and the seconds of each run (kept in
+the system's run_seconds.json, so a reused result reports the time of the run that made it);
 OUTPUT_DIR/paper/ (kept as paper.prev-<n> when a new run changes it) gets tables.md and tables.json (ours beside the published rows, the orderings by the tables'
 measure), significance.json (paired randomisation tests between the systems of each table on per-query Hit@10:
 Table 1 on Q0 after the last step, Table 2 on the mean of the new parts' means) and tables.png.
@@ -216,7 +217,8 @@ def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Se
         old = read_json(rec_path, "system recipe") if rec_path.is_file() else None
         if old == rec and result.is_file():
             log.info("%s: reused (%s)", name, model_dir)
-            return {"status": "reused"}
+            made = model_dir / "run_seconds.json"  # the time of the run that made the reused result, kept beside it
+            return {"status": "reused", **(read_json(made, "run time") if made.is_file() else {})}
         if old != rec:
             kept = keep_aside(model_dir)
             log.warning("%s: its recipe changed; the earlier run is kept as %s", name, kept)
@@ -236,6 +238,7 @@ def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Se
         tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
         return {"status": "failed", "exit_code": rc, "log": str(log_path), "last_line": tail[0] if tail else "",
                 "seconds": seconds}
+    write_text(model_dir / "run_seconds.json", json_text({"seconds": seconds}))
     return {"status": "ran", "seconds": seconds}
 
 
@@ -465,9 +468,6 @@ def reproduce(paper_name: str, output_dir: str, dataset_files: Sequence[str] = (
         argv = command(paper, name, out, dataset_files, bindings, quick)
         needs = {n: out / "systems" / directory_name(n) for n in paper.systems[name].get("needs", [])}
         status[name] = run_system(name, argv, model_dir, search_paths, needs)
-        made = previous.get(name, {}) if isinstance(previous, dict) else {}
-        if status[name]["status"] == "reused" and "seconds" in made:
-            status[name]["seconds"] = made["seconds"]  # of the run that made the reused results
         log.info("%s: %s", name, status[name])
         write_status(out, previous, status)  # after every system: a command stopped later keeps what it learnt
     # systems not run this time (--only) whose results are current still fill their rows
