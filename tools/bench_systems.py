@@ -5,7 +5,8 @@ dynamic_timing.json); appends a section to BENCHMARKS.md.
     python tools/bench_systems.py runs/paper [--no_write]
 
 The figures are those of the run that wrote the directory (a reused system keeps the timing of the run that
-made it); on a machine shared with other work they are upper bounds. CPU only unless the run had a GPU.
+made it: the whole run's seconds from its run_seconds.json, "—" where that run did not record them); on a machine
+shared with other work they are upper bounds. CPU only unless the run had a GPU.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ def rows_of(output_dir: Path) -> list[dict]:
             rows.append({"figure": "seconds per system (demo)", "system": name, "status": st.get("status")})
             continue
         timing = read_json(timing_path, "dynamic timing")
+        made = system / "run_seconds.json"  # the time of the run whose result is there (reproduce writes it)
+        seconds = read_json(made, "run time").get("seconds") if made.is_file() else None
         result = read_json(system / "dynamic" / "dynamic.json", "dynamic result")
         added = [t["index_s"] for t in timing[1:]]
         queries = result["steps"][-1].get("queries") or 1
         rows.append({"figure": "seconds per system (demo)", "system": name,
                      "status": st["status"],
-                     "whole run s": f"{st['seconds']:.0f}" if "seconds" in st else "—",
+                     "whole run s": f"{seconds:.0f}" if seconds is not None else "—",
                      "D0: train + index s": f"{timing[0]['index_s']:.1f}",
                      "D1..D5: index s (mean)": f"{sum(added) / max(len(added), 1):.2f}",
                      "search ms/query (last step)": f"{1000 * timing[-1]['search_s'] / queries:.2f}",
