@@ -177,8 +177,9 @@ class TrainedSystem:
     def add(self, rows) -> dict:
         s = self.setup
         self.check_can_add()
-        table = self._decoded(rows) if s.scheme.decoded_by_model else None
-        if table is None:
+        if s.scheme.decoded_by_model:
+            table = self._decoded(rows)
+        else:
             embeddings = None
             if s.scheme.needs_embeddings:
                 embeddings = s.embedder.embed([self.corpus.texts[r] for r in rows])

@@ -472,6 +472,7 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
                             f"raise TRAIN_STEPS or use a new MODEL_DIR")
     if on_start is not None:
         on_start()
+
     def apply_refresh():
         new = refresh(step, state["params"])
         if new is None:
