@@ -272,9 +272,13 @@ class GenretBatches:
                 part = members[start:start + B]
                 need = B - len(part)
                 fill = np.empty(0, np.int64)
-                if need:
-                    others = self._by_key[~np.isin(self._by_key, members)] if len(members) < n else self._by_key
-                    fill = rng.choice(others, size=need, replace=len(others) < need)
+                if need and len(members) < n:  # distinct pairs of other groups: draw enough, drop members
+                    draw = self._by_key[rng.choice(n, size=min(n, need + len(members)), replace=False)]
+                    fill = draw[~np.isin(draw, members)][:need]
+                    if len(fill) < need:  # fewer other pairs than the batch needs: repeat them
+                        fill = rng.choice(fill, size=need, replace=True)
+                elif need:
+                    fill = rng.choice(self._by_key, size=need, replace=True)
                 batches.append((part, fill))
         order = rng.permutation(len(batches))
         self._plans = {(t, epoch): [batches[i] for i in order]}  # one epoch's plan kept
