@@ -313,7 +313,7 @@ def bm25_metrics(dataset: Dataset, split: str, qrels, eval_config: EvalConfig) -
 # ----------------------------------------------------------------------------------------------------------
 
 
-@gin.configurable
+@gin_checks.entry_configurable
 def train(model_dir: str = gin.REQUIRED, train_steps: Count = gin.REQUIRED, batch_size: Count = gin.REQUIRED,
           feature_lengths: dict = gin.REQUIRED, task: str = gin.REQUIRED, seed: int = 0,
           initial_checkpoint_path: Optional[str] = None, optimizer: Optional[optax.GradientTransformation] = None,
@@ -505,7 +505,7 @@ def _import(model_dir: Path, initial_checkpoint_path: str) -> dict:
     return out
 
 
-@gin.configurable
+@gin_checks.entry_configurable
 def infer(model_dir: str = gin.REQUIRED, split: str = "dev", num_beams: Count = 10, step: Optional[int] = None,
           evaluate: bool = False, batch_size: Count = 32) -> dict:
     """Queries of `split` → TREC run with the checkpoint of `step` (default: latest) in `model_dir`.

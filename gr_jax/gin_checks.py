@@ -32,6 +32,20 @@ def call_configured(fn, macro_hint: str = "--gin.NAME=VALUE"):
         raise
 
 
+def entry_configurable(fn):
+    """`gin.configurable` under the bare name (selector `train`, not `gr_jax.compose.train`). t5x's entry points
+    register their own `train` / `infer` in `__main__` before they parse; gin prefers a selector that matches
+    exactly, so `train.x` in our gin files stays ours when `python -m t5x.train` parses them (gr_jax/t5x/)."""
+    module = fn.__module__
+    fn.__module__ = None  # gin takes the selector's module from here: none gives the bare name
+    try:
+        wrapped = gin.configurable(fn)
+    finally:
+        fn.__module__ = module
+    wrapped.__module__ = module
+    return wrapped
+
+
 def _minimal(selector: str) -> str:
     try:
         return gin.config._REGISTRY.minimal_selector(selector)

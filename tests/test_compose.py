@@ -79,3 +79,27 @@ def test_the_library_does_not_know_the_toy_method():
     assert not [(p, n) for p in files for n in PIECES if n in p.read_text()]
     toy = [p.read_text() for p in TOY_DIR.iterdir() if p.suffix in (".py", ".gin")]
     assert all(any(n in text for text in toy) for n in PIECES)  # the names checked are the toy's own
+
+
+def test_our_train_and_infer_bindings_stay_ours_beside_t5x_entry_points():
+    """t5x's `python -m t5x.train` / `t5x.infer` register their own `train` / `infer` in `__main__` before they
+    parse gin; our experiment files bind `train.x`, which must still reach `compose.train` (not be ambiguous)."""
+    import subprocess
+    import sys
+
+    code = r"""
+import gin
+def train(total_steps=0): return total_steps
+def infer(mode=''): return mode
+t5x_train, t5x_infer = gin.configurable(train), gin.configurable(infer)  # as t5x's mains do, in __main__
+from gr_jax import compose, gin_utils
+gin_utils.register_configurables()
+gin_utils.parse(["experiments/demo/dsi_atomic.gin"], ["MODEL_DIR = 'x'", "infer.split = 'test'",
+                                                     "__main__.train.total_steps = 7"])
+ours = gin.get_bindings(compose.train)
+print(ours["checkpoint_period"], gin.get_bindings(compose.infer)["split"], t5x_train(), t5x_infer())
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["1000", "test", "7"]
