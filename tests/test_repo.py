@@ -35,8 +35,9 @@ class Block:
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
 import gr_jax
-skip = {'gr_jax.tasks'}  # the seqio adapter, imported only when seqio is installed
-names = [m.name for m in pkgutil.walk_packages(gr_jax.__path__, 'gr_jax.') if m.name not in skip]
+skip = ('gr_jax.tasks', 'gr_jax.t5x')  # the seqio and t5x adapters, imported only when those are installed
+names = [m.name for m in pkgutil.walk_packages(gr_jax.__path__, 'gr_jax.')
+         if not any(m.name == s or m.name.startswith(s + '.') for s in skip)]
 for n in names:
     importlib.import_module(n)
 print(len(names))

@@ -1,0 +1,132 @@
+"""A t5x checkpoint of a gr_jax model → our checkpoint, which `python -m gr_jax.infer` and every protocol read:
+
+    python -m gr_jax.t5x.checkpoints --gin_file=experiments/demo/dsi_atomic.gin --gin.MODEL_DIR="'runs/t5x_demo'" \
+        [--gin.CHECKPOINT_STEP=N]
+
+MODEL_DIR is the t5x run's (it holds t5x's `checkpoint_<N>/` and the vocabulary and docid-scheme state our
+model wrote there); the experiment file is the one the t5x gin file includes. The parameters of
+`checkpoint_<N>` (default: the newest) are checked against the model the experiment builds (structure, shapes,
+dtypes, finite values) and written to MODEL_DIR/checkpoints/<N> with the provenance that `infer` checks; t5x's
+optimizer state is not carried over (resume a t5x run with t5x). Prints one JSON line; exit 2 with a message on
+bad input. The other way needs no conversion: a trained gr_jax MODEL_DIR as INITIAL_CHECKPOINT_PATH starts a t5x
+run (the model's initial parameters are read by our loaders).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import gin
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from gr_jax import compose, gin_checks, gin_utils
+from gr_jax.cli import setup_logging
+from gr_jax.t5x.models import T5xAdapterError, empty_paths, with_empty
+from gr_jax.training import trainer
+
+log = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"checkpoint_(\d+)$")
+
+
+def t5x_steps(model_dir: Path) -> list[int]:
+    """The steps of the complete t5x checkpoints in `model_dir` (a checkpoint still being written has a
+    temporary name)."""
+    return sorted(int(m.group(1)) for p in model_dir.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name)))
+
+
+def read_t5x_params(path: Path) -> dict:
+    """The parameters (`target`) of one t5x checkpoint directory, as numpy arrays."""
+    if (path / "state").is_dir():  # orbax layout (t5x's default)
+        try:
+            with warnings.catch_warnings():  # read onto this host's default device, whatever wrote it
+                warnings.filterwarnings("ignore", message="Sharding info not provided")
+                state = ocp.PyTreeCheckpointer().restore(str((path / "state").absolute()))
+        except Exception as e:  # orbax/tensorstore raise many types for unreadable files
+            raise T5xAdapterError(f"{path}: cannot read the t5x checkpoint ({type(e).__name__}); is it complete?") \
+                from None
+    elif (path / "checkpoint").is_file():  # t5x's older layout (msgpack + tensorstore)
+        from t5x import checkpoints as t5x_checkpoints
+
+        state = t5x_checkpoints.load_t5x_checkpoint(str(path))
+    else:
+        raise T5xAdapterError(f"{path}: not a t5x checkpoint (no state/ and no checkpoint file)")
+    if "target" not in state:
+        raise T5xAdapterError(f"{path}: the t5x checkpoint has no parameters ('target'); has {sorted(state)}")
+    return jax.tree_util.tree_map(np.asarray, state["target"])
+
+
+def _shapes(tree) -> dict[str, tuple]:
+    return {trainer._key(p): (tuple(np.shape(x)), np.dtype(x.dtype).name)
+            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def import_t5x(model_dir: str, step: Optional[int] = None) -> dict:
+    """Module docstring. Returns what was written."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise T5xAdapterError(f"MODEL_DIR {model_dir} does not exist; pass the MODEL_DIR of the t5x run")
+    steps = t5x_steps(model_dir)
+    if not steps:
+        raise T5xAdapterError(f"{model_dir}: no t5x checkpoint_<N>/ here; pass the MODEL_DIR of the t5x run")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        raise T5xAdapterError(f"{model_dir}: no t5x checkpoint for step {step} (have {steps})")
+    source = model_dir / f"checkpoint_{step}"
+    setup = gin_checks.call_configured(lambda: compose.prepare(
+        model_dir=str(model_dir), batch_size=1, feature_lengths=compose._macro("TASK_FEATURE_LENGTHS"),
+        task=compose._macro("MIXTURE_OR_TASK_NAME"), with_training_data=False,
+        initial_checkpoint_path=compose._macro("INITIAL_CHECKPOINT_PATH", None)))
+    template = jax.eval_shape(lambda: setup.model.init_params(0))
+    params = with_empty(read_t5x_params(source), empty_paths(template))
+    want, got = _shapes(template), _shapes(params)
+    if want != got:
+        diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        raise T5xAdapterError(f"{source}: its parameters are not those of the model this experiment builds "
+                              f"({len(diff)} differ, first {diff[0]}: checkpoint {got.get(diff[0])}, model "
+                              f"{want.get(diff[0])}); pass the experiment file the t5x gin file includes")
+    bad = trainer.nonfinite_arrays(params)
+    if bad:
+        raise T5xAdapterError(f"{source}: its parameters hold NaN or infinite values (first: {bad[0]})")
+    state = {"step": np.asarray(step, np.int32), "params": params, "nonfinite": np.zeros((), np.int32)}
+    target = model_dir / "checkpoints" / str(step)
+    manager = ocp.CheckpointManager((model_dir / "checkpoints").absolute(),
+                                    options=ocp.CheckpointManagerOptions(create=True))
+    out = {"model_dir": str(model_dir), "checkpoint": str(target), "imported_from": str(source), "step": step}
+    if step in manager.all_steps():
+        held = trainer.read_checkpoint(manager, step, target)["state"]
+        if trainer.array_digests(held.get("params")) != trainer.array_digests(params):
+            raise T5xAdapterError(f"{target} already holds other parameters (a gr_jax run in this MODEL_DIR?); "
+                                  f"move it aside or keep t5x and gr_jax runs in separate MODEL_DIRs")
+        log.info("%s already holds these parameters", target)
+        return {**out, "status": "already imported"}
+    trainer.save_checkpoint(manager, step, state, meta=compose.provenance(setup))
+    return {**out, "status": "imported"}
+
+
+def main(argv=None) -> int:
+    setup_logging()
+
+    def configured():
+        return lambda: import_t5x(gin.query_parameter("MODEL_DIR/macro.value"),
+                                  compose._macro("CHECKPOINT_STEP", None))
+
+    rc, out = gin_utils.run_entry(argv, __doc__, configured, ["TRAIN_STEPS = 1", "BATCH_SIZE = 1",
+                                                              "CHECKPOINT_STEP = None"],
+                                  root="infer", allow_unused=("train", "make_optimizer", "EvalConfig"))
+    if rc:
+        return rc
+    sys.stdout.write(json.dumps(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
