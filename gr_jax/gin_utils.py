@@ -295,11 +295,17 @@ def _bound_value(value, depth: int = 0):
 _UNKNOWN = object()
 
 
+_COMMANDS = ("train", "infer", "run_dynamic")
+
+
 def check_bound_values() -> None:
     """Every value that the configuration binds to a parameter, checked against the range its signature
     declares (`validation.check_value`: an explicit range, or its type's) before anything runs; the error
     names the binding as a user writes it."""
-    for (scope, selector), params in sorted(gin.config._CONFIG.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    # a fixed order, commands' own parameters first (they carry the macros a user sets: TRAIN_STEPS is reported
+    # as train.train_steps before make_optimizer.total_steps, which follows it), then by selector
+    first = lambda kv: (kv[0][0], kv[0][1].rsplit(".", 1)[-1] not in _COMMANDS, kv[0][1])  # noqa: E731
+    for (scope, selector), params in sorted(gin.config._CONFIG.items(), key=first):
         if selector == MACRO:
             continue
         try:
