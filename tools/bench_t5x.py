@@ -26,6 +26,8 @@ from pathlib import Path
 
 import jax
 
+from gr_jax import cli
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -100,9 +102,9 @@ def bench(experiment: str, steps: int, warmup: int, rounds: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiment", default="experiments/demo/dsi_atomic.gin")
-    parser.add_argument("--steps", type=int, default=20, help="steps per timed round")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=cli.count, default=20, help="steps per timed round")
+    parser.add_argument("--warmup", type=cli.natural, default=3)
+    parser.add_argument("--rounds", type=cli.count, default=5)
     parser.add_argument("--no_write", action="store_true")
     args = parser.parse_args(argv)
     from gr_jax.cli import setup_logging
