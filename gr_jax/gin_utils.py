@@ -57,16 +57,29 @@ def register_configurables() -> list[str]:
     import gr_jax
 
     names = []
-    for info in pkgutil.walk_packages(gr_jax.__path__, "gr_jax.", onerror=_reraise):
-        if any(info.name == n or info.name.startswith(n + ".") for n in NOT_FOR_GIN):
-            continue
-        importlib.import_module(info.name)
-        names.append(info.name)
+    for name in _modules(gr_jax.__path__, "gr_jax."):
+        _import(name)
+        names.append(name)
     return names
 
 
-def _reraise(name: str) -> None:
-    raise ImportError(f"cannot import {name} while registering gin configurables")
+def _modules(path, prefix: str):
+    """The package's modules, depth first; a `NOT_FOR_GIN` package is skipped before anything of it is imported
+    (`pkgutil.walk_packages` imports every package it meets to look inside, `gr_jax.t5x` included, which needs
+    t5x)."""
+    for info in pkgutil.iter_modules(path, prefix):
+        if any(info.name == n or info.name.startswith(n + ".") for n in NOT_FOR_GIN):
+            continue
+        yield info.name
+        if info.ispkg:
+            yield from _modules(_import(info.name).__path__, info.name + ".")
+
+
+def _import(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ImportError(f"cannot import {name} while registering gin configurables: {e}") from e
 
 
 def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str]]:

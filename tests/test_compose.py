@@ -103,3 +103,28 @@ print(ours["checkpoint_period"], gin.get_bindings(compose.infer)["split"], t5x_t
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == ["1000", "test", "7"]
+
+
+def test_the_core_registers_its_gin_configurables_without_importing_t5x():
+    """gr_jax/t5x/ is skipped by gin registration before anything of it is imported: every gr_jax command starts
+    without t5x (and without its TensorFlow), installed or not."""
+    code = r"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('t5x', 'tensorflow'):
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block())
+from gr_jax import gin_utils
+gin_utils.register_configurables()
+gin_utils.parse(["experiments/demo/dsi_atomic.gin"], ["MODEL_DIR = 'x'"])
+print(sorted(m for m in sys.modules if m.split('.')[0] in ('t5x', 'tensorflow')))
+"""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "[]"
+

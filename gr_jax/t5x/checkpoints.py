@@ -7,7 +7,9 @@ MODEL_DIR is the t5x run's (it holds t5x's `checkpoint_<N>/` and the vocabulary 
 model wrote there); the experiment file is the one the t5x gin file includes. The parameters of
 `checkpoint_<N>` (default: the newest) are checked against the model the experiment builds (structure, shapes,
 dtypes, finite values) and written to MODEL_DIR/checkpoints/<N> with the provenance that `infer` checks; t5x's
-optimizer state is not carried over (resume a t5x run with t5x). Prints one JSON line; exit 2 with a message on
+optimizer state is not carried over: resume a t5x run with t5x, and to train on with `gr_jax.train` start a new
+MODEL_DIR with INITIAL_CHECKPOINT_PATH = this one (a `gr_jax.train` on this MODEL_DIR finds no optimizer state in
+the imported checkpoint and sets it aside as damaged). Prints one JSON line; exit 2 with a message on
 bad input. The other way needs no conversion: a trained gr_jax MODEL_DIR as INITIAL_CHECKPOINT_PATH starts a t5x
 run (the model's initial parameters are read by our loaders).
 """
@@ -27,7 +29,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from gr_jax import compose, gin_checks, gin_utils
+from gr_jax import compose, gin_checks, gin_utils, validation
 from gr_jax.cli import setup_logging
 from gr_jax.t5x.models import T5xAdapterError, empty_paths, with_empty
 from gr_jax.training import trainer
@@ -72,9 +74,9 @@ def _shapes(tree) -> dict[str, tuple]:
 def import_t5x(model_dir: str, step: Optional[int] = None) -> dict:
     """Module docstring. Returns what was written."""
     model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise T5xAdapterError(f"MODEL_DIR {model_dir} does not exist; pass the MODEL_DIR of the t5x run")
-    steps = t5x_steps(model_dir)
+    if step is not None:
+        validation.integer("CHECKPOINT_STEP", step, minimum=0)
+    steps = t5x_steps(model_dir) if model_dir.is_dir() else []
     if not steps:
         raise T5xAdapterError(f"{model_dir}: no t5x checkpoint_<N>/ here; pass the MODEL_DIR of the t5x run")
     step = steps[-1] if step is None else step

@@ -4,13 +4,14 @@ t5x calls `get_dataset_fn(train_dataset_cfg, shard_id, num_shards, model.FEATURE
 the built system there (`models.SystemBatches`), and this returns a clu `DatasetIterator` over its resumable
 iterator: the same batches, in the same order, as `python -m gr_jax.train` draws from the same experiment. With
 `utils.SaveCheckpointConfig.save_dataset = True` (configs/) t5x saves the iterator's position with each checkpoint
-and a resumed run goes on where it stopped.
+and a resumed run goes on where it stopped (`BatchIterator`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 
 import numpy as np
 from clu.data import dataset_iterator
@@ -22,7 +23,12 @@ log = logging.getLogger(__name__)
 
 
 class BatchIterator(dataset_iterator.DatasetIterator):
-    """A clu iterator over a `MixtureIterator` (data/pipeline.py): t5x's loop draws, saves and restores it."""
+    """A clu iterator over our resumable iterator (data/pipeline.py): t5x's loop draws, saves and restores it.
+
+    t5x draws the first batch ahead (`peek_async`) before it saves `checkpoint_<start>`, so the iterator is then one
+    batch past the step being saved. Each draw here records the state before it, by step, and a save writes the
+    state of the step in its file name (`checkpoint_<N>/...`): a run resumed from any checkpoint draws what an
+    uninterrupted run draws next."""
 
     def __init__(self, iterator):
         self.iterator = iterator
@@ -31,12 +37,17 @@ class BatchIterator(dataset_iterator.DatasetIterator):
         iterator.set_state(state)
         self._spec = {k: dataset_iterator.ArraySpec(dtype=np.asarray(v).dtype, shape=np.asarray(v).shape)
                       for k, v in first.items()}
+        self.step = 0  # the training step whose batch the next draw gives
+        self._before: dict[int, dict] = {}  # step → the iterator's state before that step's draw (the last few)
 
     @property
     def element_spec(self):
         return self._spec
 
     def get_next(self):
+        self._before[self.step] = self.iterator.get_state()
+        self._before.pop(self.step - 8, None)
+        self.step += 1
         return {k: np.asarray(v) for k, v in next(self.iterator).items()}
 
     def __next__(self):
@@ -46,11 +57,35 @@ class BatchIterator(dataset_iterator.DatasetIterator):
         raise T5xAdapterError("our training iterator is not reset: a run resumes from its saved position")
 
     def save(self, filename) -> None:
-        write_text(str(filename), json.dumps(self.iterator.get_state(), sort_keys=True))
+        step = checkpoint_step(filename)
+        if step == self.step:
+            state = self.iterator.get_state()
+        elif step in self._before:
+            state = self._before[step]
+        else:
+            raise T5xAdapterError(f"{filename}: t5x saves the data position of step {step}, but the iterator is at "
+                                  f"step {self.step} and remembers steps {sorted(self._before)}")
+        write_text(str(filename), json.dumps({"step": step, "iterator": state}, sort_keys=True))
 
     def restore(self, filename) -> None:
-        with open(str(filename), encoding="utf-8") as f:
-            self.iterator.set_state(json.load(f))
+        try:
+            with open(str(filename), encoding="utf-8") as f:
+                saved = json.load(f)
+            self.iterator.set_state(saved["iterator"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise T5xAdapterError(f"{filename}: cannot restore the data position ({e}); the checkpoint's dataset "
+                                  f"item is damaged or was not written by gr_jax.t5x") from None
+        self.step = int(saved["step"])
+        self._before.clear()
+
+
+def checkpoint_step(filename) -> int:
+    """N of the `checkpoint_<N>` folder (t5x's layout, also while it is written under a temporary name)."""
+    found = re.findall(r"checkpoint_(\d+)", str(filename))
+    if not found:
+        raise T5xAdapterError(f"{filename}: not inside a t5x checkpoint_<N> folder; cannot tell which step's data "
+                              f"position to save")
+    return int(found[-1])
 
 
 def get_dataset(cfg, shard_id: int, num_shards: int, feature_converter_cls, *args, **kwargs) -> BatchIterator:

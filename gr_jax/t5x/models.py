@@ -25,6 +25,12 @@ import contextlib
 import logging
 from typing import Any, Mapping, Optional
 
+try:
+    import t5x  # noqa: F401
+except ImportError as e:  # the message is the point
+    raise ImportError("gr_jax.t5x needs t5x, which is not on PyPI: install it from its repository with --no-deps, "
+                      "then what it imports from PyPI (README, 'With t5x itself')") from e
+
 import flax
 import gin
 import jax
@@ -34,11 +40,18 @@ from flax.linen import partitioning as flax_partitioning
 from t5x import models as t5x_models
 from t5x import optimizers
 
-from gr_jax import compose, locks
+from gr_jax import compose, gin_utils, locks
 from gr_jax.errors import UserError
 from gr_jax.training import trainer
 
 log = logging.getLogger(__name__)
+
+# what `python -m gr_jax.<command>` does before parsing, done when a t5x gin file imports this module: our gin
+# configurables registered, and our gin_configs/ searched first (before the working directory, where gin's package
+# reader would otherwise look up `runs/...` as a Python package and fail on a plain runs/ folder)
+gin_utils.register_configurables()
+if str(gin_utils.GIN_CONFIGS) not in gin.config._LOCATION_PREFIXES:
+    gin.config._LOCATION_PREFIXES.insert(0, str(gin_utils.GIN_CONFIGS))
 
 
 class T5xAdapterError(UserError, ValueError):
@@ -78,13 +91,18 @@ def all_empty(tree: Mapping) -> bool:
 
 
 def empty_paths(tree: Mapping, prefix: tuple = ()) -> list[tuple]:
-    """Paths of the subtrees without arrays: flax's axis names drop them, so t5x's train state holds the parameters
-    without them (`without_empty`) and `with_empty` puts them back for our model."""
+    """(path, subtree) of each subtree without arrays: flax's axis names drop them, so t5x's train state holds the
+    parameters without them (`without_empty`) and `with_empty` puts them back, as they were, for our model."""
     out = []
     for key, value in tree.items():
         if isinstance(value, Mapping):
-            out += [prefix + (key,)] if all_empty(value) else empty_paths(value, prefix + (key,))
+            out += ([(prefix + (key,), _plain(value))] if all_empty(value)
+                    else empty_paths(value, prefix + (key,)))
     return out
+
+
+def _plain(tree: Mapping) -> dict:
+    return {k: _plain(v) for k, v in tree.items()}
 
 
 def without_empty(tree: Mapping) -> dict:
@@ -94,12 +112,49 @@ def without_empty(tree: Mapping) -> dict:
 
 def with_empty(tree: Mapping, paths: list[tuple]) -> dict:
     out = {k: with_empty(v, []) if isinstance(v, Mapping) else v for k, v in tree.items()}
-    for path in paths:
+    for path, subtree in paths:
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})
-        node.setdefault(path[-1], {})
+        node.setdefault(path[-1], _plain(subtree))
     return out
+
+
+def _bound(name: str, default=None):
+    """The value bound to `configurable.param` with macros resolved (no configurable is called: t5x's `train`
+    binds the model itself); `default` when unbound or when the configurable is not registered in this process
+    (t5x's, outside its entry points)."""
+    try:
+        value = gin_utils._bound_value(gin.query_parameter(name))
+    except (KeyError, ValueError):
+        return default
+    return default if value is gin_utils._UNKNOWN else value
+
+
+def refuse_what_t5x_cannot_run(model_dir: str) -> None:
+    """The settings t5x's loop would run differently from ours, refused before anything is written."""
+    scheme = gin.get_bindings("prepare").get("docid_scheme")  # a scheme object: cheap to build, no state
+    if scheme is not None and scheme.decoded_by_model:
+        raise T5xAdapterError(f"{type(scheme).__name__}: docids decoded by the model are decoded again during "
+                              f"training, which t5x's training loop has no place for; train this experiment with "
+                              f"python -m gr_jax.train")
+    optimizer = gin.get_bindings(trainer.make_optimizer)
+    if optimizer.get("sam_rho", 0.0):
+        raise T5xAdapterError("make_optimizer.sam_rho > 0: sharpness-aware minimisation needs the gradient at a "
+                              "second point, which our train step passes and t5x's OptaxWrapper does not; train "
+                              "with python -m gr_jax.train, or set make_optimizer.sam_rho = 0")
+    if optimizer.get("name") == "adafactor":
+        raise T5xAdapterError("make_optimizer.name = 'adafactor': t5x cannot partition optax's factored state; use "
+                              "'adamw' under t5x, or train with python -m gr_jax.train")
+    microbatches = _bound("t5x.trainer.Trainer.num_microbatches")
+    if microbatches and microbatches > 1:
+        raise T5xAdapterError(f"trainer.Trainer.num_microbatches = {microbatches}: t5x sums the microbatches' "
+                              f"gradients of our mean loss ({microbatches}× ours, and clipped differently); leave "
+                              f"it None")
+    t5x_dir = _bound("__main__.train.model_dir")
+    if t5x_dir is not None and str(t5x_dir) != model_dir:
+        raise T5xAdapterError(f"t5x's model_dir {t5x_dir!r} and the experiment's train.model_dir {model_dir!r} "
+                              f"differ: set MODEL_DIR only (both read it)")
 
 
 class RetrieverModel(t5x_models.BaseModel):
@@ -116,6 +171,12 @@ class RetrieverModel(t5x_models.BaseModel):
                                   f"files bind no train.{', train.'.join(missing)}: include one of our experiment "
                                   f"files (e.g. 'experiments/demo/dsi_atomic.gin') in the t5x gin file")
         self.model_dir = str(bindings["model_dir"])
+        refuse_what_t5x_cannot_run(self.model_dir)  # before anything is written
+        ignored = sorted(set(bindings) - {"model_dir", "train_steps", "batch_size", "feature_lengths", "task", "seed",
+                                          "initial_checkpoint_path", "optimizer"})
+        if ignored:
+            log.info("t5x runs the loop: the experiment's train.%s do not apply (t5x's own settings do: "
+                     "utils.SaveCheckpointConfig, train_script.train.*)", ", train.".join(ignored))
         # one writer per MODEL_DIR (locks.py), held until the process ends: a second run on it stops at once
         self._held = contextlib.ExitStack()
         self._held.enter_context(locks.output_lock(self.model_dir, "t5x with a gr_jax model"))
@@ -126,14 +187,6 @@ class RetrieverModel(t5x_models.BaseModel):
         self.setup = gin_call(lambda: compose.prepare(
             model_dir=self.model_dir, batch_size=bindings["batch_size"], feature_lengths=bindings["feature_lengths"],
             task=bindings["task"], seed=self.seed, initial_checkpoint_path=self.initial_checkpoint_path))
-        if self.setup.scheme.decoded_by_model:
-            raise T5xAdapterError(f"{type(self.setup.scheme).__name__}: docids decoded by the model are decoded "
-                                  f"again during training, which t5x's training loop has no place for; train "
-                                  f"this experiment with python -m gr_jax.train")
-        if gin.get_bindings(trainer.make_optimizer).get("sam_rho", 0.0):
-            raise T5xAdapterError("make_optimizer.sam_rho > 0: sharpness-aware minimisation needs the gradient at a "
-                                  "second point, which our train step passes and t5x's OptaxWrapper does not; train "
-                                  "with python -m gr_jax.train, or set make_optimizer.sam_rho = 0")
         tx = bindings.get("optimizer") or trainer.make_optimizer(total_steps=self.train_steps)
         self.task = bindings["task"]
         self.batch_size = int(bindings["batch_size"])

@@ -25,12 +25,12 @@ def t5x_installed():
         import t5x  # noqa: F401
     except ImportError:
         pytest.skip("t5x is not installed: pip install --no-deps ../shared/wheels/*.whl && pip install -e '.[t5x]' "
-                    "(README, 'Training with t5x')")
+                    "(README, 'With t5x itself')")
 
 
-def run(module: str, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
+def run(module: str, *args: str, expect: int = 0, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
                          timeout=900)
     assert res.returncode == expect, f"{module} {args}: exit {res.returncode}\n{res.stderr[-3000:]}"
     return res
@@ -41,8 +41,8 @@ def flags(model_dir: Path, steps: int, extra=()) -> list[str]:
             *[f"--gin.{b}" for b in extra]]
 
 
-def t5x_train(model_dir: Path, steps: int, config: str = CONFIG, extra=()) -> None:
-    run("t5x.train", f"--gin_file={config}", *flags(model_dir, steps, extra))
+def t5x_train(model_dir: Path, steps: int, config: str = CONFIG, extra=(), cwd: Path = ROOT) -> None:
+    run("t5x.train", f"--gin_file={config}", *flags(model_dir, steps, extra), cwd=cwd)
 
 
 def gr_train(model_dir: Path, steps: int, experiment: str = "experiments/demo/dsi_atomic.gin", extra=()) -> None:
@@ -80,10 +80,19 @@ def assert_same_params(a: dict, b: dict, what: str) -> None:
         assert float(np.abs(a[k] - b[k]).max()) <= 1e-6 * scale, f"{what}: {k}"
 
 
+def data_step(model_dir: Path, step: int) -> int:
+    """The step whose data position t5x saved with checkpoint_<step>."""
+    return json.loads((model_dir / f"checkpoint_{step}" / "dataset" / "train_ds-000-of-001").read_text())["step"]
+
+
 def test_t5x_trains_what_gr_jax_trains_and_gr_jax_infer_reads_it(tmp_path):
     t5x_dir, gr_dir = tmp_path / "t5x", tmp_path / "gr"
-    t5x_train(t5x_dir, 3)
+    # from a working directory with a runs/ folder (a user's, after any demo run): our gin files still resolve
+    (tmp_path / "runs").mkdir()
+    t5x_train(t5x_dir, 3, config=str(ROOT / CONFIG), cwd=tmp_path)
     gr_train(gr_dir, 3)
+    # each checkpoint holds the data position of its own step (t5x draws the first batch ahead of checkpoint_0)
+    assert [data_step(t5x_dir, s) for s in (0, 3)] == [0, 3]
     trained, initial = t5x_params(t5x_dir, 3), t5x_params(t5x_dir, 0)
     # t5x starts from our initial parameters (SEED), and after 3 steps holds what gr_jax.train holds
     assert_same_params(trained, gr_params(gr_dir, 3), "t5x.train vs gr_jax.train after 3 steps")
@@ -148,10 +157,15 @@ def test_refusals_name_the_problem(tmp_path):
                                                           "experiments/demo/genret.gin"))
     res = run("t5x.train", f"--gin_file={config}", *flags(tmp_path / "genret", 3), expect=1)
     assert "decoded by the model" in res.stderr and "gr_jax.train" in res.stderr
+    assert not any(p.name in ("vocabulary", "docid_scheme") for p in (tmp_path / "genret").glob("*"))  # nothing built
     # SAM needs our train step's second gradient
     res = run("t5x.train", f"--gin_file={CONFIG}", *flags(tmp_path / "sam", 1, ["make_optimizer.sam_rho=0.05"]),
               expect=1)
     assert "sam_rho" in res.stderr and "gr_jax.train" in res.stderr
+    # t5x's and our MODEL_DIR set apart
+    res = run("t5x.train", f"--gin_file={CONFIG}", *flags(tmp_path / "a", 1, [f"train.model_dir='{tmp_path / 'b'}'"]),
+              expect=1)
+    assert "set MODEL_DIR only" in res.stderr
     # a step the t5x run does not have, and a MODEL_DIR without t5x checkpoints: exit 2, one message
     t5x_dir = tmp_path / "t5x"
     t5x_train(t5x_dir, 1)
@@ -169,3 +183,4 @@ def test_refusals_name_the_problem(tmp_path):
     res = run("gr_jax.t5x.checkpoints", "--gin_file=experiments/demo/dsi_atomic.gin", *flags(t5x_dir, 1),
               expect=2)
     assert "already holds other parameters" in res.stderr
+
