@@ -40,7 +40,7 @@ from flax.linen import partitioning as flax_partitioning
 from t5x import models as t5x_models
 from t5x import optimizers
 
-from gr_jax import compose, gin_utils, locks
+from gr_jax import compose, gin_checks, gin_utils, locks
 from gr_jax.errors import UserError
 from gr_jax.training import trainer
 
@@ -184,7 +184,7 @@ class RetrieverModel(t5x_models.BaseModel):
         self.train_steps = int(bindings["train_steps"])
         self.seed = int(bindings.get("seed", 0))
         self.initial_checkpoint_path = bindings.get("initial_checkpoint_path")
-        self.setup = gin_call(lambda: compose.prepare(
+        self.setup = gin_checks.call_configured(lambda: compose.prepare(
             model_dir=self.model_dir, batch_size=bindings["batch_size"], feature_lengths=bindings["feature_lengths"],
             task=bindings["task"], seed=self.seed, initial_checkpoint_path=self.initial_checkpoint_path))
         tx = bindings.get("optimizer") or trainer.make_optimizer(total_steps=self.train_steps)
@@ -218,7 +218,7 @@ class RetrieverModel(t5x_models.BaseModel):
 
     def empty_paths(self) -> list[tuple]:
         if self._empty is None:
-            self._empty = empty_paths(self.setup.model.init_params(self.seed))
+            self._empty = empty_paths(jax.eval_shape(lambda: self.setup.model.init_params(self.seed)))
         return self._empty
 
     def loss_fn(self, params, batch: Mapping[str, Any], dropout_rng: Optional[jax.Array]):
@@ -234,9 +234,3 @@ class RetrieverModel(t5x_models.BaseModel):
         raise T5xAdapterError("t5x's scoring of a gr_jax model is not supported yet: convert the checkpoint "
                               "(python -m gr_jax.t5x.checkpoints) and run python -m gr_jax.infer")
 
-
-def gin_call(fn):
-    """A gin-configured call whose missing REQUIRED value becomes a configuration error."""
-    from gr_jax import gin_checks
-
-    return gin_checks.call_configured(fn)
