@@ -126,6 +126,17 @@ def test_the_contract_check_names_what_a_model_object_lacks():
     with pytest.raises(TypeError, match="aligned_params, in_mode, mode, planned_mode"):
         contract.check(ClaimsAPlanner())
 
+    class ClaimsATracedSearch(NoRank):  # declares `traced_search` (the t5x adapter's) without `beam_documents`
+        def __init__(self):
+            super().__init__()
+            self.capabilities = contract.Capabilities(traced_search=True)
+
+        def rank(self, *a):
+            return None
+
+    with pytest.raises(TypeError, match=r"ClaimsATracedSearch.*has no beam_documents$"):
+        contract.check(ClaimsATracedSearch())
+
 
 def test_gin_registration_walks_the_package():
     """Every module is imported for gin by walking the package: a module added under gr_jax/ needs no list."""

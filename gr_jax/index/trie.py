@@ -411,11 +411,15 @@ class TrieIndex:
         return self.main_nodes[depth] + self.new_nodes[depth]
 
     def device(self):
-        """The arrays on the default device (`index.device.DeviceTrie`), cached until the next insert()."""
+        """The arrays on the default device (`index.device.DeviceTrie`), cached until the next insert(); concrete
+        arrays even when first asked for inside a trace (a caller's jit), so the cache never holds a tracer."""
         if self._device is None:
+            import jax
+
             from gr_jax.index.device import to_device
 
-            self._device = to_device(self)
+            with jax.ensure_compile_time_eval():
+                self._device = to_device(self)
         return self._device
 
     def device_payload(self):
@@ -423,10 +427,13 @@ class TrieIndex:
         inserted pairs included), cached until the next insert(). Kept apart from `device()`: decoding
         needs the tree, the beam → documents tail needs this."""
         if self._device_payload is None:
+            import jax
+
             from gr_jax.index.device import DevicePayload
 
             offsets, docs = self.payload()
-            self._device_payload = DevicePayload.build(offsets, docs)
+            with jax.ensure_compile_time_eval():  # as `device`
+                self._device_payload = DevicePayload.build(offsets, docs)
         return self._device_payload
 
     def payload(self) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,11 @@ with `hasattr`/`getattr` (tests/test_methods.py checks the protocols and the com
                   every document's docid and token weights (GLEN; the docid scheme declares
                   `decoded_by_model` beside it);
   docid_weights   the ranker reads the docid table's token weights, which `use_docids` keeps (GLEN);
-  decoding_bonus  a per-step bonus guides the search (a `bonus_fn`; PAG's look-ahead).
+  decoding_bonus  a per-step bonus guides the search (a `bonus_fn`; PAG's look-ahead);
+  traced_search   `beam_documents(params, query tokens, index, num_beams)` gives the beams' documents as device
+                  arrays from a function a caller may trace inside its own jit (t5x's partitioned infer step),
+                  and `rank` is the ranker of exactly these (DSI and the models built on `GenerativeRetriever`,
+                  PAG; not SEAL's host-side n-gram scoring, nor docids decoded by the model).
 
 `check(model)` turns a model object that misses part of the contract into an error that names the missing
 members, when the composition builds it.
@@ -30,6 +34,7 @@ class Capabilities:
     decodes_docids: bool = False
     docid_weights: bool = False
     decoding_bonus: bool = False
+    traced_search: bool = False
 
 
 @runtime_checkable
@@ -86,11 +91,23 @@ class Planner(Protocol):
         the teacher checkpoint `teacher`: an error otherwise)."""
 
 
+@runtime_checkable
+class TracedSearch(Protocol):
+    """Capability `traced_search`."""
+
+    def beam_documents(self, params, query_tokens_BxL, index, num_beams: int = 10):
+        """(docs [B, N, P] corpus rows, valid [B, N, P], beam scores [B, N]) as device arrays from a function a
+        caller may trace; `ranker(*jax.device_get(...))` is `rank`'s output."""
+
+
 def check(model, what: str = "the model object") -> None:
-    """An error naming what `model` lacks of the `Retriever` contract (and of `Planner`, when it declares one)."""
+    """An error naming what `model` lacks of the `Retriever` contract (and of `Planner` or `TracedSearch`, when it
+    declares them)."""
     missing = _missing(model, Retriever)
     if not missing and model.capabilities.planner:
         missing = _missing(model, Planner)
+    if not missing and model.capabilities.traced_search:
+        missing = _missing(model, TracedSearch)
     if missing:
         raise TypeError(f"{what} ({type(model).__name__}) does not follow the model contract "
                         f"(gr_jax/models/contract.py): it has no {', '.join(missing)}")

@@ -60,7 +60,7 @@ class GenerativeRetriever:
     @property
     def capabilities(self) -> Capabilities:
         """What this model can do beyond the contract's core (models/contract.py)."""
-        return Capabilities(decoding_bonus=self.bonus_fn is not None)
+        return Capabilities(decoding_bonus=self.bonus_fn is not None, traced_search=True)
 
     def describe(self) -> str:
         """What retrieves (written next to a run: several settings of one checkpoint stay apart)."""
@@ -172,6 +172,14 @@ class GenerativeRetriever:
         res = self.predict(params, query_tokens_BxL, index, num_beams)
         docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
         return jax.device_get((docs, valid, res.scores))
+
+    def beam_documents(self, params, query_tokens_BxL, index, num_beams: int = 10):
+        """`predict_arrays` as a traceable function (capability `traced_search`): the one-device search and the
+        leaf → documents gather, on the device, for a caller's own jit (t5x's partitioned infer step)."""
+        state = None if self.query_state_fn is None else self.query_state_fn(self, params, query_tokens_BxL)
+        res = self.searcher(num_beams).search_traced(params, query_tokens_BxL, index.device(), state)
+        docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
+        return docs, valid, res.scores
 
     def rank(self, params, query_tokens_BxL, index, num_beams: int = 10):
         """The ranker's flat output: (query [R], document row [R], score [R]), each pair once."""

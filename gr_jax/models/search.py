@@ -191,6 +191,11 @@ class Searcher:
                                       self._trie_on_mesh(trie, mesh), query_state)
         return jax.tree_util.tree_map(lambda x: x[:B], out) if pad else out
 
+    def search_traced(self, params, query_tokens, trie: Constraint, query_state=None) -> bs.BeamResult:
+        """The search as a plain function of its arrays, for a caller that traces it inside its own `jit`/`pjit`
+        and places the batch itself (t5x's partitioned infer step): no jit, no mesh of this Searcher's."""
+        return self._search_impl(params, query_tokens, trie, query_state)
+
     def search(self, params, query_tokens, trie: Constraint, query_state=None) -> bs.BeamResult:
         if self.mesh is None:
             return self._search(params, _int32(query_tokens), trie, query_state)

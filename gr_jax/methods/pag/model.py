@@ -353,7 +353,8 @@ class PagRetriever(GenerativeRetriever):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(planner=True, decoding_bonus=self.mode == "pag")
+        return Capabilities(planner=True, decoding_bonus=self.mode == "pag",
+                            traced_search=self.mode != "simul_only" and self.query_padding == "fixed")
 
     @contextlib.contextmanager
     def in_mode(self, mode: str):
@@ -428,7 +429,8 @@ class PagRetriever(GenerativeRetriever):
             paths[rows] = nodes
             leaves = np.full(R, -1, np.int64)
             leaves[rows] = leaf
-            self._paths = (jnp.asarray(paths.astype(np.int32)), jnp.asarray(leaves.astype(np.int32)))
+            with jax.ensure_compile_time_eval():  # concrete even when first asked for inside a caller's trace
+                self._paths = (jnp.asarray(paths.astype(np.int32)), jnp.asarray(leaves.astype(np.int32)))
             sizes = np.append(paths.max(axis=0), leaves.max()) + 1 if len(paths) else np.zeros(1, np.int64)
             self._dense_sizes = tuple(int(x) if 0 < x <= DENSE_BONUS_NODES else 0 for x in sizes)
             self._paths_for = stamp
@@ -507,13 +509,18 @@ class PagRetriever(GenerativeRetriever):
         return self.beams_and_state(params, query_tokens_BxL, index, num_beams, guided)[0]
 
     def _planned_search(self, params, q, set_ids, paths, leaves, trie, n: int, num_beams: int, guided: bool,
-                        dense_sizes: tuple):
+                        dense_sizes: tuple, keys=None):
         """Planner and guided search under one jit, the query read once (`pag_prefill`): → (BeamResult, state,
-        whether a tie crossed the n-th planning place)."""
+        whether a tie crossed the n-th planning place). With the document `keys`, a tie at the n-th place is
+        planned exactly here (`top_n_exact`, chosen on the device), for a caller that cannot come back to the host
+        (`beam_documents`); without, the caller redoes such a batch (`beams_and_state`)."""
         net = params["network"]
         cache, hidden, mask = pag_prefill(self.network, net, q, trie.depth)
         rep = lexical_rep_from_hidden(self.network, net, hidden, mask)
-        rows, scores, tie = top_n_fast(simul_scores(rep, set_ids, self.simul_chunk), n)
+        simul = simul_scores(rep, set_ids, self.simul_chunk)
+        rows, scores, tie = top_n_fast(simul, n)
+        if keys is not None:
+            rows, scores = jax.lax.cond(tie, lambda: top_n_exact(simul, keys, n), lambda: (rows, scores))
         state = bonus_tables(paths, leaves, rows, scores, dense_sizes)
         res = bs.beam_search(functools.partial(pag_step_hidden, self.network, net), cache, trie,
                              batch_size=q.shape[0], num_beams=num_beams, score_mode="raw",
@@ -537,6 +544,27 @@ class PagRetriever(GenerativeRetriever):
             state = self.query_state(params, q, index)
             res = self.searcher(num_beams, guided).search(params, q, index.device(), query_state=state)
         return res, state
+
+    def beam_documents(self, params, query_tokens_BxL, index, num_beams: int = 10):
+        """`rank`'s beams and final scores as one traceable function (capability `traced_search`): a tie at the
+        planning boundary is planned exactly on the device (`_planned_search` with the keys). Fixed query padding
+        only: "batch_longest" trims the batch to its data, a shape a trace cannot take."""
+        if self.mode == "simul_only":
+            raise ValueError("PagRetriever mode 'simul_only' ranks by s_simul alone: use rank")
+        if self.query_padding != "fixed":
+            raise ValueError(f"PagRetriever.query_padding = {self.query_padding!r} gives each batch the length of "
+                             f"its longest query, which a traced search cannot; set 'fixed' (TASK_FEATURE_LENGTHS)")
+        q = query_tokens_BxL
+        if self.mode == "seq_only":
+            res, state = self.searcher(num_beams).search_traced(params, q, index.device()), None
+        else:
+            paths, leaves = self._doc_paths(index)
+            n = min(self.planning_size, int(self.set_ids.shape[0]))
+            res, state, _ = self._planned_search(params, q, self.set_ids, paths, leaves, index.device(), n, num_beams,
+                                                 self.mode == "pag", self._dense_sizes, keys=self._keys)
+        final = self.final_scores(res, state)
+        docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
+        return docs, valid, final
 
     def final_scores(self, res, state):
         """PAG's final score of each returned docid: raw sum + max s_simul of the planned documents with it."""

@@ -33,6 +33,7 @@ import numpy as np
 from gr_jax.index.substring import DeviceSubstrings, SubstringIndex
 from gr_jax.methods.seal.docids import MARKERS, Markers
 from gr_jax.methods.seal.scoring import Key, rank_documents
+from gr_jax.models.contract import Capabilities
 from gr_jax.models.decoder_only import DecoderOnlyRetriever
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.validation import Count, Fraction, Positive
@@ -125,6 +126,15 @@ class _SealRanking:
         self.search = self.search if self.search is not None else SealSearch()
         self._markers: Optional[Markers] = None
         self._identifiers = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The backbone's, without `traced_search`: SEAL's keys are scored on the host (FM-index counts)."""
+        return dataclasses.replace(super().capabilities, traced_search=False)
+
+    def beam_documents(self, params, query_tokens_BxL, index, num_beams: int = 15):
+        raise ValueError(f"{type(self).__name__} scores n-gram keys on the host (SEAL's FM-index counts): its "
+                         f"ranking is not one traceable search; use rank")
 
     def describe(self) -> str:
         s = self.search
