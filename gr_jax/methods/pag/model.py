@@ -169,8 +169,11 @@ def simul_scores(rep_BxV, set_ids_DxM, chunk: int = 65536):
 
 def _top_k(x, k: int):
     """`lax.top_k` behind an optimization barrier: fused with some consumers of its values (a comparison of
-    two of them, a slice), XLA's CPU backend drops its top-k kernel for a full sort (~100× slower at 1M)."""
-    return jax.lax.optimization_barrier(jax.lax.top_k(x, k))
+    two of them, a slice), XLA's CPU backend drops its top-k kernel for a full sort (~100× slower at 1M). One
+    barrier per output: a barrier over the (values, indices) tuple crashes XLA's top-k decomposer when the program
+    is partitioned over several devices (t5x's infer step with data parallelism)."""
+    vals, idx = jax.lax.top_k(x, k)
+    return jax.lax.optimization_barrier(vals), jax.lax.optimization_barrier(idx)
 
 
 def top_n_fast(scores_BxD, n: int):
