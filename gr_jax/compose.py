@@ -505,7 +505,7 @@ def _import(model_dir: Path, initial_checkpoint_path: str) -> dict:
     return out
 
 
-@gin_checks.entry_configurable
+@gin_checks.entry_configurable(not_under="t5x.infer")  # t5x.infer looks its own `infer` up by that name
 def infer(model_dir: str = gin.REQUIRED, split: str = "dev", num_beams: Count = 10, step: Optional[int] = None,
           evaluate: bool = False, batch_size: Count = 32) -> dict:
     """Queries of `split` → TREC run with the checkpoint of `step` (default: latest) in `model_dir`.

@@ -7,7 +7,8 @@ It imports only `gr_jax.errors`, so library modules use it without importing the
 from __future__ import annotations
 
 import contextlib
-from typing import Sequence
+import sys
+from typing import Optional, Sequence
 
 import gin
 import gin.config
@@ -32,10 +33,18 @@ def call_configured(fn, macro_hint: str = "--gin.NAME=VALUE"):
         raise
 
 
-def entry_configurable(fn):
+def entry_configurable(fn=None, *, not_under: Optional[str] = None):
     """`gin.configurable` under the bare name (selector `train`, not `gr_jax.compose.train`). t5x's entry points
     register their own `train` / `infer` in `__main__` before they parse; gin prefers a selector that matches
-    exactly, so `train.x` in our gin files stays ours when `python -m t5x.train` parses them (gr_jax/t5x/)."""
+    exactly, so `train.x` in our gin files stays ours when `python -m t5x.train` parses them (gr_jax/t5x/).
+    `not_under`: a module run as `__main__` (`python -m <it>`) that looks its own configurable of this name up by
+    the bare name (`t5x.infer` queries `infer.shard_id`): there ours is not registered at all, and no gin file of
+    ours binds it (the t5x adapter's files bind `train.*` only)."""
+    if fn is None:
+        return lambda f: entry_configurable(f, not_under=not_under)
+    if not_under is not None and getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name",
+                                         None) == not_under:
+        return fn
     module = fn.__module__
     fn.__module__ = None  # gin takes the selector's module from here: none gives the bare name
     try:
