@@ -8,10 +8,14 @@ with batch 64). Contenders, each compiled and warmed up, then timed in alternati
 Both run with JAX's default (asynchronous) dispatch, the t5x entry point's setting; `python -m gr_jax.train`
 dispatches synchronously on CPU, which bench_train.py measures. The two steps compute the same update
 (tests/t5x/test_adapter.py); the difference is each loop's bookkeeping (t5x's metrics and train-state objects, our
-NaN guard). Appends a section to BENCHMARKS.md.
+NaN guard). With `--infer`: retrieval of one batch of 32 dev queries instead — ours is `model.rank` (what
+`python -m gr_jax.infer` runs per batch: the jitted search, the beams' documents fetched, the ranker), t5x's is
+`RetrieverModel.predict_batch_with_aux` partitioned by t5x's `PjitPartitioner` as `t5x.infer` / `t5x.eval` run it
+(the traced search, the ranker through `jax.pure_callback`), results fetched. Appends a section to BENCHMARKS.md.
 
     python tools/bench_t5x.py
     python tools/bench_t5x.py --experiment experiments/demo/pag.gin
+    python tools/bench_t5x.py --infer [--experiment experiments/demo/pag.gin]
 """
 
 from __future__ import annotations
@@ -99,12 +103,63 @@ def bench(experiment: str, steps: int, warmup: int, rounds: int) -> dict:
             "t5x_ms_per_step": round(best["t5x"] * 1e3, 2), "t5x_over_ours": round(best["t5x"] / best["ours"], 3)}
 
 
+def bench_infer(experiment: str, steps: int, warmup: int, rounds: int) -> dict:
+    import gin
+    import numpy as np
+    from t5x import partitioning as t5x_partitioning
+    from t5x import utils as t5x_utils
+
+    from gr_jax import gin_utils
+    from gr_jax.t5x import system_task
+    from gr_jax.t5x.models import RetrieverModel
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gin_utils.parse([experiment], [f"MODEL_DIR = '{tmp}/run'"])
+        model = RetrieverModel()  # the system built as t5x.train builds it; parameters from SEED
+        ex = system_task.split_examples(model.setup, "dev")
+        L = model.setup.feature_lengths["inputs"]
+        q = np.zeros((32, L), np.int32)
+        for i, row in enumerate(ex["inputs"][:32]):
+            q[i, :len(row)] = row
+        batch = {"inputs": q, "targets": np.zeros((32, model.setup.feature_lengths["targets"]), np.int32)}
+        params = model.setup.model.init_params(model.seed)
+        index, beams = model.setup.index, model.num_beams
+        ours = lambda: model.setup.model.rank(params, q, index, beams)  # noqa: E731
+
+        partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
+        init = t5x_utils.TrainStateInitializer(None, model.get_initial_variables,
+                                               {k: v.shape for k, v in batch.items()}, partitioner)
+        t5x_params = init.from_scratch(jax.random.PRNGKey(0)).params
+        step = partitioner.partition(model.predict_batch_with_aux,
+                                     in_axis_resources=(init.train_state_axes.params, partitioner.data_partition_spec),
+                                     out_axis_resources=None)
+        t5x = lambda: jax.device_get(step(t5x_params, batch))  # noqa: E731
+
+        fns = {"ours": ours, "t5x": t5x}
+        best = {name: float("inf") for name in fns}
+        for fn in fns.values():
+            for _ in range(max(warmup, 1)):
+                fn()
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    fn()
+                best[name] = min(best[name], (time.perf_counter() - t0) / steps)
+        gin.clear_config()
+    return {"experiment": experiment, "model": type(model.setup.model).__name__, "queries": 32, "beams": beams,
+            "documents": len(model.setup.dataset.corpus), "device": f"{jax.device_count()}× "
+            f"{jax.devices()[0].platform}", "ours_ms_per_batch": round(best["ours"] * 1e3, 2),
+            "t5x_ms_per_batch": round(best["t5x"] * 1e3, 2), "t5x_over_ours": round(best["t5x"] / best["ours"], 3)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiment", default="experiments/demo/dsi_atomic.gin")
     parser.add_argument("--steps", type=cli.count, default=20, help="steps per timed round")
     parser.add_argument("--warmup", type=cli.natural, default=3)
     parser.add_argument("--rounds", type=cli.count, default=5)
+    parser.add_argument("--infer", action="store_true", help="retrieval of a batch instead of a train step")
     parser.add_argument("--no_write", action="store_true")
     args = parser.parse_args(argv)
     from gr_jax.cli import setup_logging
@@ -115,7 +170,7 @@ def main(argv=None) -> int:
     except ImportError as e:
         sys.stderr.write(f"{e}\n")
         return 2
-    row = bench(args.experiment, args.steps, args.warmup, args.rounds)
+    row = (bench_infer if args.infer else bench)(args.experiment, args.steps, args.warmup, args.rounds)
     sys.stdout.write(json.dumps(row) + "\n")
     if not args.no_write:
         keys = list(row)

@@ -31,7 +31,7 @@ import orbax.checkpoint as ocp
 
 from gr_jax import compose, gin_checks, gin_utils, validation
 from gr_jax.cli import setup_logging
-from gr_jax.t5x.models import T5xAdapterError, empty_paths, with_empty
+from gr_jax.t5x.models import SYSTEM_RECORD, T5xAdapterError, _read_record, empty_paths, with_empty
 from gr_jax.training import trainer
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,9 @@ def import_t5x(model_dir: str, step: Optional[int] = None) -> dict:
         model_dir=str(model_dir), batch_size=1, feature_lengths=compose._macro("TASK_FEATURE_LENGTHS"),
         task=compose._macro("MIXTURE_OR_TASK_NAME"), with_training_data=False,
         initial_checkpoint_path=compose._macro("INITIAL_CHECKPOINT_PATH", None)))
+    record = model_dir / SYSTEM_RECORD  # what the t5x run built: the system here must be that one
+    if record.is_file():
+        trainer.check_provenance(_read_record(record), compose.provenance(setup), str(record))
     template = jax.eval_shape(lambda: setup.model.init_params(0))
     params = with_empty(read_t5x_params(source), empty_paths(template))
     want, got = _shapes(template), _shapes(params)

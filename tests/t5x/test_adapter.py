@@ -1,5 +1,7 @@
-"""`python -m t5x.train` with a gr_jax model (gr_jax/t5x/): the same parameters as `python -m gr_jax.train` after the
-same steps, a checkpoint that `gr_jax.infer` reads, a resumed run that repeats an uninterrupted one, clear refusals.
+"""`python -m t5x.train`, `t5x.eval` and `t5x.infer` with a gr_jax model (gr_jax/t5x/): the same parameters as
+`python -m gr_jax.train` after the same steps; t5x.eval's metrics and t5x.infer's TREC run equal those `gr_jax.infer`
+gives from the converted checkpoint (DSI on one device, PAG on two); a resumed run that repeats an uninterrupted one;
+clear refusals.
 
 Every run is a subprocess from the repository root, as a user types it, on 60 demo documents."""
 
@@ -19,17 +21,8 @@ CONFIG = "gr_jax/t5x/configs/dsi_demo.gin"
 SMALL = ["load_dataset.demo_docs=60", "prepare.vocab_size=300", "BATCH_SIZE=8", "make_optimizer.warmup_steps=0"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def t5x_installed():
-    try:
-        import t5x  # noqa: F401
-    except ImportError:
-        pytest.skip("t5x is not installed: pip install --no-deps ../shared/wheels/*.whl && pip install -e '.[t5x]' "
-                    "(README, 'With t5x itself')")
-
-
-def run(module: str, *args: str, expect: int = 0, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def run(module: str, *args: str, expect: int = 0, cwd: Path = ROOT, env=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     res = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
                          timeout=900)
     assert res.returncode == expect, f"{module} {args}: exit {res.returncode}\n{res.stderr[-3000:]}"
@@ -85,6 +78,22 @@ def data_step(model_dir: Path, step: int) -> int:
     return json.loads((model_dir / f"checkpoint_{step}" / "dataset" / "train_ds-000-of-001").read_text())["step"]
 
 
+def t5x_infer(model_dir: Path, step: int, out: Path, config: str = CONFIG, extra=(), env=None) -> Path:
+    run("t5x.infer", f"--gin_file={config}", *flags(model_dir, step, extra),
+        f"--gin.CHECKPOINT_PATH='{model_dir / f'checkpoint_{step}'}'", f"--gin.INFER_OUTPUT_DIR='{out}'", env=env)
+    return out / f"demo.dev.step{step}.run"
+
+
+def assert_same_run(path: Path, reference: Path) -> None:
+    """Same queries, documents and ranks; scores within float32 rounding of their magnitude (the same search
+    compiled in two programs: gr_jax.infer's and t5x's partitioned infer step)."""
+    rows = [[line.split() for line in p.read_text().splitlines()] for p in (path, reference)]
+    assert len(rows[0]) == len(rows[1]) > 0
+    for a, b in zip(*rows):
+        assert a[:4] == b[:4]  # query, Q0, document, rank
+        assert abs(float(a[4]) - float(b[4])) <= 1e-5 * max(1.0, abs(float(b[4])))
+
+
 def test_t5x_trains_what_gr_jax_trains_and_gr_jax_infer_reads_it(tmp_path):
     t5x_dir, gr_dir = tmp_path / "t5x", tmp_path / "gr"
     # from a working directory with a runs/ folder (a user's, after any demo run): our gin files still resolve
@@ -110,12 +119,33 @@ def test_t5x_trains_what_gr_jax_trains_and_gr_jax_infer_reads_it(tmp_path):
     for d in (t5x_dir, gr_dir):
         run("gr_jax.infer", "--gin_file=experiments/demo/dsi_atomic.gin", "--gin_file=runs/eval.gin",
             *flags(d, 3))
-    rows = [[line.split() for line in (d / "runs" / "dev.step3.run").read_text().splitlines()]
-            for d in (t5x_dir, gr_dir)]
-    assert len(rows[0]) == len(rows[1]) > 0
-    for a, b in zip(*rows):
-        assert a[:4] == b[:4]  # query, Q0, document, rank
-        assert abs(float(a[4]) - float(b[4])) <= 1e-5 * max(1.0, abs(float(b[4])))  # log-probability scores
+    ours = t5x_dir / "runs" / "dev.step3.run"
+    assert_same_run(ours, gr_dir / "runs" / "dev.step3.run")
+
+    # t5x.eval on the same checkpoint (the newest of MODEL_DIR) reports gr_jax.infer's metrics, and t5x.infer writes
+    # gr_jax.infer's run; both with the one gin file that trained
+    run("t5x.eval", f"--gin_file={CONFIG}", *flags(t5x_dir, 3), f"--gin.EVAL_OUTPUT_DIR='{tmp_path / 'eval'}'")
+    reported = json.loads((tmp_path / "eval" / "inference_eval" / "demo-metrics.jsonl").read_text().splitlines()[-1])
+    expected = json.loads((t5x_dir / "runs" / "dev.step3.metrics.json").read_text())["metrics"]
+    assert reported["step"] == 3 and set(expected) <= set(reported)
+    for name, value in expected.items():  # computed by the same code from the same ranking: equal
+        assert abs(reported[name] - value) <= 1e-12, name
+    assert expected["Hit@10"] > 0  # a ranking that finds something: a wrong one would show
+    assert_same_run(t5x_infer(t5x_dir, 3, tmp_path / "infer"), ours)
+    # mode 'score': each query's best judged document's log-likelihood, as our model scores it
+    run("t5x.infer", f"--gin_file={CONFIG}", *flags(t5x_dir, 3), f"--gin.CHECKPOINT_PATH='{t5x_dir / 'checkpoint_3'}'",
+        f"--gin.INFER_OUTPUT_DIR='{tmp_path / 'score'}'", "--gin.infer.mode='score'")
+    lines = (tmp_path / "score" / "demo.dev.step3.scores.jsonl").read_text().splitlines()
+    scored = [json.loads(line) for line in lines]
+    queries = {line.split()[0] for line in ours.read_text().splitlines()}
+    assert len(scored) == len({r["qid"] for r in scored}) == len(queries)
+    # teacher forcing (score) and the beam search score one docid alike: where the run holds the scored document,
+    # its score there is the log-likelihood (atomic docids + EOS, log-softmax), float32 rounding of the magnitude
+    in_run = {(q, d): float(s) for q, _, d, _, s, _ in (line.split() for line in ours.read_text().splitlines())}
+    both = [(r["log_likelihood"], in_run[r["qid"], r["docid"]]) for r in scored if (r["qid"], r["docid"]) in in_run]
+    assert both, "no scored document in the run: the comparison would not see a difference"
+    for a, b in both:
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b))
 
     # the other way: a gr_jax MODEL_DIR as INITIAL_CHECKPOINT_PATH starts a t5x run from its network
     start = tmp_path / "t5x_from_gr"
@@ -131,12 +161,20 @@ def test_t5x_trains_what_gr_jax_trains_and_gr_jax_infer_reads_it(tmp_path):
                                               ("experiments/demo/dsi_url_llama.gin",
                                                ["TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 32}"])])
 def test_t5x_trains_pag_and_a_decoder_only_model_as_gr_jax_does(tmp_path, experiment, extra):
-    """PAG's own joint objective, and a Llama backbone read as one sequence, through t5x's loop."""
+    """PAG's own joint objective, and a Llama backbone read as one sequence, through t5x's loop; PAG's planned
+    search then runs in t5x.infer's step partitioned over two host devices and writes gr_jax.infer's run."""
     config = tmp_path / "t5x.gin"
     config.write_text((ROOT / CONFIG).read_text().replace("experiments/demo/dsi_atomic.gin", experiment))
     t5x_train(tmp_path / "t5x", 3, config=str(config), extra=extra)
     gr_train(tmp_path / "gr", 3, experiment=experiment, extra=extra)
     assert_same_params(t5x_params(tmp_path / "t5x", 3), gr_params(tmp_path / "gr", 3), experiment)
+    if "pag" not in experiment:
+        return
+    two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    infer = t5x_infer(tmp_path / "t5x", 3, tmp_path / "infer", config=str(config), extra=extra, env=two)
+    run("gr_jax.t5x.checkpoints", f"--gin_file={experiment}", *flags(tmp_path / "t5x", 3, extra))
+    run("gr_jax.infer", f"--gin_file={experiment}", "--gin_file=runs/eval.gin", *flags(tmp_path / "t5x", 3, extra))
+    assert_same_run(infer, tmp_path / "t5x" / "runs" / "dev.step3.run")
 
 
 @pytest.mark.slow
@@ -175,8 +213,35 @@ def test_refusals_name_the_problem(tmp_path):
     res = run("gr_jax.t5x.checkpoints", "--gin_file=experiments/demo/dsi_atomic.gin", *flags(tmp_path, 1),
               expect=2)
     assert "no t5x checkpoint_<N>/ here" in res.stderr
+    # t5x.eval / t5x.infer: the refusals come before anything is written, each names its fix
+    out = tmp_path / "out"
+    res = run("t5x.infer", f"--gin_file={CONFIG}", *flags(t5x_dir, 1), f"--gin.INFER_OUTPUT_DIR='{out}'", expect=1)
+    assert f"--gin.CHECKPOINT_PATH=\"'{t5x_dir}/checkpoint_1'\"" in res.stderr  # the newest, to copy
+    res = run("t5x.eval", f"--gin_file={CONFIG}", *flags(t5x_dir, 1), f"--gin.EVAL_OUTPUT_DIR='{out}'",
+              f"--gin.CHECKPOINT_PATH='{tmp_path / 'a'}'", expect=1)
+    assert "is not in MODEL_DIR" in res.stderr
+    res = run("t5x.eval", f"--gin_file={CONFIG}", *flags(t5x_dir, 1), f"--gin.EVAL_OUTPUT_DIR='{out}'",
+              "--gin.utils.RestoreCheckpointConfig.dtype='bfloat16'", expect=1)
+    assert "RestoreCheckpointConfig.dtype" in res.stderr and "'float32'" in res.stderr
+    record = t5x_dir / "t5x_system.json"
+    saved = record.read_text()
+    record.write_text(saved.replace('"corpus": "', '"corpus": "x'))  # another corpus than MODEL_DIR's docids
+    res = run("t5x.eval", f"--gin_file={CONFIG}", *flags(t5x_dir, 1), f"--gin.EVAL_OUTPUT_DIR='{out}'", expect=1)
+    assert "t5x_system.json" in res.stderr
+    record.write_text(saved)
+    # nothing of ours was written (t5x.infer writes its config.gin before it builds the model)
+    assert [p.name for p in out.iterdir()] == ["config.gin"]
+    t5x_infer(t5x_dir, 1, out)
+    res = run("t5x.infer", f"--gin_file={CONFIG}", *flags(t5x_dir, 1),
+              f"--gin.CHECKPOINT_PATH='{t5x_dir}/checkpoint_1'", f"--gin.INFER_OUTPUT_DIR='{out}'", expect=1)
+    assert "would skip task 'demo'" in res.stderr  # t5x skips a completed task: refused, not a silent no-op
+
     # checkpoints/<N> holding other parameters (another learning rate) is not overwritten
     gr_train(tmp_path / "gr", 1, extra=["make_optimizer.learning_rate=1e-2"])
+    # a gr_jax.train MODEL_DIR is not t5x's: t5x.eval says which command reads it
+    res = run("t5x.eval", f"--gin_file={CONFIG}", *flags(tmp_path / "gr", 1), f"--gin.EVAL_OUTPUT_DIR='{out}2'",
+              expect=1)
+    assert "t5x_system.json is missing" in res.stderr and "gr_jax.infer" in res.stderr
     import shutil
 
     shutil.copytree(tmp_path / "gr" / "checkpoints", t5x_dir / "checkpoints")

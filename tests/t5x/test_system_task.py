@@ -1,0 +1,106 @@
+"""The seqio side of the t5x adapter (gr_jax/t5x/system_task.py, RetrieverModel's host ranking) on hand-worked
+cases: the document vocabulary both ways, the converter's shapes, the metric function's figures, trec order of
+tied scores by document id (never by corpus row), and t5x.infer's chunked TREC run."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import numpy as np
+import pytest
+
+pytest.importorskip("seqio", reason="seqio comes with t5x's extra: pip install --no-deps ../shared/wheels/*.whl && "
+                    "pip install -e '.[t5x]' (README, 'With t5x itself')")
+import tensorflow as tf  # noqa: E402
+
+from gr_jax.t5x import system_task  # noqa: E402
+
+
+def test_document_vocabulary_both_ways():
+    vocab = system_task.DocumentVocabulary(["d0", "d1", "d2"], "fp")
+    assert vocab.decode([3, 1, 0, 0]) == "d2\td0"  # row r is id r + 1; 0 pads
+    assert vocab.encode("d2\td0") == [3, 1]
+    assert vocab.decode_tf(tf.constant([[3, 1, 0], [2, 0, 0]])).numpy().tolist() == [b"d2\td0", b"d1"]
+    assert vocab.encode_tf(tf.constant("d1\td2")).numpy().tolist() == [2, 3]
+    with pytest.raises(ValueError, match="not in the corpus"):
+        vocab.encode("d9")
+    assert vocab == system_task.DocumentVocabulary(["d0", "d1", "d2"], "fp")
+    assert vocab != system_task.DocumentVocabulary(["d0", "d1", "d2"], "other corpus")
+
+
+def test_converter_pads_to_the_models_lengths_whatever_t5x_asks():
+    ds = tf.data.Dataset.from_generator(
+        lambda: iter([{"inputs": np.array([5, 6, 1], np.int32), "targets": np.array([9, 1], np.int32)}]),
+        output_signature={"inputs": tf.TensorSpec([None], tf.int32), "targets": tf.TensorSpec([None], tf.int32)})
+    out = system_task.SystemConverter({"inputs": 5, "targets": 3})(ds, {"inputs": 99, "targets": 1})
+    assert {k: v.shape.as_list() for k, v in out.element_spec.items()} == {"inputs": [5], "targets": [3]}
+    ex = next(out.as_numpy_iterator())
+    assert ex["inputs"].tolist() == [5, 6, 1, 0, 0] and ex["targets"].tolist() == [9, 1, 0]
+
+
+def test_metric_function_by_hand():
+    """q1: relevant d2 at rank 2 → Hit@1 0, Hit@10 1, RR 1/2; q2: relevant d0 (grade 2) at rank 1 → 1, 1, 1.
+    Means: Hit@1 0.5, Hit@10 1, MRR@10 0.75. The scores, not the list order, decide the rank (as in a run file)."""
+    cfg = types.SimpleNamespace(metrics=("Hit@1", "Hit@10", "MRR@10"), threshold=lambda split: 1)
+    fn = system_task.metric_fn_for(cfg)
+    targets = [("dev", "q1", {"d2": 1}), ("dev", "q2", {"d0": 2, "d5": 0})]
+    predictions = [["d2", "d1"], ["d0", "d1"]]
+    scores = np.array([[-2.0, -1.0], [-0.5, -3.0]], np.float32)  # q1: d1 outscores d2 though listed second
+    got = fn(targets, predictions, {"scores": scores})
+    assert got == pytest.approx({"Hit@1": 0.5, "Hit@10": 1.0, "MRR@10": 0.75}, abs=1e-12)
+    # postprocess: what seqio hands the metric function
+    ex = {"qid": b"q1", "split": b"dev"}
+    assert system_task.postprocess(b'{"d2": 1}', example=ex, is_target=True) == ("dev", "q1", {"d2": 1})
+    assert system_task.postprocess("d2\td1") == ["d2", "d1"] and system_task.postprocess("") == []
+
+
+def test_host_ranking_orders_ties_by_document_id_not_row():
+    """Two beams reach rows 0 ("b") and 2 ("c") with the same score, row 1 ("a") scores higher: trec order is
+    a, then the tie by document id descending: c before b — with the corpus rows in either order."""
+    from gr_jax.decoding.rankers import FirstOccurrence
+    from gr_jax.t5x.models import RetrieverModel
+
+    def ranked(doc_ids, beams):
+        model = RetrieverModel.__new__(RetrieverModel)  # only the host ranking: no system to build
+        model.setup = types.SimpleNamespace(model=types.SimpleNamespace(ranker=FirstOccurrence()),
+                                            dataset=types.SimpleNamespace(corpus=types.SimpleNamespace(
+                                                doc_ids=doc_ids)))
+        docs = np.array([[[r] for r, _ in beams]])
+        scores = np.array([[s for _, s in beams]], np.float32)
+        rows, out = model._ranked_on_host(docs, np.ones_like(docs, bool), scores)
+        return [(doc_ids[r - 1], float(s)) for r, s in zip(rows[0], out[0]) if r]
+
+    expected = [("a", -1.0), ("c", -2.0), ("b", -2.0)]
+    assert ranked(["b", "a", "c"], [(0, -2.0), (1, -1.0), (2, -2.0)]) == expected
+    assert ranked(["c", "a", "b"], [(2, -2.0), (1, -1.0), (0, -2.0)]) == expected
+
+
+def test_infer_writer_chunks_merge_into_one_run(tmp_path):
+    vocab = system_task.DocumentVocabulary(["d0", "d1", "d2"], "fp")
+
+    def chunk(qids, rows, scores, i):
+        ds = tf.data.Dataset.from_tensor_slices({"qid": qids, "targets_pretokenized": ['{"d0": 1}'] * len(qids)})
+        path = tmp_path / "tmp" / f"demo-predict_with_aux.run-00000-of-00001-chunk{i:05d}"
+        system_task.write_run_chunk(str(path), (np.array(rows), {"scores": np.array(scores)}), ds,
+                                    "predict_with_aux", vocab)
+
+    (tmp_path / "tmp").mkdir()
+    chunk(["q1", "q2"], [[3, 1], [2, 0]], [[-1.0, -2.0], [-0.5, 0.0]], 0)
+    chunk(["q3"], [[1, 2]], [[-3.0, -3.0]], 1)
+    system_task.merge_runs(str(tmp_path), "demo-predict_with_aux.run-00000-of-00001", str(tmp_path / "tmp"), 7,
+                           split="dev")
+    lines = (tmp_path / "demo.dev.step7.run").read_text().splitlines()
+    assert [line.split()[:4] for line in lines] == [
+        ["q1", "Q0", "d2", "1"], ["q1", "Q0", "d0", "2"], ["q2", "Q0", "d1", "1"],
+        ["q3", "Q0", "d1", "1"], ["q3", "Q0", "d0", "2"]]  # q3's tie: d1 before d0 (document id descending)
+    chunk(["q3"], [[3]], [[-1.0]], 2)  # a query twice: an error, not a silently merged run
+    with pytest.raises(ValueError, match="in an earlier chunk"):
+        system_task.merge_runs(str(tmp_path), "demo-predict_with_aux.run-00000-of-00001", str(tmp_path / "tmp"), 7)
+
+
+def test_score_mode_names_the_scored_document(tmp_path):
+    ds = tf.data.Dataset.from_tensor_slices({"qid": ["q1"], "targets_pretokenized": [json.dumps({"d5": 1, "d3": 1})]})
+    path = tmp_path / "chunk"
+    system_task.write_run_chunk(str(path), (np.array([-1.5]), {}), ds, "score")
+    assert json.loads(path.read_text()) == {"qid": "q1", "docid": "d3", "log_likelihood": -1.5}  # tie: smaller id
