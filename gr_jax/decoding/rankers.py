@@ -29,6 +29,8 @@ import dataclasses
 from typing import Mapping, Optional, Sequence
 
 import gin
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -73,6 +75,29 @@ class FirstOccurrence:
 
     def __call__(self, docs_BxNxP, valid_BxNxP, beam_scores_BxN):
         return first_occurrence_arrays(docs_BxNxP, valid_BxNxP, beam_scores_BxN)
+
+
+def first_occurrence_ranked(docs_BxNxP, valid_BxNxP, beam_scores_BxN, doc_keys):
+    """`FirstOccurrence` traced on the device, each query's documents already in trec order (score descending, ties
+    by `doc_keys[row]` descending: the document ids' order, `data.trec.ranked`) — for a caller that cannot come back
+    to the host between search and ranking (t5x's partitioned infer step). Returns (rows [B, K], scores [B, K]),
+    K = N·P, the documents first and -1 / 0 after them. A slot is its document's first when no earlier slot (beams
+    best first, then the leaf's documents) holds the same document: the best beam reaching it, as on the host."""
+    B, N, P = docs_BxNxP.shape
+    K = N * P
+    d = docs_BxNxP.reshape(B, K)
+    v = valid_BxNxP.reshape(B, K)
+    s = jnp.repeat(beam_scores_BxN.astype(jnp.float32), P, axis=1)
+    earlier = jnp.tril(jnp.ones((K, K), bool), -1)  # [i, j]: slot j comes before slot i
+    seen = ((d[:, :, None] == d[:, None, :]) & v[:, None, :] & earlier[None]).any(-1)
+    first = v & ~seen
+    key = jnp.take(doc_keys, jnp.clip(d, 0, doc_keys.shape[0] - 1))
+    big = jnp.iinfo(jnp.int32).max
+    by_score = jnp.where(first, -s, jnp.inf)  # the others last
+    by_key = jnp.where(first, -key.astype(jnp.int32), big)
+    _, _, rows, scores = jax.lax.sort((by_score, by_key, jnp.where(first, d, -1).astype(jnp.int32),
+                                       jnp.where(first, s, 0.0)), dimension=1, num_keys=2)
+    return rows, scores
 
 
 def beams_to_arrays(beams: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:

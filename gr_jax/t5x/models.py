@@ -15,8 +15,9 @@ index, the training examples), and gives t5x:
 * `FEATURE_CONVERTER_CLS`: a handle on the built system that `data.get_dataset` reads our batches from, and that
   `t5x.eval` / `t5x.infer` call for the converter of the model's seqio task (`system_task`);
 * `predict_batch_with_aux`: our constrained beam search over the docid index (`beam_documents` of the model
-  contract, traced inside t5x's partitioned infer step) and the model's ranker on the host: ranked corpus rows
-  (+ 1; 0 pads) in trec order with their scores as the aux value "scores";
+  contract, traced inside t5x's partitioned infer step) and the model's ranker (the default one on the device, a
+  method's own on the host): ranked corpus rows (+ 1; 0 pads) in trec order with their scores as the aux value
+  "scores";
 * `score_batch`: the log-likelihood of given docids (the task's targets).
 
 Under `t5x.eval` / `t5x.infer` (the command is read from `__main__`) the model restores the system of MODEL_DIR —
@@ -58,6 +59,7 @@ from t5x import models as t5x_models
 from t5x import optimizers
 
 from gr_jax import compose, gin_checks, gin_utils, locks
+from gr_jax.decoding import rankers
 from gr_jax.errors import UserError
 from gr_jax.evaluation.retrieval import EvalConfig
 from gr_jax.io_utils import json_text, read_json, write_text
@@ -399,15 +401,21 @@ class RetrieverModel(t5x_models.BaseModel):
 
     def predict_batch_with_aux(self, params, batch, rng=None, decoder_params=None, return_all_decodes=False,
                                num_decodes=None, prompt_with_targets=False):
-        """Constrained beam search over the docid index (traced: t5x partitions this step) and the model's ranker
-        on the host (`jax.pure_callback`): (ranked corpus rows + 1 [B, K], {"scores": [B, K]}), K = beams × the
-        most documents one docid holds. t5x's decoding options (`decoder_params`, `num_decodes`) do not apply:
+        """Constrained beam search over the docid index (traced: t5x partitions this step) and the model's ranker —
+        the default one on the device (`rankers.first_occurrence_ranked`), a method's own on the host through
+        `jax.pure_callback`: (ranked corpus rows + 1 [B, K], {"scores": [B, K]}), K = beams × the most documents
+        one docid holds. t5x's decoding options (`decoder_params`, `num_decodes`) do not apply:
         RetrieverModel.num_beams sets the beams."""
         del rng, decoder_params, return_all_decodes, num_decodes, prompt_with_targets
         model = self.setup.model
         docs, valid, scores = model.beam_documents(self._checked_params(params), batch["inputs"].astype(jnp.int32),
                                                    self.setup.index, self.num_beams)
-        B, N, P = docs.shape
+        if type(model.ranker) is rankers.FirstOccurrence:  # the default ranker: on the device, no host round trip
+            with jax.ensure_compile_time_eval():
+                keys = jnp.asarray(self._doc_keys().astype(np.int32))
+            rows, ranked = rankers.first_occurrence_ranked(docs, valid, scores, keys)
+            return rows + 1, {"scores": ranked}
+        B, N, P = docs.shape  # a method's own ranker (numpy): on the host, as `rank` runs it
         shapes = (jax.ShapeDtypeStruct((B, N * P), jnp.int32), jax.ShapeDtypeStruct((B, N * P), jnp.float32))
         rows, ranked = jax.pure_callback(self._ranked_on_host, shapes, docs, valid, scores.astype(jnp.float32))
         return rows, {"scores": ranked}

@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-pytest.importorskip("seqio", reason="seqio comes with t5x's extra: pip install --no-deps ../shared/wheels/*.whl && "
+seqio = pytest.importorskip("seqio", reason="seqio comes with t5x's extra: pip install --no-deps ../shared/wheels/*.whl && "
                     "pip install -e '.[t5x]' (README, 'With t5x itself')")
 import tensorflow as tf  # noqa: E402
 
@@ -104,3 +104,94 @@ def test_score_mode_names_the_scored_document(tmp_path):
     path = tmp_path / "chunk"
     system_task.write_run_chunk(str(path), (np.array([-1.5]), {}), ds, "score")
     assert json.loads(path.read_text()) == {"qid": "q1", "docid": "d3", "log_likelihood": -1.5}  # tie: smaller id
+
+
+class _Words:
+    """A by-hand vocabulary: word i of `words` is id i + 3 (0 pad, 1 EOS, 2 unknown)."""
+
+    fingerprint = "words-v1"
+
+    def __init__(self, words):
+        self.ids = {w: i + 3 for i, w in enumerate(words)}
+        self.size = len(words) + 3
+
+    def encode(self, text):
+        return [self.ids.get(w, 2) for w in text.split()]
+
+    def decode(self, ids):
+        return " ".join(str(i) for i in ids)
+
+
+def test_the_task_over_an_mmarco_layout_holds_the_judged_queries_as_gr_jax_infer_reads_them(tmp_path):
+    """MS MARCO's files with a translated dev split (mMARCO: `load_dataset.query_files`), written here: the task's
+    split holds the judged queries by query id, tokenized with the run's vocabulary (+ EOS), each with its best
+    judged document's docid tokens and its judgements."""
+    from gr_jax.data import sources
+    from gr_jax.docids.atomic import AtomicDocids
+    from gr_jax.docids.base import FitContext
+
+    (tmp_path / "collection.tsv").write_text("7\tcats sit\n3\tdogs run\n5\tbirds fly\n")
+    (tmp_path / "queries.train.tsv").write_text("1\tcats\n")
+    (tmp_path / "qrels.train.tsv").write_text("1 0 7 1\n")
+    (tmp_path / "pt_queries.dev.tsv").write_text("20\tcães correm\n10\tpássaros\n30\tnada\n")
+    (tmp_path / "qrels.dev.tsv").write_text("20 0 3 1\n10 0 5 1\n10 0 7 2\n30 0 3 0\n")
+    ds = sources.load_dataset("msmarco", str(tmp_path), query_files={
+        "train": ["queries.train.tsv", "qrels.train.tsv"], "dev_pt": ["pt_queries.dev.tsv", "qrels.dev.tsv"]})
+    vocab = _Words(["cães", "correm", "pássaros"])
+    scheme = AtomicDocids().fit(ds.corpus, FitContext(vocab=vocab))
+    table = scheme.assign(ds.corpus)
+    setup = types.SimpleNamespace(dataset=ds, vocab=vocab, table=table, feature_lengths={"inputs": 6, "targets": 2})
+    cfg = types.SimpleNamespace(metrics=("Hit@1",), threshold=lambda split: 1)
+    task = system_task.register("gr_jax_test_mmarco", setup, cfg)
+    assert set(task.splits) == {"train", "dev_pt"}
+    got = list(task.get_dataset(sequence_length=None, split="dev_pt", shuffle=False).as_numpy_iterator())
+    # query 30 has no relevant document but is judged: kept, as evaluate_split keeps it (it scores 0)
+    assert [ex["qid"].decode() for ex in got] == ["10", "20", "30"]
+    assert [ex["inputs"].tolist() for ex in got] == [[5, 1], [3, 4, 1], [2, 1]]
+    doc = {d: table.sequence(int(r))[0] for d, r in zip(ds.corpus.doc_ids, range(len(ds.corpus)))}
+    assert got[0]["targets"].tolist() == [doc["7"], 1]  # grade 2 beats grade 1; EOS after the docid token
+    assert got[1]["targets"].tolist() == [doc["3"], 1] and got[2]["targets"].tolist() == []
+    assert json.loads(got[0]["targets_pretokenized"]) == {"5": 1, "7": 2}
+    with pytest.raises(ValueError, match="set EVAL_SPLIT"):
+        system_task.split_examples(setup, "dev")
+    vocabs = seqio.get_mixture_or_task("gr_jax_test_mmarco").output_features
+    assert vocabs["targets"].vocabulary.decode([2, 1]) == "3\t7"  # rows in corpus order: 7, 3, 5
+
+
+def test_device_and_host_ranking_in_the_infer_step_equal_rank(tmp_path):
+    """`predict_batch_with_aux` ranks with the default ranker on the device and with any other on the host (through
+    `jax.pure_callback`); both give what `rank` (gr_jax.infer's path) gives, in trec order."""
+    import gin
+    import jax
+
+    from gr_jax import gin_utils
+    from gr_jax.data.trec import ranked
+    from gr_jax.decoding.rankers import FirstOccurrence
+    from gr_jax.t5x.models import RetrieverModel
+
+    class Another(FirstOccurrence):  # a method's own ranker (the same numbers): the host path
+        pass
+
+    gin_utils.parse(["experiments/demo/dsi_atomic.gin"], [f"MODEL_DIR = '{tmp_path / 'run'}'", "BATCH_SIZE = 8",
+                                                           "load_dataset.demo_docs = 60", "prepare.vocab_size = 300"])
+    try:
+        model = RetrieverModel(num_beams=6)
+        ex = system_task.split_examples(model.setup, "dev")
+        q = np.zeros((8, model.setup.feature_lengths["inputs"]), np.int32)
+        for i, row in enumerate(ex["inputs"][:8]):
+            q[i, :len(row)] = row
+        params = model.setup.model.init_params(0)
+        t5x_params = {k: v for k, v in params.items() if k != "head"}  # t5x's tree: no empty subtrees
+        names = list(model.setup.dataset.corpus.doc_ids)
+        qq, dd, ss = model.setup.model.rank(params, q, model.setup.index, 6)
+        expected = [ranked({names[d]: float(s) for d, s in zip(dd[qq == b], ss[qq == b])}) for b in range(8)]
+        for ranker in (FirstOccurrence(), Another()):
+            model.setup.model.ranker = ranker
+            rows, aux = jax.device_get(jax.jit(model.predict_batch_with_aux)(t5x_params, {"inputs": q}))
+            got = [[names[r - 1] for r in row if r] for row in rows]
+            assert got == expected, type(ranker).__name__
+            for b in range(8):
+                want = sorted(ss[qq == b].tolist(), reverse=True)
+                np.testing.assert_allclose(aux["scores"][b, :len(want)], want, rtol=1e-5)
+    finally:
+        gin.clear_config()
