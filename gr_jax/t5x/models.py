@@ -58,7 +58,7 @@ from flax.linen import partitioning as flax_partitioning
 from t5x import models as t5x_models
 from t5x import optimizers
 
-from gr_jax import compose, gin_checks, gin_utils, locks
+from gr_jax import compose, gin_checks, gin_utils, locks, validation
 from gr_jax.decoding import rankers
 from gr_jax.errors import UserError
 from gr_jax.evaluation.retrieval import EvalConfig
@@ -74,9 +74,17 @@ SYSTEM_RECORD = "t5x_system.json"  # in MODEL_DIR: what the t5x training run bui
 
 
 def t5x_command() -> Optional[str]:
-    """"train", "eval" or "infer" under `python -m t5x.<that>`; None elsewhere."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return COMMANDS.get(getattr(spec, "name", None))
+    """"train", "eval" or "infer" under `python -m t5x.<that>`, `python .../t5x/<that>.py` or `python -m t5x.main
+    --run_mode=<that>`; None elsewhere."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is None:  # run as a script
+        found = re.search(r"t5x[/\\](train|eval|infer)\.py$", str(getattr(main, "__file__", "")))
+        name = f"t5x.{found.group(1)}" if found else None
+    if name == "t5x.main":
+        modes = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--run_mode=")]
+        name = f"t5x.{modes[-1].lower()}" if modes else None
+    return COMMANDS.get(name)
 
 
 # what `python -m gr_jax.<command>` does before parsing, done when a t5x gin file imports this module: our gin
@@ -85,8 +93,8 @@ def t5x_command() -> Optional[str]:
 # command, the folder of that command's run tier (configs/runs/<command>/t5x_run.gin, which configs/model.gin
 # includes), so one gin file serves t5x.train, t5x.eval and t5x.infer
 gin_utils.register_configurables()
-for _prefix in ([str(RUN_TIERS / t5x_command())] if t5x_command() else []) + [str(gin_utils.GIN_CONFIGS)]:
-    if _prefix not in gin.config._LOCATION_PREFIXES:
+for _prefix in [str(RUN_TIERS / (t5x_command() or "none")), str(gin_utils.GIN_CONFIGS)]:
+    if _prefix not in gin.config._LOCATION_PREFIXES:  # runs/none/t5x_run.gin: an error naming the commands
         gin.config._LOCATION_PREFIXES.insert(0, _prefix)
 
 
@@ -207,12 +215,12 @@ def refuse_what_t5x_cannot_run(model_dir: str, command: str = "train") -> None:
 
 
 class RetrieverModel(t5x_models.BaseModel):
-    """A t5x model around our model object (module docstring). `num_beams` (t5x.eval, t5x.infer): default the
-    experiment's EvalConfig.num_beams; `command`: default the t5x command running (`t5x_command`)."""
+    """A t5x model around our model object (module docstring). `num_beams` (t5x.eval, t5x.infer): NUM_BEAMS of the
+    run tiers, 10 as `gr_jax.infer`'s; `command`: default the t5x command running (`t5x_command`)."""
 
     FEATURE_CONVERTER_CLS = seqio.EncDecFeatureConverter  # replaced per instance by `SystemBatches`
 
-    def __init__(self, num_beams: Optional[int] = None, command: Optional[str] = None):
+    def __init__(self, num_beams: int = 10, command: Optional[str] = None):
         self.command = command or t5x_command() or "train"
         if self.command not in COMMANDS.values():
             raise T5xAdapterError(f"RetrieverModel.command must be one of {sorted(COMMANDS.values())}, got "
@@ -231,7 +239,8 @@ class RetrieverModel(t5x_models.BaseModel):
         self.task = bindings["task"]
         self.batch_size = int(bindings["batch_size"])
         self.eval_config = EvalConfig().validate()  # the experiment's metrics and thresholds (gin)
-        self.num_beams = int(num_beams or self.eval_config.num_beams)
+        validation.integer("RetrieverModel.num_beams (NUM_BEAMS)", num_beams)
+        self.num_beams = int(num_beams)
         self._held = contextlib.ExitStack()
         atexit.register(self._held.close)
         self._empty: Optional[list] = None
@@ -308,6 +317,10 @@ class RetrieverModel(t5x_models.BaseModel):
         if output_dir is None:
             raise T5xAdapterError(f"{where}.output_dir is not bound: set EVAL_OUTPUT_DIR / INFER_OUTPUT_DIR")
         if self.command == "infer":
+            shards = _bound("__main__.infer.num_shards", 1)
+            if shards != 1:
+                raise T5xAdapterError(f"infer.num_shards = {shards}: a gr_jax run is written by one process for now "
+                                      f"(multi-host inference is not written yet); leave num_shards = 1")
             done = sorted(Path(str(output_dir)).glob(f"{self.task}-*.COMPLETED"))
             if done:
                 raise T5xAdapterError(f"{done[0]} exists: t5x.infer would skip task {self.task!r} and write nothing "
@@ -324,6 +337,16 @@ class RetrieverModel(t5x_models.BaseModel):
                                   f"gr_jax.infer")
         # checked: now the output directory is held (one writer), before t5x writes anything there
         self._held.enter_context(locks.output_lock(str(output_dir), f"t5x.{self.command} with a gr_jax model"))
+        if self.command == "infer":  # what t5x.infer's chunks will be of: a folder left by other settings is refused
+            split = str(_bound("utils.DatasetConfig.split"))
+            stamp = {"checkpoint": str(Path(str(checkpoint)).resolve()), "split": split, "num_beams": self.num_beams,
+                     "batch_size": _bound("utils.DatasetConfig.batch_size"), "mode": _bound("__main__.infer.mode"),
+                     "checkpoint_period": _bound("__main__.infer.checkpoint_period")}
+            try:
+                system_task.inference_stamp(Path(str(output_dir)) / f"tmp-{self.task}-00000-of-00001", stamp,
+                                            system_task.judged_qids(self.setup.dataset, split))
+            except ValueError as e:
+                raise T5xAdapterError(str(e)) from None
         # the arrays the traced search reads, on the device before t5x traces it
         self.setup.index.device(), self.setup.index.device_payload()
 
@@ -393,8 +416,9 @@ class RetrieverModel(t5x_models.BaseModel):
         """Each corpus row's place among the document ids in string order (the tie key of trec order)."""
         if self._keys is None:
             ids = np.asarray([str(x) for x in self.setup.dataset.corpus.doc_ids], dtype=object)
-            self._keys = np.empty(len(ids), np.int64)
-            self._keys[np.argsort(ids, kind="stable")] = np.arange(len(ids))
+            keys = np.empty(len(ids), np.int64)
+            keys[np.argsort(ids, kind="stable")] = np.arange(len(ids))
+            self._keys = keys  # assigned once complete: a callback on another thread never reads a half-filled one
         return self._keys
 
     _keys: Optional[np.ndarray] = None

@@ -30,9 +30,9 @@ import seqio
 import tensorflow as tf
 
 from gr_jax.data.pipeline import tokenize
-from gr_jax.data.trec import read_run, write_run
+from gr_jax.data.trec import write_run
 from gr_jax.evaluation.metrics import evaluate
-from gr_jax.io_utils import write_text
+from gr_jax.io_utils import read_json, write_text
 from gr_jax.vocab import PAD_ID
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,8 @@ class DocumentVocabulary(seqio.Vocabulary):
     def _decode_tf(self, ids):
         names = tf.constant([""] + self.doc_ids)
         ids = tf.cast(ids, tf.int32)
-        kept = tf.ragged.boolean_mask(tf.gather(names, tf.clip_by_value(ids, 0, len(self.doc_ids))), ids > 0)
+        inside = (ids > 0) & (ids <= len(self.doc_ids))  # as `_decode`: padding and unknown ids dropped
+        kept = tf.ragged.boolean_mask(tf.gather(names, tf.where(inside, ids, 0)), inside)
         return tf.strings.reduce_join(kept, axis=-1, separator="\t")
 
     def __eq__(self, other) -> bool:
@@ -159,14 +160,20 @@ class SystemConverter(seqio.FeatureConverter):
         return dict(self.lengths)
 
 
-def split_examples(setup, split: str) -> dict[str, list]:
-    """The judged queries of `split` by query id, as `compose.evaluate_split` takes them, with their tokens."""
-    ds = setup.dataset
-    if split not in ds.queries or split not in ds.qrels:
+def judged_qids(dataset, split: str) -> list[str]:
+    """The judged queries of `split` by query id, as `compose.evaluate_split` takes them."""
+    if split not in dataset.queries or split not in dataset.qrels:
         raise ValueError(f"split {split!r} has no judged queries in the experiment's dataset (it has "
-                         f"{sorted(set(ds.queries) & set(ds.qrels))}); set EVAL_SPLIT")
+                         f"{sorted(set(dataset.queries) & set(dataset.qrels))}); set EVAL_SPLIT")
+    return sorted(q for q in dataset.queries[split].qids if q in dataset.qrels[split])
+
+
+def split_examples(setup, split: str) -> dict[str, list]:
+    """The judged queries of `split` (`judged_qids`) with their tokens, best judged document's docid and
+    judgements."""
+    ds = setup.dataset
+    qids = judged_qids(ds, split)
     queries, qrels = ds.queries[split], ds.qrels[split]
-    qids = sorted(q for q in queries.qids if q in qrels)
     text_of = dict(zip(queries.qids, queries.texts))
     texts = [text_of[q] for q in qids]
     tokens = tokenize(texts, setup.vocab, setup.feature_lengths["inputs"], what=split)
@@ -178,8 +185,14 @@ def split_examples(setup, split: str) -> dict[str, list]:
             targets.append([])
             continue
         best = best_judged(qrels[q])
-        row = table.targets([corpus.index_of(best)], setup.feature_lengths["targets"])[0] if best else []
-        targets.append([int(t) for t in row if int(t) != PAD_ID])
+        if best is None:
+            targets.append([])
+            continue
+        idx = table.primary([corpus.index_of(best)])
+        # the docid's own tokens (+ EOS for text docids), never filtered by value: a codebook docid's code 0 is a
+        # token, not padding
+        n = int(table.lengths[idx[0]]) + (0 if table.fixed_length else 1)
+        targets.append([int(t) for t in table.targets_of(idx, setup.feature_lengths["targets"])[0][:n]])
     return {"qid": qids, "split": [split] * len(qids), "inputs_pretokenized": texts,
             "inputs": [[int(t) for t in row if int(t) != PAD_ID] for row in tokens], "targets": targets,
             "targets_pretokenized": [json.dumps({d: int(g) for d, g in qrels[q].items()}, sort_keys=True)
@@ -259,8 +272,8 @@ def register(name: str, setup, eval_config) -> seqio.Task:
 
 # -- t5x.infer's writer ----------------------------------------------------------------------------------------
 def write_run_chunk(path: str, inferences, task_ds, mode: str, vocabulary=None) -> None:
-    """t5x.infer's `write_fn`: one chunk of queries as a TREC run (mode predict / predict_with_aux) or as JSON lines
-    of the best judged document's log-likelihood (mode score)."""
+    """t5x.infer's `write_fn`: one chunk of queries as JSON lines — each query's documents and scores (mode
+    predict_with_aux; `merge_runs` writes the TREC run) or its best judged document's log-likelihood (mode score)."""
     predictions, aux = inferences
     examples = list(task_ds.as_numpy_iterator())
     if len(examples) != len(predictions):
@@ -268,41 +281,66 @@ def write_run_chunk(path: str, inferences, task_ds, mode: str, vocabulary=None) 
     qids = [ex["qid"].decode("utf-8") for ex in examples]
     if mode == "score":
         best = [best_judged(json.loads(ex["targets_pretokenized"])) for ex in examples]
-        lines = [json.dumps({"qid": q, "docid": d, "log_likelihood": float(s)})
-                 for q, d, s in zip(qids, best, predictions)]
+        lines = [json.dumps({"qid": q, "docid": d, "log_likelihood": None if d is None else float(s)})
+                 for q, d, s in zip(qids, best, predictions)]  # no relevant document: nothing was scored
         write_text(path, "".join(line + "\n" for line in lines))
         return
     scores = np.asarray(aux["scores"], np.float64) if mode == "predict_with_aux" else None
     if scores is None:
         raise ValueError("a gr_jax retrieval run needs the documents' scores: run t5x.infer with "
                          "mode = 'predict_with_aux' (gr_jax/t5x/configs/runs/infer/t5x_run.gin)")
-    run = {}
-    for i, q in enumerate(qids):
+    lines = []
+    for i, q in enumerate(qids):  # one line per query, also one with no document (a TREC file would drop it)
         docs = [d for d in vocabulary.decode(list(predictions[i])).split("\t") if d]
-        run[q] = {d: float(x) for d, x in zip(docs, scores[i, :len(docs)])}
-    write_run(path, run, keep_previous=False)
+        lines.append(json.dumps({"qid": q, "run": {d: float(x) for d, x in zip(docs, scores[i, :len(docs)])}}))
+    write_text(path, "".join(line + "\n" for line in lines))
 
 
-def merge_runs(output_dir: str, output_fname: str, tmp_dir: str, step: Optional[int], split: str = "dev") -> None:
-    """t5x.infer's `merge_fn`: the chunks → `<output_dir>/<task>.<split>.step<N>.run` (score mode: `.scores.jsonl`);
-    `split` is bound in configs/runs/infer/t5x_run.gin (t5x passes the merge no split)."""
+STAMP = "gr_jax_infer.json"  # in t5x.infer's tmp folder: what its chunks are of (RetrieverModel writes it)
+
+
+def inference_stamp(tmp_dir: Path, stamp: dict, qids: Sequence[str]) -> None:
+    """Records what t5x.infer's chunks in `tmp_dir` are inferred with (checkpoint, split, beams, batch, chunk size,
+    mode) and the split's queries; a folder left by a run with other settings is refused — t5x would reuse its
+    finished chunks — rather than merged into a run it does not belong to."""
+    path = Path(tmp_dir) / STAMP
+    if path.is_file():
+        held = read_json(path)
+        if held.get("stamp") != stamp:
+            raise ValueError(f"{tmp_dir} holds chunks of another inference ({held.get('stamp')}, now {stamp}); t5x "
+                             f"would reuse them: delete that folder or choose a new INFER_OUTPUT_DIR")
+        return
+    if Path(tmp_dir).is_dir() and any(Path(tmp_dir).iterdir()):
+        raise ValueError(f"{tmp_dir} holds chunks that gr_jax did not record; delete it or choose a new "
+                         f"INFER_OUTPUT_DIR")
+    write_text(path, json.dumps({"stamp": stamp, "qids": list(qids)}, sort_keys=True))
+
+
+def merge_runs(output_dir: str, output_fname: str, tmp_dir: str, step: Optional[int]) -> None:
+    """t5x.infer's `merge_fn`: the chunks → `<output_dir>/<task>.<split>.step<N>.run` (score mode: `.scores.jsonl`),
+    checked: chunks 0..n-1 all there, and together exactly the split's judged queries, each once."""
     found = re.match(r"(.+)-(predict_with_aux|predict|score)\.", output_fname)
     if not found:
         raise ValueError(f"{output_fname}: not t5x.infer's output name (<task>-<mode>.<extension>-...)")
     task, mode = found.groups()
+    stamp_path = Path(tmp_dir) / STAMP
+    if not stamp_path.is_file():
+        raise ValueError(f"{stamp_path} is missing: these chunks were not written by a gr_jax RetrieverModel")
+    held = read_json(stamp_path)
+    split, want = held["stamp"]["split"], held["qids"]
     chunks = sorted(Path(tmp_dir).glob(f"{output_fname}-chunk?????"))
-    if not chunks:
-        raise ValueError(f"{tmp_dir}: no inference chunks (did the split have no judged queries?)")
+    if [int(c.name[-5:]) for c in chunks] != list(range(len(chunks))) or not chunks:
+        raise ValueError(f"{tmp_dir}: chunks {[c.name[-5:] for c in chunks]} are not 00000.. in a row")
     target = Path(output_dir) / f"{task}.{split}.step{step}.{'scores.jsonl' if mode == 'score' else 'run'}"
+    text = "".join(c.read_text(encoding="utf-8") for c in chunks)
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    got = [r["qid"] for r in rows]
+    if sorted(got) != sorted(want) or len(got) != len(set(got)):
+        missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        raise ValueError(f"{tmp_dir}: the chunks hold {len(got)} queries, the split {split!r} {len(want)} (missing "
+                         f"{missing[:3]}, not of the split {extra[:3]}); infer again into a new INFER_OUTPUT_DIR")
     if mode == "score":
-        write_text(target, "".join(c.read_text(encoding="utf-8") for c in chunks), keep_previous=True)
+        write_text(target, text, keep_previous=True)
     else:
-        run: dict = {}
-        for c in chunks:
-            part = read_run(c)
-            again = sorted(set(part) & set(run))
-            if again:
-                raise ValueError(f"{c}: queries {again[:3]} are in an earlier chunk too")
-            run.update(part)
-        write_run(target, run)
+        write_run(target, {r["qid"]: r["run"] for r in rows})
     log.info("wrote %s (%d chunks)", target, len(chunks))

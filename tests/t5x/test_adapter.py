@@ -235,6 +235,12 @@ def test_refusals_name_the_problem(tmp_path):
     res = run("t5x.infer", f"--gin_file={CONFIG}", *flags(t5x_dir, 1),
               f"--gin.CHECKPOINT_PATH='{t5x_dir}/checkpoint_1'", f"--gin.INFER_OUTPUT_DIR='{out}'", expect=1)
     assert "would skip task 'demo'" in res.stderr  # t5x skips a completed task: refused, not a silent no-op
+    res = run("t5x.infer", f"--gin_file={CONFIG}", *flags(t5x_dir, 1), "--gin.infer.num_shards=2",
+              f"--gin.CHECKPOINT_PATH='{t5x_dir}/checkpoint_1'", f"--gin.INFER_OUTPUT_DIR='{out}3'", expect=1)
+    assert "infer.num_shards = 2" in res.stderr  # each shard would write the one run file
+    # the t5x gin file outside t5x's commands: one message that names them, exit 2
+    res = run("gr_jax.train", f"--gin_file={CONFIG}", *flags(tmp_path / "g", 1), expect=2)
+    assert "python -m t5x.train, t5x.eval or t5x.infer" in res.stderr and "Traceback" not in res.stderr
 
     # checkpoints/<N> holding other parameters (another learning rate) is not overwritten
     gr_train(tmp_path / "gr", 1, extra=["make_optimizer.learning_rate=1e-2"])

@@ -78,25 +78,32 @@ def test_host_ranking_orders_ties_by_document_id_not_row():
 
 def test_infer_writer_chunks_merge_into_one_run(tmp_path):
     vocab = system_task.DocumentVocabulary(["d0", "d1", "d2"], "fp")
+    name = "demo-predict_with_aux.run-00000-of-00001"
+    tmp = tmp_path / "tmp"
 
     def chunk(qids, rows, scores, i):
         ds = tf.data.Dataset.from_tensor_slices({"qid": qids, "targets_pretokenized": ['{"d0": 1}'] * len(qids)})
-        path = tmp_path / "tmp" / f"demo-predict_with_aux.run-00000-of-00001-chunk{i:05d}"
-        system_task.write_run_chunk(str(path), (np.array(rows), {"scores": np.array(scores)}), ds,
-                                    "predict_with_aux", vocab)
+        system_task.write_run_chunk(str(tmp / f"{name}-chunk{i:05d}"), (np.array(rows), {"scores": np.array(scores)}),
+                                    ds, "predict_with_aux", vocab)
 
-    (tmp_path / "tmp").mkdir()
+    stamp = {"checkpoint": "m/checkpoint_7", "split": "dev", "num_beams": 2}
+    system_task.inference_stamp(tmp, stamp, ["q1", "q2", "q3", "q4"])
+    system_task.inference_stamp(tmp, stamp, ["q1", "q2", "q3", "q4"])  # the same settings: resumed
+    with pytest.raises(ValueError, match="another inference"):  # other settings: t5x would reuse these chunks
+        system_task.inference_stamp(tmp, {**stamp, "checkpoint": "m/checkpoint_9"}, ["q1"])
     chunk(["q1", "q2"], [[3, 1], [2, 0]], [[-1.0, -2.0], [-0.5, 0.0]], 0)
-    chunk(["q3"], [[1, 2]], [[-3.0, -3.0]], 1)
-    system_task.merge_runs(str(tmp_path), "demo-predict_with_aux.run-00000-of-00001", str(tmp_path / "tmp"), 7,
-                           split="dev")
+    chunk(["q4"], [[1, 2]], [[-3.0, -3.0]], 2)
+    with pytest.raises(ValueError, match="not 00000.. in a row"):  # chunk 1 is missing
+        system_task.merge_runs(str(tmp_path), name, str(tmp), 7)
+    chunk(["q3"], [[0, 0]], [[0.0, 0.0]], 1)  # a query without documents still counts as inferred
+    system_task.merge_runs(str(tmp_path), name, str(tmp), 7)
     lines = (tmp_path / "demo.dev.step7.run").read_text().splitlines()
     assert [line.split()[:4] for line in lines] == [
         ["q1", "Q0", "d2", "1"], ["q1", "Q0", "d0", "2"], ["q2", "Q0", "d1", "1"],
-        ["q3", "Q0", "d1", "1"], ["q3", "Q0", "d0", "2"]]  # q3's tie: d1 before d0 (document id descending)
-    chunk(["q3"], [[3]], [[-1.0]], 2)  # a query twice: an error, not a silently merged run
-    with pytest.raises(ValueError, match="in an earlier chunk"):
-        system_task.merge_runs(str(tmp_path), "demo-predict_with_aux.run-00000-of-00001", str(tmp_path / "tmp"), 7)
+        ["q4", "Q0", "d1", "1"], ["q4", "Q0", "d0", "2"]]  # q4's tie: d1 before d0 (document id descending)
+    chunk(["q4"], [[3]], [[-1.0]], 3)  # a query twice: an error, not a silently merged run
+    with pytest.raises(ValueError, match="the split 'dev' 4"):
+        system_task.merge_runs(str(tmp_path), name, str(tmp), 7)
 
 
 def test_score_mode_names_the_scored_document(tmp_path):
@@ -104,6 +111,9 @@ def test_score_mode_names_the_scored_document(tmp_path):
     path = tmp_path / "chunk"
     system_task.write_run_chunk(str(path), (np.array([-1.5]), {}), ds, "score")
     assert json.loads(path.read_text()) == {"qid": "q1", "docid": "d3", "log_likelihood": -1.5}  # tie: smaller id
+    ds = tf.data.Dataset.from_tensor_slices({"qid": ["q2"], "targets_pretokenized": [json.dumps({"d5": 0})]})
+    system_task.write_run_chunk(str(path), (np.array([0.0]), {}), ds, "score")
+    assert json.loads(path.read_text()) == {"qid": "q2", "docid": None, "log_likelihood": None}  # nothing scored
 
 
 class _Words:
@@ -154,6 +164,14 @@ def test_the_task_over_an_mmarco_layout_holds_the_judged_queries_as_gr_jax_infer
     assert json.loads(got[0]["targets_pretokenized"]) == {"5": 1, "7": 2}
     with pytest.raises(ValueError, match="set EVAL_SPLIT"):
         system_task.split_examples(setup, "dev")
+    # a codebook docid holds code 0 as a token: the targets keep it (never filtered as padding)
+    from gr_jax.docids.base import DocidTable
+    from gr_jax.vocab import DocidTokenSpace
+
+    codes = DocidTable(np.array([[0, 1], [2, 0], [0, 0]]), np.array([2, 2, 2]), np.arange(3),
+                       DocidTokenSpace.codebook(2, 4))
+    coded = system_task.split_examples(types.SimpleNamespace(**{**vars(setup), "table": codes}), "dev_pt")
+    assert coded["targets"] == [[0, 1], [2, 0], []]  # q10: doc "7" (row 0); q20: doc "3" (row 1); q30: none
     vocabs = seqio.get_mixture_or_task("gr_jax_test_mmarco").output_features
     assert vocabs["targets"].vocabulary.decode([2, 1]) == "3\t7"  # rows in corpus order: 7, 3, 5
 
