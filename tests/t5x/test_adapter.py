@@ -161,16 +161,14 @@ def test_t5x_trains_what_gr_jax_trains_and_gr_jax_infer_reads_it(tmp_path):
                                               ("experiments/demo/dsi_url_llama.gin",
                                                ["TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 32}"])])
 def test_t5x_trains_pag_and_a_decoder_only_model_as_gr_jax_does(tmp_path, experiment, extra):
-    """PAG's own joint objective, and a Llama backbone read as one sequence, through t5x's loop; PAG's planned
-    search then runs in t5x.infer's step partitioned over two host devices and writes gr_jax.infer's run."""
+    """PAG's own joint objective, and a Llama backbone read as one sequence, through t5x's loop; then t5x.infer
+    writes gr_jax.infer's run — PAG's planned search with t5x's step partitioned over two host devices."""
     config = tmp_path / "t5x.gin"
     config.write_text((ROOT / CONFIG).read_text().replace("experiments/demo/dsi_atomic.gin", experiment))
     t5x_train(tmp_path / "t5x", 3, config=str(config), extra=extra)
     gr_train(tmp_path / "gr", 3, experiment=experiment, extra=extra)
     assert_same_params(t5x_params(tmp_path / "t5x", 3), gr_params(tmp_path / "gr", 3), experiment)
-    if "pag" not in experiment:
-        return
-    two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"} if "pag" in experiment else None
     infer = t5x_infer(tmp_path / "t5x", 3, tmp_path / "infer", config=str(config), extra=extra, env=two)
     run("gr_jax.t5x.checkpoints", f"--gin_file={experiment}", *flags(tmp_path / "t5x", 3, extra))
     run("gr_jax.infer", f"--gin_file={experiment}", "--gin_file=runs/eval.gin", *flags(tmp_path / "t5x", 3, extra))
