@@ -20,7 +20,6 @@ import json
 import logging
 import re
 import sys
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -45,13 +44,24 @@ def t5x_steps(model_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in model_dir.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name)))
 
 
+def _as_numpy(tree):
+    """orbax restore arguments reading every array of a checkpoint's metadata tree as numpy."""
+    if hasattr(tree, "items"):
+        return {k: _as_numpy(v) for k, v in tree.items()}
+    return ocp.RestoreArgs(restore_type=np.ndarray)
+
+
 def read_t5x_params(path: Path) -> dict:
     """The parameters (`target`) of one t5x checkpoint directory, as numpy arrays."""
     if (path / "state").is_dir():  # orbax layout (t5x's default)
         try:
-            with warnings.catch_warnings():  # read onto this host's default device, whatever wrote it
-                warnings.filterwarnings("ignore", message="Sharding info not provided")
-                state = ocp.PyTreeCheckpointer().restore(str((path / "state").absolute()))
+            # read as numpy, whatever devices wrote it (a checkpoint of a run over several devices names them, and
+            # restoring it as device arrays on another machine fails)
+            checkpointer = ocp.PyTreeCheckpointer()
+            where = str((path / "state").absolute())
+            meta = checkpointer.metadata(where)
+            tree = getattr(getattr(meta, "item_metadata", meta), "tree", getattr(meta, "item_metadata", meta))
+            state = checkpointer.restore(where, restore_args=_as_numpy(tree))
         except Exception as e:  # orbax/tensorstore raise many types for unreadable files
             raise T5xAdapterError(f"{path}: cannot read the t5x checkpoint ({type(e).__name__}); is it complete?") \
                 from None
