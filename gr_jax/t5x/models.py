@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -208,10 +209,20 @@ def refuse_what_t5x_cannot_run(model_dir: str, command: str = "train") -> None:
         raise T5xAdapterError(f"trainer.Trainer.num_microbatches = {microbatches}: t5x sums the microbatches' "
                               f"gradients of our mean loss ({microbatches}× ours, and clipped differently); leave "
                               f"it None")
-    t5x_dir = _bound("__main__.train.model_dir")
-    if t5x_dir is not None and str(t5x_dir) != model_dir:
-        raise T5xAdapterError(f"t5x's model_dir {t5x_dir!r} and the experiment's train.model_dir {model_dir!r} "
-                              f"differ: set MODEL_DIR only (both read it)")
+    # t5x's model_dir is absolute_path(MODEL_DIR) in our run tier, unless a gin file binds it to a path itself
+    for t5x_dir in (_bound("__main__.train.model_dir"), _bound("MODEL_DIR/macro.value")):
+        if t5x_dir is not None and os.path.abspath(str(t5x_dir)) != os.path.abspath(model_dir):
+            raise T5xAdapterError(f"t5x's model_dir {t5x_dir!r} and the experiment's train.model_dir {model_dir!r} "
+                                  f"differ: set MODEL_DIR only (both read it)")
+
+
+def absolute_path(path: str) -> str:
+    """`path` made absolute against the working directory, for t5x's paths (the run tiers bind it to MODEL_DIR,
+    CHECKPOINT_PATH and the output directories): the orbax checkpointer t5x uses refuses relative paths, and our
+    commands take them."""
+    if path is None:
+        raise T5xAdapterError("a t5x path (MODEL_DIR, CHECKPOINT_PATH, EVAL_OUTPUT_DIR, INFER_OUTPUT_DIR) is unset")
+    return os.path.abspath(str(path))
 
 
 class RetrieverModel(t5x_models.BaseModel):
@@ -289,7 +300,7 @@ class RetrieverModel(t5x_models.BaseModel):
                                   f"model (python -m t5x.train with gr_jax/t5x/configs/); for a gr_jax.train "
                                   f"MODEL_DIR use python -m gr_jax.infer")
         where = "__main__.evaluate" if self.command == "eval" else "__main__.infer"
-        checkpoint = _bound("utils.RestoreCheckpointConfig.path")
+        checkpoint = _bound("CHECKPOINT_PATH/macro.value", _bound("utils.RestoreCheckpointConfig.path"))
         mode = _bound("utils.RestoreCheckpointConfig.mode")
         if checkpoint is not None:
             ckpt = Path(str(checkpoint))
@@ -313,7 +324,8 @@ class RetrieverModel(t5x_models.BaseModel):
         if dtype not in (None, "float32"):
             raise T5xAdapterError(f"utils.RestoreCheckpointConfig.dtype = {dtype!r} casts the parameters, and the "
                                   f"run would differ from gr_jax.infer's; set 'float32' (configs/runs/*/t5x_run.gin)")
-        output_dir = _bound(f"{where}.output_dir")
+        output_dir = _bound(f"{'EVAL' if self.command == 'eval' else 'INFER'}_OUTPUT_DIR/macro.value",
+                            _bound(f"{where}.output_dir"))
         if output_dir is None:
             raise T5xAdapterError(f"{where}.output_dir is not bound: set EVAL_OUTPUT_DIR / INFER_OUTPUT_DIR")
         if self.command == "infer":

@@ -96,9 +96,10 @@ def assert_same_run(path: Path, reference: Path) -> None:
 
 def test_t5x_trains_what_gr_jax_trains_and_gr_jax_infer_reads_it(tmp_path):
     t5x_dir, gr_dir = tmp_path / "t5x", tmp_path / "gr"
-    # from a working directory with a runs/ folder (a user's, after any demo run): our gin files still resolve
+    # from a working directory with a runs/ folder (a user's, after any demo run): our gin files still resolve;
+    # MODEL_DIR relative to it, as a user types it (t5x's orbax takes absolute paths only: the run tier makes it so)
     (tmp_path / "runs").mkdir()
-    t5x_train(t5x_dir, 3, config=str(ROOT / CONFIG), cwd=tmp_path)
+    t5x_train(Path("t5x"), 3, config=str(ROOT / CONFIG), cwd=tmp_path)
     gr_train(gr_dir, 3)
     # each checkpoint holds the data position of its own step (t5x draws the first batch ahead of checkpoint_0)
     assert [data_step(t5x_dir, s) for s in (0, 3)] == [0, 3]
@@ -124,7 +125,7 @@ def test_t5x_trains_what_gr_jax_trains_and_gr_jax_infer_reads_it(tmp_path):
 
     # t5x.eval on the same checkpoint (the newest of MODEL_DIR) reports gr_jax.infer's metrics, and t5x.infer writes
     # gr_jax.infer's run; both with the one gin file that trained
-    run("t5x.eval", f"--gin_file={CONFIG}", *flags(t5x_dir, 3), f"--gin.EVAL_OUTPUT_DIR='{tmp_path / 'eval'}'")
+    run("t5x.eval", f"--gin_file={ROOT / CONFIG}", *flags(Path("t5x"), 3), "--gin.EVAL_OUTPUT_DIR='eval'", cwd=tmp_path)
     reported = json.loads((tmp_path / "eval" / "inference_eval" / "demo-metrics.jsonl").read_text().splitlines()[-1])
     expected = json.loads((t5x_dir / "runs" / "dev.step3.metrics.json").read_text())["metrics"]
     assert reported["step"] == 3 and set(expected) <= set(reported)
