@@ -300,7 +300,8 @@ class RetrieverModel(t5x_models.BaseModel):
                                   f"model (python -m t5x.train with gr_jax/t5x/configs/); for a gr_jax.train "
                                   f"MODEL_DIR use python -m gr_jax.infer")
         where = "__main__.evaluate" if self.command == "eval" else "__main__.infer"
-        checkpoint = _bound("CHECKPOINT_PATH/macro.value", _bound("utils.RestoreCheckpointConfig.path"))
+        # a path bound to t5x's parameter itself wins over the macro our tiers hand it (made absolute)
+        checkpoint = _bound("utils.RestoreCheckpointConfig.path", _bound("CHECKPOINT_PATH/macro.value"))
         mode = _bound("utils.RestoreCheckpointConfig.mode")
         if checkpoint is not None:
             ckpt = Path(str(checkpoint))
@@ -324,8 +325,8 @@ class RetrieverModel(t5x_models.BaseModel):
         if dtype not in (None, "float32"):
             raise T5xAdapterError(f"utils.RestoreCheckpointConfig.dtype = {dtype!r} casts the parameters, and the "
                                   f"run would differ from gr_jax.infer's; set 'float32' (configs/runs/*/t5x_run.gin)")
-        output_dir = _bound(f"{'EVAL' if self.command == 'eval' else 'INFER'}_OUTPUT_DIR/macro.value",
-                            _bound(f"{where}.output_dir"))
+        output_dir = _bound(f"{where}.output_dir",
+                            _bound(f"{'EVAL' if self.command == 'eval' else 'INFER'}_OUTPUT_DIR/macro.value"))
         if output_dir is None:
             raise T5xAdapterError(f"{where}.output_dir is not bound: set EVAL_OUTPUT_DIR / INFER_OUTPUT_DIR")
         if self.command == "infer":
