@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -30,19 +29,10 @@ import orbax.checkpoint as ocp
 
 from gr_jax import compose, gin_checks, gin_utils, validation
 from gr_jax.cli import setup_logging
-from gr_jax.t5x.models import SYSTEM_RECORD, T5xAdapterError, _read_record, empty_paths, with_empty
+from gr_jax.t5x.models import SYSTEM_RECORD, T5xAdapterError, _read_record, empty_paths, t5x_steps, with_empty
 from gr_jax.training import trainer
 
 log = logging.getLogger(__name__)
-
-_STEP_DIR = re.compile(r"checkpoint_(\d+)$")
-
-
-def t5x_steps(model_dir: Path) -> list[int]:
-    """The steps of the complete t5x checkpoints in `model_dir` (a checkpoint still being written has a
-    temporary name)."""
-    return sorted(int(m.group(1)) for p in model_dir.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name)))
-
 
 def _as_numpy(tree):
     """orbax restore arguments reading every array of a checkpoint's metadata tree as numpy."""

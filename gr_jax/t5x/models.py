@@ -179,6 +179,15 @@ def _bound(name: str, default=None):
     return default if value is gin_utils._UNKNOWN else value
 
 
+_STEP_DIR = re.compile(r"checkpoint_(\d+)$")
+
+
+def t5x_steps(model_dir: Path) -> list[int]:
+    """The steps of the complete t5x checkpoints in `model_dir` (a checkpoint still being written has a
+    temporary name)."""
+    return sorted(int(m.group(1)) for p in model_dir.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name)))
+
+
 def _read_record(path: Path) -> dict:
     try:
         return read_json(path)
@@ -310,10 +319,9 @@ class RetrieverModel(t5x_models.BaseModel):
                 raise T5xAdapterError(f"CHECKPOINT_PATH {str(ckpt)!r} is not in MODEL_DIR {self.model_dir!r}: the "
                                       f"vocabulary and docids a checkpoint was trained with are its MODEL_DIR's; "
                                       f"set MODEL_DIR to the run that wrote it")
-            one = re.fullmatch(r"checkpoint_\d+", ckpt.name)
+            one = _STEP_DIR.match(ckpt.name)
             if self.command == "infer" and not one:
-                steps = sorted(int(p.name.split("_")[1]) for p in model_dir.glob("checkpoint_*")
-                               if re.fullmatch(r"checkpoint_\d+", p.name))
+                steps = t5x_steps(model_dir) if model_dir.is_dir() else []
                 newest = f"{self.model_dir}/checkpoint_{steps[-1]}" if steps else f"{self.model_dir}/checkpoint_<N>"
                 raise T5xAdapterError(f"t5x.infer restores one checkpoint: add --gin.CHECKPOINT_PATH=\"'{newest}'\" "
                                       f"(MODEL_DIR has steps {steps})")
