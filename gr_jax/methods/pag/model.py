@@ -4,9 +4,9 @@ lexical head and decodes sequential docids under that plan.
 * **Planner** — the decoder reads the query itself (decoder input = the query ids, causal, no decoder padding
   mask); rep[v] = max over the query's positions i of log(1 + ReLU(lm_head(h_i · d_model^-0.5)))[v] · mask_i
   (`lexical_rep`, vocabulary-sized, ≥ 0). A document's *set docid* t_d is m vocabulary ids (`methods.pag.docids`);
-  s_simul(q, d) = Σ_{v ∈ t_d} rep_q[v] (`simul_scores`: a document × token sparse matrix with m entries per
-  row — CSR with implicit offsets m·d — times the query's dense rep, on the device, in document chunks);
-  the planning set is the top n documents by s_simul (`plan`).
+  s_simul(q, d) = Σ_{v ∈ t_d} rep_q[v]; the planning set is the top n documents by s_simul (`plan`), through the
+  inverted index of the set docids when the batch fits its budgets, else the dense product — the same set and
+  scores either way (`methods.pag.planner`).
 * **Sequential docids** — M tokens in the vocabulary extended by M × K docid tokens (level i, code j →
   base + K·i + j). Step scores are *raw* logits lm_head(h) (no d_model^-0.5 scale, no log-softmax) with the
   decoder input [query ids, 0, c_1, …] (no decoder mask: padding inside the query is attended, so queries are
@@ -46,6 +46,8 @@ import numpy as np
 
 from gr_jax.decoding import beam_search as bs
 from gr_jax.index.device import leaf_documents
+from gr_jax.methods.pag.planner import (  # noqa: F401  (the planner's names, re-exported)
+    Postings, _top_k, budgets_for, plan_from_rep, simul_scores, top_n_by_key, top_n_exact, top_n_fast, top_set_ids)
 from gr_jax.models import convert, t5
 from gr_jax.models.contract import Capabilities
 from gr_jax.models.heads import TextHead
@@ -134,90 +136,6 @@ def pag_step_hidden(network: t5.T5, net_params, cache, tokens_R):
 def pag_project(network: t5.T5, net_params, hidden, tokens=None):
     """`raw_logits` of the given tokens only (the search's candidate slots), or of all with None."""
     return network.apply({"params": net_params}, hidden, tokens, False, method=t5.T5.token_logits)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# planner: set docids, s_simul, planning set
-# ----------------------------------------------------------------------------------------------------------
-
-
-def top_set_ids(rep_NxV, m: int, vocab_limit: Optional[int] = None):
-    """Set docids from representations: the top-m ids of rep[:, :vocab_limit], by descending weight (ties:
-    lower id first) → int32 [N, m]."""
-    r = rep_NxV if vocab_limit is None else rep_NxV[:, :vocab_limit]
-    return jax.lax.top_k(r, m)[1].astype(jnp.int32)
-
-
-def simul_scores(rep_BxV, set_ids_DxM, chunk: int = 65536):
-    """s_simul [B, D] = Σ_j rep[b, set_ids[d, j]] (ids < 0 are padding): the document × token sparse matrix
-    (m entries per row) times the queries' reps. The reps are read as [V, B] rows, so every entry of the
-    sparse matrix gathers B contiguous floats; documents go in chunks so the gathered block stays small."""
-    D, m = set_ids_DxM.shape
-    B, V = rep_BxV.shape
-    rep_VxB = jnp.concatenate([rep_BxV.T, jnp.zeros((1, B), rep_BxV.dtype)])  # row V: padding ids read 0
-    ids = jnp.where(set_ids_DxM >= 0, set_ids_DxM, V)
-
-    def block(ids_CxM):
-        return jnp.take(rep_VxB, ids_CxM, axis=0, mode="clip").sum(axis=1)  # [C, B]; ids in [0, V] already
-
-    if D <= chunk:
-        return block(ids).T
-    pad = (-D) % chunk
-    blocks = jnp.pad(ids, ((0, pad), (0, 0)), constant_values=V).reshape(-1, chunk, m)
-    return jax.lax.map(block, blocks).reshape(-1, B)[:D].T
-
-
-def _top_k(x, k: int):
-    """`lax.top_k` behind an optimization barrier: fused with some consumers of its values (a comparison of
-    two of them, a slice), XLA's CPU backend drops its top-k kernel for a full sort (~100× slower at 1M). One
-    barrier per output: a barrier over the (values, indices) tuple crashes XLA's top-k decomposer when the program
-    is partitioned over several devices (t5x's infer step with data parallelism)."""
-    vals, idx = jax.lax.top_k(x, k)
-    return jax.lax.optimization_barrier(vals), jax.lax.optimization_barrier(idx)
-
-
-def top_n_fast(scores_BxD, n: int):
-    """The n best documents per row by score (rows [B, n], scores [B, n]) and whether any row has a tie across
-    the n-th place (then the set depends on the tie rule: use `top_n_exact`). Within the set, the order of
-    equal scores is not defined: nothing downstream reads it (the bonus is a max; rankings order ties by key)."""
-    n = min(n, scores_BxD.shape[1])
-    if n == scores_BxD.shape[1]:
-        vals, idx = _top_k(scores_BxD, n)
-        return idx.astype(jnp.int32), vals, jnp.zeros((), bool)
-    vals, idx = _top_k(scores_BxD, n + 1)
-    return idx[:, :n].astype(jnp.int32), vals[:, :n], (vals[:, n - 1] == vals[:, n]).any()
-
-
-def _key_as_float(keys_D):
-    """Order keys (int32, 0 ≤ key < 2^30; −1: no document) as float32 that order the same way: the bit pattern
-    key + 2^23 read as a float is a normal positive float, increasing with the key (XLA's float top-k is fast
-    on every device; its integer top-k is not on CPU)."""
-    f = jax.lax.bitcast_convert_type(jnp.maximum(keys_D, 0) + jnp.int32(1 << 23), jnp.float32)
-    return jnp.where(keys_D >= 0, f, -1.0)
-
-
-def top_n_exact(scores_BxD, keys_D, n: int):
-    """The n best by score, ties at the n-th score broken by the larger key: the documents above the n-th
-    score, then of those tied with it the `need` largest keys (three float top-k's, no sort of the corpus)."""
-    B, D = scores_BxD.shape
-    n = min(n, D)
-    thr = _top_k(scores_BxD, n)[0][:, n - 1:n]
-    greater, tied = scores_BxD > thr, scores_BxD == thr
-    need = n - greater.sum(axis=1, keepdims=True)
-    keyed = jnp.where(tied, _key_as_float(keys_D)[None, :], -jnp.inf)
-    kth = jnp.take_along_axis(_top_k(keyed, n)[0], jnp.maximum(need - 1, 0), axis=1)
-    pick = greater | (tied & (keyed >= kth) & (need > 0))
-    vals, idx = _top_k(jnp.where(pick, scores_BxD, -jnp.inf), n)
-    return idx.astype(jnp.int32), vals
-
-
-def top_n_by_key(scores_BxD, keys_D, n: int):
-    """The planning set: the n best documents per row by score, ties at the n-th place broken by the larger
-    document key (never the position). The fast top-n decides unless a tie crosses the boundary (host check)."""
-    idx, vals, tie = jax.jit(top_n_fast, static_argnums=1)(scores_BxD, n)
-    if bool(tie):
-        return jax.jit(top_n_exact, static_argnums=2)(scores_BxD, keys_D, n)
-    return idx, vals
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -316,13 +234,17 @@ def load_pag_hf(hf_dir) -> tuple[t5.T5Config, dict]:
 @gin.configurable
 class PagRetriever(GenerativeRetriever):
     """PAG as a model object (module docstring). `planning_size` n; `mode` one of MODES; `simul_chunk`
-    documents per block of the sparse product. The docid table must carry set docids (`methods.pag.docids.PagDocids`)
-    except in mode "seq_only"."""
+    documents per block of the dense product; `planner_postings` the postings the inverted planner reads per query
+    (`methods.pag.planner`: same planning set as the dense product, which a batch over budget takes; 0: the dense
+    product only); `planner_query_terms` T > 0 keeps the query weights ≥ its T-th largest (query-term pruning, an
+    approximation of sparse retrieval: it changes the plan; 0, the default, keeps PAG's). The docid table must carry
+    set docids (`methods.pag.docids.PagDocids`) except in mode "seq_only"."""
 
     def __init__(self, config: t5.T5Config, head=None, score_mode: str = "raw", length_penalty: Signed = 0.0, *,
-                 mode: str = "pag", planning_size: Count = 1000, simul_chunk: Count = 65536,
-                 query_padding: str = "fixed", objective: Optional[Callable] = None,
-                 ranker: Optional[Callable] = None, network=None, bonus_fn=None, query_state_fn=None):
+                 mode: str = "pag", planning_size: Count = 1000, simul_chunk: Count = 8192,
+                 planner_postings: int = 1 << 17, planner_query_terms: int = 0, query_padding: str = "fixed",
+                 objective: Optional[Callable] = None, ranker: Optional[Callable] = None, network=None, bonus_fn=None,
+                 query_state_fn=None):
         if mode not in MODES:
             raise ValueError(f"PagRetriever.mode must be one of {MODES}, got {mode!r}")
         if query_padding not in QUERY_PADDINGS:
@@ -342,6 +264,10 @@ class PagRetriever(GenerativeRetriever):
         self.mode = mode
         self.planning_size = int(planning_size)
         self.simul_chunk = int(simul_chunk)
+        self.planner_postings = int(planner_postings)
+        self.planner_query_terms = int(planner_query_terms)
+        self._postings = None  # host Postings of the set docids, or None (dense product only)
+        self._postings_of = None  # (set ids, keys, planning vocabulary) the postings are built from
         self.query_padding = query_padding
         self._table = None
         self._set_ids = None  # device [rows, m]
@@ -408,6 +334,8 @@ class PagRetriever(GenerativeRetriever):
         keys[table.doc_rows[first]] = table.extras["order_key"][first]
         self._set_ids = jnp.asarray(ids)
         self._keys = jnp.asarray(keys)
+        self._postings = None  # built at the first plan (`_planner_arrays`): training never needs it
+        self._postings_of = (ids, keys, int(self.docid_base))
 
     @property
     def set_ids(self):
@@ -447,22 +375,37 @@ class PagRetriever(GenerativeRetriever):
         fn = self._jits.setdefault("rep", jax.jit(lambda p, t: lexical_rep(self.network, p["network"], t)))
         return fn(params, jnp.asarray(tokens_BxL))
 
-    def _simul(self, params, query_BxL, set_ids):
-        return simul_scores(lexical_rep(self.network, params["network"], query_BxL), set_ids, self.simul_chunk)
+    def query_rep(self, rep_BxV):
+        """The query weights the planner reads: all of rep, or with `planner_query_terms` T those ≥ the T-th largest
+        (ties at the T-th all kept: no position decides)."""
+        T = self.planner_query_terms
+        if not T or T >= rep_BxV.shape[1]:
+            return rep_BxV
+        kth = _top_k(rep_BxV, T)[0][:, T - 1:]  # behind the barrier: a full sort otherwise
+        return jnp.where(rep_BxV >= kth, rep_BxV, 0.0)
+
+    def _planner_arrays(self):
+        """(set ids, keys, postings on the device or None): the arrays a planning call reads. The inverted index is
+        built from the set docids at the first call after `use_docids` (none when `planner_postings` is 0 or the
+        planning set is the whole corpus)."""
+        ids, keys, vocab = self._postings_of if self._postings_of is not None else (None, None, 0)
+        if self._postings is None and self.planner_postings and ids is not None and len(ids) > self.planning_size:
+            self._postings = Postings(ids, vocab, keys)
+        return self.set_ids, self._keys, None if self._postings is None else self._postings.device()
+
+    def _plan_rep(self, rep, arrays, n: int, exact: bool):
+        set_ids, keys, postings = arrays
+        budgets = None if postings is None else budgets_for(self.planner_postings, int(postings[1].shape[0]) - 1)
+        return plan_from_rep(self.query_rep(rep), set_ids, keys, n, self.simul_chunk, postings, budgets, exact)
 
     def plan(self, params, query_tokens_BxL, n: Optional[int] = None):
         """The planning set: (corpus rows [B, n], s_simul [B, n]), ties at the n-th place by document key
-        (`top_n_by_key`); s_simul is recomputed on that rare path rather than kept."""
+        (`methods.pag.planner.plan_from_rep`)."""
         n = min(int(n or self.planning_size), int(self.set_ids.shape[0]))
-        q = jnp.asarray(query_tokens_BxL)
-        fast = self._jits.setdefault("plan", jax.jit(lambda p, q, ids, n: top_n_fast(self._simul(p, q, ids), n),
-                                                     static_argnums=3))
-        idx, vals, tie = fast(params, q, self.set_ids, n)
-        if not bool(tie):
-            return idx, vals
-        exact = self._jits.setdefault("plan_exact", jax.jit(
-            lambda p, q, ids, keys, n: top_n_exact(self._simul(p, q, ids), keys, n), static_argnums=4))
-        return exact(params, q, self.set_ids, self._keys, n)
+        fn = self._jits.setdefault("plan", jax.jit(
+            lambda p, q, arrays, n: self._plan_rep(lexical_rep(self.network, p["network"], q), arrays, n, True)[:2],
+            static_argnums=3))
+        return fn(params, jnp.asarray(query_tokens_BxL), self._planner_arrays(), n)
 
     # -- search -----------------------------------------------------------------------------------------
     def _queries(self, query_tokens_BxL):
@@ -511,19 +454,16 @@ class PagRetriever(GenerativeRetriever):
             raise ValueError("PagRetriever mode 'simul_only' ranks by s_simul and decodes nothing")
         return self.beams_and_state(params, query_tokens_BxL, index, num_beams, guided)[0]
 
-    def _planned_search(self, params, q, set_ids, paths, leaves, trie, n: int, num_beams: int, guided: bool,
-                        dense_sizes: tuple, keys=None):
+    def _planned_search(self, params, q, arrays, paths, leaves, trie, n: int, num_beams: int, guided: bool,
+                        dense_sizes: tuple, exact: bool = False):
         """Planner and guided search under one jit, the query read once (`pag_prefill`): → (BeamResult, state,
-        whether a tie crossed the n-th planning place). With the document `keys`, a tie at the n-th place is
-        planned exactly here (`top_n_exact`, chosen on the device), for a caller that cannot come back to the host
+        whether a tie crossed the n-th planning place). With `exact`, a tie at the n-th place is planned exactly
+        here (`top_n_exact`, chosen on the device), for a caller that cannot come back to the host
         (`beam_documents`); without, the caller redoes such a batch (`beams_and_state`)."""
         net = params["network"]
         cache, hidden, mask = pag_prefill(self.network, net, q, trie.depth)
         rep = lexical_rep_from_hidden(self.network, net, hidden, mask)
-        simul = simul_scores(rep, set_ids, self.simul_chunk)
-        rows, scores, tie = top_n_fast(simul, n)
-        if keys is not None:
-            rows, scores = jax.lax.cond(tie, lambda: top_n_exact(simul, keys, n), lambda: (rows, scores))
+        rows, scores, tie = self._plan_rep(rep, arrays, n, exact)
         state = bonus_tables(paths, leaves, rows, scores, dense_sizes)
         res = bs.beam_search(functools.partial(pag_step_hidden, self.network, net), cache, trie,
                              batch_size=q.shape[0], num_beams=num_beams, score_mode="raw",
@@ -541,8 +481,8 @@ class PagRetriever(GenerativeRetriever):
         n = min(self.planning_size, int(self.set_ids.shape[0]))
         paths, leaves = self._doc_paths(index)
         fused = self._jits.setdefault("search", jax.jit(self._planned_search, static_argnums=(6, 7, 8, 9)))
-        res, state, tie = fused(params, q, self.set_ids, paths, leaves, index.device(), n, num_beams, guided,
-                                self._dense_sizes)
+        res, state, tie = fused(params, q, self._planner_arrays(), paths, leaves, index.device(), n, num_beams,
+                                guided, self._dense_sizes)
         if bool(tie):  # the planning set needs the tie rule: plan exactly, then search with that plan
             state = self.query_state(params, q, index)
             res = self.searcher(num_beams, guided).search(params, q, index.device(), query_state=state)
@@ -563,8 +503,8 @@ class PagRetriever(GenerativeRetriever):
         else:
             paths, leaves = self._doc_paths(index)
             n = min(self.planning_size, int(self.set_ids.shape[0]))
-            res, state, _ = self._planned_search(params, q, self.set_ids, paths, leaves, index.device(), n, num_beams,
-                                                 self.mode == "pag", self._dense_sizes, keys=self._keys)
+            res, state, _ = self._planned_search(params, q, self._planner_arrays(), paths, leaves, index.device(), n,
+                                                 num_beams, self.mode == "pag", self._dense_sizes, exact=True)
         final = self.final_scores(res, state)
         docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
         return docs, valid, final
