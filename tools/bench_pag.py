@@ -15,9 +15,12 @@ appends a section to BENCHMARKS.md.
     exact best docid by the raw sequential score over the whole corpus; PAG without the bonus (planning-set
     trie) and with it, both against the exact best docid by PAG's final score (raw sum + max s_simul of its
     planned documents) over the planning set — what the bonus repairs is the difference of the last two.
-(synthetic) a tiny random T5, N random sequential docids (M 8 × K 2048 above a 1000-id text vocabulary) and
-    random set docids of m ids: index memory (trie; set docids + order keys + per-document trie paths), the
-    planner's ms/query, Seq-only and PAG ms/query at k 10 and 100, and their ratio (target ≤ 1.3).
+(synthetic) a tiny random T5, N random sequential docids (M 8 × K 2048 above T5's 32000-id text vocabulary) and
+    random set docids of m distinct ids, at query_terms 0 (every positive weight of the random network: the dense
+    product) and 32 (query-term pruning, the sparse queries of a trained planner: the inverted index): index
+    memory (trie; set docids + order keys; inverted index; per-document trie paths), the planner's ms/query
+    beside the dense product's on the same queries and whether both planned the same sets with the same scores,
+    Seq-only and PAG ms/query at k 10 and 100, and their ratio (target ≤ 1.3).
 Latencies are CPU figures of this machine, 8 queries a batch, every contender warmed up; only ratios carry
 over to other hardware.
 """
@@ -41,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ROWS: list[dict] = []
 MS = (16, 32, 64, 128)
 BEAMS = (10, 100)
+QUERY_TERMS = (0, 32)  # planner_query_terms of the synthetic rows: 0 = every weight of the random network
 
 
 def emit(**row):
@@ -64,6 +68,7 @@ def _index_mb(model, index, table) -> dict:
     paths = model._doc_paths(index)
     return {"trie_MB": round(index.nbytes / 1e6, 1),
             "set_index_MB": round((set_ids.nbytes + table.extras["order_key"].nbytes) / 1e6, 1),
+            "postings_MB": round(model._postings.nbytes / 1e6, 1) if model._postings is not None else 0.0,
             "paths_MB": round(sum(int(np.prod(p.shape)) * 4 for p in paths) / 1e6, 1)}
 
 
@@ -78,14 +83,15 @@ def _search(model, params, q, index, k, mode):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000):
+def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_terms=QUERY_TERMS, ms=MS):
     from gr_jax.docids.base import DocidTable
     from gr_jax.methods.pag.docids import order_keys
+    from gr_jax.methods.pag import planner
     from gr_jax.models import t5
     from gr_jax.methods.pag import model as pag
     from gr_jax.vocab import DocidTokenSpace
 
-    M, K, base = 8, 2048, 1000
+    M, K, base = 8, 2048, 32000  # base: T5's sentencepiece vocabulary, the planning vocabulary
     rng = np.random.default_rng(0)
     codes = np.unique(rng.integers(0, K, (int(n * 1.01) + 16, M), dtype=np.int32), axis=0)
     codes = codes[rng.permutation(len(codes))[:n]]
@@ -93,27 +99,53 @@ def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000):
     set_all = rng.integers(3, base, (n, max(MS)), dtype=np.int32)
     keys = order_keys([f"d{i}" for i in range(n)])
     config = t5.get_config("tiny", dropout_rate=0.0).replace(vocab_size=base + M * K)
-    model = pag.PagRetriever(config, planning_size=planning)
-    params = model.init_params(0)
     space = DocidTokenSpace("text", M * K, offset=base, length=M)
     q = jnp.asarray(rng.integers(3, base, (n_queries, 16)), jnp.int32)
     index = None
-    for m in MS:
+    for m in ms:
+        ids = np.sort(set_all[:, :m], axis=1)
+        ids[:, 1:][ids[:, 1:] == ids[:, :-1]] = -1  # distinct ids, as a top-m list has: a repeat is padding
         table = DocidTable(seqs, np.full(n, M, np.int32), np.arange(n), space,
-                           extras={"set_ids": set_all[:, :m], "order_key": keys})
+                           extras={"set_ids": ids, "order_key": keys})
         if index is None:
             t0 = time.perf_counter()
             index = table.index(vocab_size=config.vocab_size)
             build_s = time.perf_counter() - t0
-        model.use_docids(table)
-        mem = _index_mb(model, index, table)
-        simul = timed(lambda: model.plan(params, q)) / n_queries * 1e3
-        for k in BEAMS:
-            seq = timed(lambda: _search(model, params, q, index, k, "seq_only")) / n_queries * 1e3
-            full = timed(lambda: _search(model, params, q, index, k, "pag")) / n_queries * 1e3
-            emit(figure="synthetic", docs=n, m=m, k=k, n=planning, **mem, trie_build_s=round(build_s, 1),
-                 simul_ms_per_query=round(simul, 2), seq_only_ms_per_query=round(seq, 2),
-                 pag_ms_per_query=round(full, 2), pag_over_seq_only=round(full / seq, 3))
+        seq = {}
+        for terms in query_terms:
+            model = pag.PagRetriever(config, planning_size=planning, planner_query_terms=terms)
+            params = model.init_params(0)
+            model.use_docids(table)
+            t0 = time.perf_counter()
+            model._planner_arrays()  # builds the inverted index
+            postings_s = time.perf_counter() - t0
+            mem = _index_mb(model, index, table)
+            rep = model.query_rep(model.lexical_rep(params, q))
+            postings = model._planner_arrays()[2]
+            budgets = planner.budgets_for(model.planner_postings, base)
+            took = bool(planner.inverted_fits(rep, postings[1], budgets)) and bool(
+                planner.inverted_plan(rep, model.set_ids, postings, planning, budgets)[2])  # exact: no fallback
+            fired = np.asarray((rep[:, :base] > 0).sum(axis=1))
+            simul = timed(lambda: model.plan(params, q)) / n_queries * 1e3
+            got = jax.device_get(model.plan(params, q))
+            model.planner_postings = 0
+            model.use_docids(table)
+            dense = timed(lambda: model.plan(params, q)) / n_queries * 1e3
+            want = jax.device_get(model.plan(params, q))
+            same = all(set(a.tolist()) == set(b.tolist()) for a, b in zip(got[0], want[0]))
+            same_scores = all(np.array_equal(np.sort(a), np.sort(b)) for a, b in zip(got[1], want[1]))
+            model.planner_postings = 1 << 17
+            model.use_docids(table)
+            for k in BEAMS:
+                if k not in seq:  # Seq-only reads no planner: the same at every query_terms
+                    seq[k] = timed(lambda: _search(model, params, q, index, k, "seq_only")) / n_queries * 1e3
+                full = timed(lambda: _search(model, params, q, index, k, "pag")) / n_queries * 1e3
+                emit(figure="synthetic", docs=n, m=m, query_terms=terms, fired_per_query=int(fired.mean()), k=k,
+                     n=planning, **mem, trie_build_s=round(build_s, 1), postings_build_s=round(postings_s, 1),
+                     planner="inverted" if took else "dense", dense_planner_ms_per_query=round(dense, 2),
+                     simul_ms_per_query=round(simul, 2), same_planning_sets=same and same_scores,
+                     seq_only_ms_per_query=round(seq[k], 2), pag_ms_per_query=round(full, 2),
+                     pag_over_seq_only=round(full / seq[k], 3))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -162,6 +194,7 @@ def bench_demo(model_dir: str, n_eval: int, n_search_error: int, latency_only: b
         table = DocidTable(t.sequences, t.lengths, t.doc_rows, t.space,
                            extras={"set_ids": set_ids[t.doc_rows], "order_key": t.extras["order_key"]})
         model.use_docids(table)
+        model._planner_arrays()  # builds the inverted index
         mem = _index_mb(model, index, table)
         model.mode = "pag"
         simul = timed(lambda: model.plan(params, q8)) / B * 1e3
@@ -228,6 +261,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", help="the trained demo PAG (experiments/demo/pag.gin)")
     parser.add_argument("--synthetic", type=cli.natural, default=0, help="documents of the synthetic index (0: skip)")
+    parser.add_argument("--m", type=cli.count, nargs="+", default=list(MS), help="set-docid sizes of the rows")
+    parser.add_argument("--query_terms", type=cli.natural, nargs="+", default=list(QUERY_TERMS),
+                        help="planner_query_terms of the synthetic rows (0: every weight of the random network)")
     parser.add_argument("--eval_queries", type=cli.count, default=2000)
     parser.add_argument("--search_error_queries", type=cli.count, default=200)
     parser.add_argument("--latency_only", action="store_true",
@@ -243,7 +279,7 @@ def main(argv=None) -> int:
     if args.model_dir:
         bench_demo(args.model_dir, args.eval_queries, args.search_error_queries, args.latency_only)
     if args.synthetic:
-        bench_synthetic(args.synthetic)
+        bench_synthetic(args.synthetic, query_terms=tuple(args.query_terms), ms=tuple(args.m))
     if not args.no_write:
         _write("python tools/bench_pag.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                ROOT / "BENCHMARKS.md")
