@@ -10,7 +10,7 @@ released set-docid `docid_to_tokenids.json` (`set_docid_file`, ids by descending
 `set_size` keeps each list's first m, as the reproduction paper does for m ∈ {16, 32}). The table is a fixed-
 length text table (`DocidTokenSpace("text", M·K, offset=base, length=M)`); the set docids ride along as
 `extras["set_ids"]` [rows, m] (−1 padded) with `extras["order_key"]`: a hash of the document id (30 bits), the
-documented key that breaks ties at the planning boundary (`methods.pag.model.top_n_by_key`), so no ranking depends
+documented key that breaks ties at the planning boundary (`methods.pag.planner.top_n_exact`), so no ranking depends
 on corpus order.
 
 PAG's artefact formats: `docid_to_tokenids.json` is a JSON object {"<docid>": [ints]}; query files `raw.tsv`
@@ -41,9 +41,9 @@ FIRST_TEXT_ID = 3  # ids below (PAD, EOS, UNK) never enter a set docid built her
 
 def order_keys(doc_ids: Sequence[str]) -> np.ndarray:
     """int32 [n] in [0, 2^30): 30 bits of blake2b(document id) — a key that depends on the id alone (30 bits so
-    that the planner can compare keys as floats, `methods.pag.model._key_as_float`). Two documents share a key with
-    probability 2^-30 per pair; only a tie in both s_simul and key at the n-th planning place would then be
-    decided by position."""
+    that the planner can compare keys as floats, `methods.pag.planner._key_as_float`). Two documents share a key
+    with probability 2^-30 per pair (~36k pairs among 8.8M documents); a tie in both s_simul and key at the n-th
+    planning place is decided by corpus position, the earlier row first."""
     out = np.empty(len(doc_ids), np.int32)
     for i, d in enumerate(doc_ids):
         out[i] = int.from_bytes(hashlib.blake2b(str(d).encode(), digest_size=4).digest(), "big") & 0x3FFFFFFF

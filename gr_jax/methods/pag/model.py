@@ -236,7 +236,8 @@ class PagRetriever(GenerativeRetriever):
     """PAG as a model object (module docstring). `planning_size` n; `mode` one of MODES; `simul_chunk`
     documents per block of the dense product; `planner_postings` the postings the inverted planner reads per query
     (`methods.pag.planner`: same planning set as the dense product, which a batch over budget takes; 0: the dense
-    product only); `planner_query_terms` T > 0 keeps the query weights ≥ its T-th largest (query-term pruning, an
+    product only); `planner_query_terms` T > 0 keeps the query weights ≥ the T-th largest of the planning vocabulary
+    (query-term pruning, an
     approximation of sparse retrieval: it changes the plan; 0, the default, keeps PAG's). The docid table must carry
     set docids (`methods.pag.docids.PagDocids`) except in mode "seq_only"."""
 
@@ -320,6 +321,7 @@ class PagRetriever(GenerativeRetriever):
         self.docid_length, self.docid_base, self.codes = space.length, space.offset, space.size // space.length
         self._table = table
         self._paths_for = None
+        self._set_ids = self._keys = self._postings = self._postings_of = None  # nothing of a previous table
         set_ids = None if table.extras is None else table.extras.get("set_ids")
         if set_ids is None:
             if self.mode != "seq_only":
@@ -377,12 +379,17 @@ class PagRetriever(GenerativeRetriever):
 
     def query_rep(self, rep_BxV):
         """The query weights the planner reads: all of rep, or with `planner_query_terms` T those ≥ the T-th largest
-        (ties at the T-th all kept: no position decides)."""
+        of the planning vocabulary (below the docid tokens; ties at the T-th all kept: no position decides)."""
         T = self.planner_query_terms
-        if not T or T >= rep_BxV.shape[1]:
+        limit = int(getattr(self, "docid_base", rep_BxV.shape[1]))  # the planning vocabulary: below the docid tokens
+        if not T or T >= limit:
             return rep_BxV
-        kth = _top_k(rep_BxV, T)[0][:, T - 1:]  # behind the barrier: a full sort otherwise
+        kth = _top_k(rep_BxV[:, :limit], T)[0][:, T - 1:]  # behind the barrier: a full sort otherwise
         return jnp.where(rep_BxV >= kth, rep_BxV, 0.0)
+
+    def _planner_settings(self) -> tuple:
+        """What a compiled planner reads from the model besides its arguments (part of its cache key)."""
+        return self.planner_query_terms, self.planner_postings, self.simul_chunk
 
     def _planner_arrays(self):
         """(set ids, keys, postings on the device or None): the arrays a planning call reads. The inverted index is
@@ -402,7 +409,7 @@ class PagRetriever(GenerativeRetriever):
         """The planning set: (corpus rows [B, n], s_simul [B, n]), ties at the n-th place by document key
         (`methods.pag.planner.plan_from_rep`)."""
         n = min(int(n or self.planning_size), int(self.set_ids.shape[0]))
-        fn = self._jits.setdefault("plan", jax.jit(
+        fn = self._jits.setdefault(("plan", *self._planner_settings()), jax.jit(
             lambda p, q, arrays, n: self._plan_rep(lexical_rep(self.network, p["network"], q), arrays, n, True)[:2],
             static_argnums=3))
         return fn(params, jnp.asarray(query_tokens_BxL), self._planner_arrays(), n)
@@ -480,7 +487,8 @@ class PagRetriever(GenerativeRetriever):
         guided = (self.mode == "pag") if guided is None else guided
         n = min(self.planning_size, int(self.set_ids.shape[0]))
         paths, leaves = self._doc_paths(index)
-        fused = self._jits.setdefault("search", jax.jit(self._planned_search, static_argnums=(6, 7, 8, 9)))
+        fused = self._jits.setdefault(("search", *self._planner_settings()),
+                                      jax.jit(self._planned_search, static_argnums=(6, 7, 8, 9)))
         res, state, tie = fused(params, q, self._planner_arrays(), paths, leaves, index.device(), n, num_beams,
                                 guided, self._dense_sizes)
         if bool(tie):  # the planning set needs the tie rule: plan exactly, then search with that plan
@@ -490,7 +498,7 @@ class PagRetriever(GenerativeRetriever):
 
     def beam_documents(self, params, query_tokens_BxL, index, num_beams: int = 10):
         """`rank`'s beams and final scores as one traceable function (capability `traced_search`): a tie at the
-        planning boundary is planned exactly on the device (`_planned_search` with the keys). Fixed query padding
+        planning boundary is planned exactly on the device (`_planned_search` with `exact`). Fixed query padding
         only: "batch_longest" trims the batch to its data, a shape a trace cannot take."""
         if self.mode == "simul_only":
             raise ValueError("PagRetriever mode 'simul_only' ranks by s_simul alone: use rank")

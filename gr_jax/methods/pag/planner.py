@@ -101,9 +101,9 @@ def _key_as_float(keys):
 
 
 def top_n_exact(scores_BxD, keys, n: int):
-    """The n best by score, ties at the n-th score broken by the larger key (keys [D] shared by the rows, or [B, D]):
-    the documents above the n-th score, then of those tied with it the `need` largest keys (three float top-k's,
-    no sort of the corpus)."""
+    """The n best by score, ties at the n-th score broken by the larger key (keys [D] shared by the rows, or [B, D]),
+    equal keys by the earlier position: the documents above the n-th score, then of those tied with it the `need`
+    largest keys (three float top-k's, no sort of the corpus)."""
     B, D = scores_BxD.shape
     n = min(n, D)
     thr = _top_k(scores_BxD, n)[0][:, n - 1:n]
@@ -111,7 +111,12 @@ def top_n_exact(scores_BxD, keys, n: int):
     need = n - greater.sum(axis=1, keepdims=True)
     keyed = jnp.where(tied, _key_as_float(keys if keys.ndim == 2 else keys[None, :]), -jnp.inf)
     kth = jnp.take_along_axis(_top_k(keyed, n)[0], jnp.maximum(need - 1, 0), axis=1)
-    pick = greater | (tied & (keyed >= kth) & (need > 0))
+    above = tied & (keyed > kth)
+    # of the tied with the need-th key itself (keys may repeat: 30-bit hashes, −1 for rows without a document),
+    # the first by position fill what the larger keys leave
+    at_kth = tied & (keyed == kth)
+    rest = need - above.sum(axis=1, keepdims=True)
+    pick = greater | ((above | (at_kth & (jnp.cumsum(at_kth, axis=1) <= rest))) & (need > 0))
     vals, idx = _top_k(jnp.where(pick, scores_BxD, -jnp.inf), n)
     return idx.astype(jnp.int32), vals
 
@@ -142,8 +147,8 @@ class Budgets:
 
 
 def budgets_for(postings: int, vocab: int) -> Budgets:
-    """The budgets of a postings budget P: at most min(V, 1024) fired tokens, P / 32 postings rescored (twice a
-    planning set of 1000 at P = 2^17)."""
+    """The budgets of a postings budget P: at most min(V, 1024) fired tokens, P / 32 postings rescored (4096 at
+    P = 2^17: about four planning sets of 1000 on two tokens each)."""
     return Budgets(active=int(min(vocab, 1024)), postings=int(postings), rescored=int(max(1, postings // 32)))
 
 
@@ -160,14 +165,11 @@ class Postings:
             raise ValueError(f"set docids hold id {int(ids.max())}, beyond the planning vocabulary of {vocab}")
         D, m = ids.shape
         self.by_key = np.argsort(-np.asarray(keys_D, np.int64), kind="stable").astype(np.int32)
-        rank = np.empty(D, np.int32)
-        rank[self.by_key] = np.arange(D, dtype=np.int32)
-        flat = ids.reshape(-1)
+        flat = ids[self.by_key].reshape(-1)  # the rows in rank order
         keep = np.nonzero(flat >= 0)[0]
         tokens = flat[keep]
-        entries = rank[keep // max(m, 1)]
-        order = np.lexsort((entries, tokens))  # by token, then rank
-        self.docs = entries[order].astype(np.int32)
+        order = np.argsort(tokens, kind="stable")  # by token; within one, by rank (stable over rank order)
+        self.docs = (keep[order] // max(m, 1)).astype(np.int32)
         self.start = np.zeros(vocab + 1, np.int64)
         np.cumsum(np.bincount(tokens, minlength=vocab), out=self.start[1:])
         if self.start[-1] >= 2 ** 31:
@@ -214,8 +216,7 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
     Every posting of a fired token adds its weight to its document's score (a scatter-add over key ranks). A
     document on one fired token then holds exactly its s_simul (the dense sum adds that weight to zeros), and an
     unlisted one 0; one on several holds a sum in posting order, which can differ from the dense order in the last
-    bits: such documents (found where a posting's weight differs from its document's total) are rescored in the
-    dense order. The planning set is the first n of the single-token postings and the rescored documents, by
+    bits: such documents (counted per document in a second scatter) are rescored in the dense order. The planning set is the first n of the single-token postings and the rescored documents, by
     score and, among equals, by rank — which a top-k over the postings gives when the tied ones are all on one
     token; otherwise (two fired tokens weigh the same, a rescored document ties the n-th score, fewer than n
     score) a top-k over the scores laid out by rank and the tie rule over those candidates. Not exact (the caller
@@ -241,8 +242,11 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
     rank = jnp.where(used, docs_P[jnp.clip(start_V1[tok] + offset, 0, docs_P.shape[0] - 1)], D)
     weight = jnp.where(used, jnp.take_along_axis(a_val, slot, axis=1), 0.0)
     total = jnp.zeros((B, D), jnp.float32).at[rows, rank].add(weight, mode="drop")  # rank D: dropped
+    count = jnp.zeros((B, D), jnp.int32).at[rows, rank].add(1, mode="drop")  # postings of each document
     got = jnp.take_along_axis(total, rank, axis=1, mode="clip")
-    several = used & (got != weight)  # the posting's document is on several fired tokens
+    # the posting's document is on several fired tokens (counted: a weight below 2^-24 of another is absorbed in
+    # the float total, so comparing the total with the weight would miss it)
+    several = used & (jnp.take_along_axis(count, rank, axis=1, mode="clip") > 1)
     # the R best postings on documents on several, by posting score: those documents are rescored; any other
     # scores at most the R-th posting score + δ, below the n-th place when that is ≥ 2δ above it (checked below)
     approx = jnp.where(several, got, -jnp.inf)
@@ -284,7 +288,8 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
 def plan_from_rep(rep_BxV, set_ids_DxM, keys_D, n: int, chunk: int, postings=None, budgets: Optional[Budgets] = None,
                   exact: bool = False):
     """The planning set of a batch → (rows [B, n], s_simul [B, n], tie): through the inverted index when
-    `postings` (device `(docs, start)`) and the batch fits its budgets, else the dense product. With `exact`,
+    `postings` (`Postings.device()`) and the batch fits its budgets, else the dense product; the weights must be
+    ≥ 0 (the planner's log(1 + ReLU)), which the inverted index assumes (a weight ≤ 0 fires no token). With `exact`,
     a tie at the n-th place of the dense product is settled here by key (`top_n_exact`) and `tie` is False;
     without, `tie` says the caller must redo the batch with `top_n_exact`. Traceable."""
     D = set_ids_DxM.shape[0]
@@ -298,7 +303,8 @@ def plan_from_rep(rep_BxV, set_ids_DxM, keys_D, n: int, chunk: int, postings=Non
             tie = jnp.zeros((), bool)
         return rows, scores, tie
 
-    if postings is None or budgets.postings + budgets.rescored < n:  # budgets below n postings: never exact
+    if postings is None or postings[0].shape[0] == 0 or budgets.postings + budgets.rescored < n:
+        # no index, an empty one (every set docid padding) or budgets below n postings: the dense product
         return dense()
     B = rep_BxV.shape[0]
     none = (jnp.zeros((B, n), jnp.int32), jnp.zeros((B, n), jnp.float32), jnp.zeros((), bool))

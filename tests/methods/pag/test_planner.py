@@ -145,3 +145,57 @@ def test_the_model_plans_and_ranks_the_same_with_and_without_the_index():
     (rows_a, s_a, runs_a, tr_a), (rows_b, s_b, runs_b, tr_b) = out
     assert rows_a == rows_b and np.array_equal(s_a, s_b) and runs_a == runs_b
     assert all(np.array_equal(x, y) for x, y in zip(tr_a, tr_b))
+
+
+def _both(ids, keys, rep, n, vocab):
+    """(inverted, dense) plans as sorted (row, score bits) lists per query."""
+    ids, keys, rep = np.asarray(ids, np.int32), np.asarray(keys, np.int32), jnp.asarray(rep, jnp.float32)
+    post = planner.Postings(ids, vocab, keys).device()
+    out = []
+    for postings in (post, None):
+        rows, s, _ = jax.device_get(planner.plan_from_rep(rep, jnp.asarray(ids), jnp.asarray(keys), n, 64, postings,
+                                                          planner.budgets_for(64, vocab), exact=True))
+        out.append([sorted(zip(r.tolist(), x.view(np.uint32).tolist())) for r, x in zip(rows, s)])
+    return out
+
+
+def test_a_weight_absorbed_in_the_float_total_still_marks_a_document_on_two_tokens():
+    # row 0 holds tokens 0 and 1: 3.0 + 1e-7 == 3.0 in float32, so only a count tells it is on two tokens
+    inv, dense = _both([[0, 1], [2, -1], [3, -1], [-1, -1]], [10, 20, 30, 40], [[3.0, 1e-7, 0.5, 0.25]], 3, 4)
+    assert inv == dense and [r for r, _ in dense[0]] == [0, 1, 2]
+    u = 0.3 * 2.0 ** -23  # three tokens: the dense j-order sum (1 + u) + u differs from 1 + (u + u)
+    inv, dense = _both([[1, 2, 0], [3, -1, -1], [-1, -1, -1]], [1, 2, 3], [[1.0, u, u, 0.5]], 2, 4)
+    assert inv == dense and [r for r, _ in dense[0]] == [0, 1]
+
+
+def test_repeated_keys_and_rows_without_a_document_follow_the_key_then_the_row():
+    # three rows tie at score 1 with keys 5, 5, 9: key 9 (row 2) first, then the earlier row of the two 5s (row 0)
+    inv, dense = _both([[0], [0], [0], [1]], [5, 5, 9, 1], [[1.0, 2.0]], 3, 2)
+    assert inv == dense and [r for r, _ in dense[0]] == [0, 2, 3]
+    # nothing scores: the two documents by key (7: row 2, 3: row 4), then the first row without one (key −1)
+    inv, dense = _both([[-1], [-1], [5], [-1], [6]], [-1, -1, 7, -1, 3], np.zeros((1, 8)), 3, 8)
+    assert inv == dense and [r for r, _ in dense[0]] == [0, 2, 4]
+
+
+def test_an_index_of_padding_alone_plans_by_the_dense_product():
+    inv, dense = _both(np.full((4, 2), -1), [3, 1, 2, 0], [[0.5, 0.0, 0.0]], 2, 3)
+    assert inv == dense and [r for r, _ in dense[0]] == [0, 2]  # all score 0: keys 3 and 2
+
+
+def test_query_terms_count_the_planning_vocabulary_only_and_a_new_setting_recompiles():
+    """planner_query_terms T keeps T planning-vocabulary weights whatever the docid tokens weigh, and changing T
+    after a plan plans with the new T (the compiled planner is keyed by it)."""
+    model, params, _, _, _ = pag_parity.fixture_setup(FIXTURE)
+    with np.load(FIXTURE / "inputs.npz") as z:
+        q = jnp.asarray(z["query_input_ids"].astype(np.int32))
+    rep = model.lexical_rep(params, q)
+    base = model.docid_base
+    first = jax.device_get(model.plan(params, q))
+    model.planner_query_terms = 3
+    kept = np.asarray(model.query_rep(rep))[:, :base]
+    assert ((kept > 0).sum(axis=1) == 3).all()  # the fixture's weights do not tie at the 3rd
+    got = jax.device_get(model.plan(params, q))
+    want = jax.device_get(planner.plan_from_rep(model.query_rep(rep), model.set_ids, model._keys,
+                                                model.planning_size, 64, exact=True))
+    assert [set(r.tolist()) for r in got[0]] == [set(r.tolist()) for r in want[0]]
+    assert [set(r.tolist()) for r in got[0]] != [set(r.tolist()) for r in first[0]]
