@@ -216,12 +216,14 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
     Every posting of a fired token adds its weight to its document's score (a scatter-add over key ranks). A
     document on one fired token then holds exactly its s_simul (the dense sum adds that weight to zeros), and an
     unlisted one 0; one on several holds a sum in posting order, which can differ from the dense order in the last
-    bits: such documents (counted per document in a second scatter) are rescored in the dense order. The planning set is the first n of the single-token postings and the rescored documents, by
+    bits: such documents (found where a posting's weight differs from its document's total) are rescored in the
+    dense order. The planning set is the first n of the single-token postings and the rescored documents, by
     score and, among equals, by rank — which a top-k over the postings gives when the tied ones are all on one
     token; otherwise (two fired tokens weigh the same, a rescored document ties the n-th score, fewer than n
     score) a top-k over the scores laid out by rank and the tie rule over those candidates. Not exact (the caller
     takes the dense product) when a document on several tokens outside the R rescored ones could reach the n-th
-    place (its posting score within the rounding margin δ of it, `rounding_margin`)."""
+    place (its posting score within the rounding margin δ of it, `rounding_margin`), or when the query's fired
+    weights span 2^22 or more (a weight could vanish in a document's sum and hide that it is on several)."""
     docs_P, start_V1, by_key_D = postings
     B = rep_BxV.shape[0]
     D = set_ids_DxM.shape[0]
@@ -242,11 +244,12 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
     rank = jnp.where(used, docs_P[jnp.clip(start_V1[tok] + offset, 0, docs_P.shape[0] - 1)], D)
     weight = jnp.where(used, jnp.take_along_axis(a_val, slot, axis=1), 0.0)
     total = jnp.zeros((B, D), jnp.float32).at[rows, rank].add(weight, mode="drop")  # rank D: dropped
-    count = jnp.zeros((B, D), jnp.int32).at[rows, rank].add(1, mode="drop")  # postings of each document
     got = jnp.take_along_axis(total, rank, axis=1, mode="clip")
-    # the posting's document is on several fired tokens (counted: a weight below 2^-24 of another is absorbed in
-    # the float total, so comparing the total with the weight would miss it)
-    several = used & (jnp.take_along_axis(count, rank, axis=1, mode="clip") > 1)
+    # the posting's document is on several fired tokens: its total is above every one of its weights — unless a
+    # weight below 2^-24 of another is absorbed in the sum, which cannot happen when the query's fired weights
+    # span less than 2^22 (`spread`, checked below: a query with a wider spread takes the dense product)
+    several = used & (got != weight)
+    spread = jnp.where(a_val > 0, a_val, jnp.inf).min(axis=1) >= a_val[:, 0] * 2.0 ** -22
     # the R best postings on documents on several, by posting score: those documents are rescored; any other
     # scores at most the R-th posting score + δ, below the n-th place when that is ≥ 2δ above it (checked below)
     approx = jnp.where(several, got, -jnp.inf)
@@ -281,7 +284,7 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
 
     ranks, scores = jax.lax.cond(quick, by_postings, by_rank)
     delta = rounding_margin(jnp.maximum(cut[:, 0], 0.0), set_ids_DxM.shape[1])
-    fits = taken_all | (cut[:, R - 1] + 2 * delta < scores[:, n - 1])
+    fits = spread & (taken_all | (cut[:, R - 1] + 2 * delta < scores[:, n - 1]))
     return by_key_D[jnp.minimum(ranks, D - 1)], scores, fits.all(), quick
 
 

@@ -159,8 +159,9 @@ def _both(ids, keys, rep, n, vocab):
     return out
 
 
-def test_a_weight_absorbed_in_the_float_total_still_marks_a_document_on_two_tokens():
-    # row 0 holds tokens 0 and 1: 3.0 + 1e-7 == 3.0 in float32, so only a count tells it is on two tokens
+def test_a_weight_absorbed_in_the_float_total_cannot_hide_a_document_on_two_tokens():
+    # row 0 holds tokens 0 and 1: 3.0 + 1e-7 == 3.0 in float32, so its total equals a weight; weights spanning
+    # 2^22 or more send the batch to the dense product
     inv, dense = _both([[0, 1], [2, -1], [3, -1], [-1, -1]], [10, 20, 30, 40], [[3.0, 1e-7, 0.5, 0.25]], 3, 4)
     assert inv == dense and [r for r, _ in dense[0]] == [0, 1, 2]
     u = 0.3 * 2.0 ** -23  # three tokens: the dense j-order sum (1 + u) + u differs from 1 + (u + u)
