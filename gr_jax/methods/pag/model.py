@@ -237,9 +237,8 @@ class PagRetriever(GenerativeRetriever):
     documents per block of the dense product; `planner_postings` the postings the inverted planner reads per query
     (`methods.pag.planner`: same planning set as the dense product, which a batch over budget takes; 0: the dense
     product only); `planner_query_terms` T > 0 keeps the query weights ≥ the T-th largest of the planning vocabulary
-    (query-term pruning, an
-    approximation of sparse retrieval: it changes the plan; 0, the default, keeps PAG's). The docid table must carry
-    set docids (`methods.pag.docids.PagDocids`) except in mode "seq_only"."""
+    (query-term pruning, an approximation of sparse retrieval: it changes the plan; 0, the default, keeps PAG's).
+    The docid table must carry set docids (`methods.pag.docids.PagDocids`) except in mode "seq_only"."""
 
     def __init__(self, config: t5.T5Config, head=None, score_mode: str = "raw", length_penalty: Signed = 0.0, *,
                  mode: str = "pag", planning_size: Count = 1000, simul_chunk: Count = 8192,
