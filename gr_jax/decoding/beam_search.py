@@ -6,8 +6,10 @@ beam carries the constraint's state; the search asks the constraint for a beam's
 states they lead to, so every constraint shares this one search.
 
 The model is any step function `step_fn(cache, tokens_R) -> (logits_RxV, cache)` over R = B·N rows, whose
-cache is a pytree with the row axis first (the T5 `DecodeCache`, or a toy scorer in tests). Rows are tiled
-and reordered with `jnp.repeat`/`jnp.take` on every cache leaf whose leading axis has that many rows.
+cache is a pytree with the row axis first (a toy scorer in tests), or holds objects that tile and reorder their
+own rows (`tile_rows(n, rows)`, `gather_rows(index, rows)`: the T5 and Llama caches, whose keys/values have the
+layer axis before the rows). Rows are tiled and reordered with `jnp.repeat`/`jnp.take` on every other leaf
+whose leading axis has that many rows.
 
 Per level the beams gather the K child slots of their trie node (CSR) or read a dense row, score them, and
 keep the top N of N·K — never N·V on CSR levels. Beams that reach a leaf move to a *finished* pool of N;
@@ -72,14 +74,25 @@ class History:
     valid: jax.Array  # bool [B, T, N]
 
 
+def _owns_rows(x) -> bool:
+    """A cache object that tiles and reorders its own rows (its row axis is not first everywhere)."""
+    return hasattr(x, "gather_rows") and hasattr(x, "tile_rows")
+
+
 def tile_rows(tree, n: int, rows: int):
-    """Repeats every leaf whose leading axis has `rows` rows n times (row r → rows r·n .. r·n+n-1)."""
-    return jax.tree_util.tree_map(lambda x: jnp.repeat(x, n, axis=0) if x.ndim and x.shape[0] == rows else x, tree)
+    """Repeats every leaf whose leading axis has `rows` rows n times (row r → rows r·n .. r·n+n-1); a cache
+    object that owns its rows does it itself."""
+    return jax.tree_util.tree_map(
+        lambda x: x.tile_rows(n, rows) if _owns_rows(x) else
+        (jnp.repeat(x, n, axis=0) if x.ndim and x.shape[0] == rows else x), tree, is_leaf=_owns_rows)
 
 
 def gather_rows(tree, index: jax.Array, rows: int):
-    return jax.tree_util.tree_map(lambda x: jnp.take(x, index, axis=0) if x.ndim and x.shape[0] == rows else x,
-                                  tree)
+    """Selects rows `index` of every leaf whose leading axis has `rows` rows (and of every cache object that
+    owns its rows)."""
+    return jax.tree_util.tree_map(
+        lambda x: x.gather_rows(index, rows) if _owns_rows(x) else
+        (jnp.take(x, index, axis=0) if x.ndim and x.shape[0] == rows else x), tree, is_leaf=_owns_rows)
 
 
 def _token_scores(out, tokens, valid, score_mode: str, project_fn: Optional[ProjectFn] = None,
