@@ -70,6 +70,11 @@ class DecoderOnlyRetriever(GenerativeRetriever):
     def _tile(cache, n: int):
         return cache.repeat(n)
 
+    def _search_params(self, params):
+        if self.network.scan_layers:
+            return {**params, "network": llama.with_stacked_layers(params["network"], self.config)}
+        return params
+
 
 def _get_config(name: str = "llama_tiny", **overrides) -> llama.LlamaConfig:
     return llama.get_config(name, **overrides)

@@ -14,8 +14,12 @@ Numerics follow HF `LlamaForCausalLM` (parity tests check logits and cached gree
 Dimension letters (the project-wide list is in WORKSPACE.md): B batch (rows), T new positions, S cache slots,
 P shared-prefix length, D d_model, H query heads, K key/value heads, G = H / K, Q head dim, F d_ff, V vocabulary.
 
-The cache (`LMCache`) holds, per layer, the keys/values of every row ([B, S, K, Q]) and optionally a *shared
-prefix* ([1, P, K, Q]) that all rows attend to without a copy per row: a few-shot prompt is prefilled once
+The layers run as one `jax.lax.scan` over their stacked parameters (`layer_stack`; the parameters stay one
+subtree per layer), so a search that unrolls its docid levels compiles one layer body, not 30 (`scan_layers`
+False: the unrolled loop, kept for tests and for initialisation).
+
+The cache (`LMCache`) holds the keys/values of every layer and row ([N, B, S, K, Q], N layers) and optionally
+a *shared prefix* ([N, 1, P, K, Q]) that all rows attend to without a copy per row: a few-shot prompt is prefilled once
 and shared by every query and every beam (Few-Shot GR). Rows are left-padded: a key slot is attended to only
 where `key_mask` is set, and each row carries its own next position (`positions`) for the rotary embedding.
 """
@@ -33,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gr_jax.models import layer_stack
 from gr_jax.models.t5 import Dense, RMSNorm, _DTYPES, gathered_logits
 
 Array = jax.Array
@@ -138,10 +143,11 @@ def apply_rope(x_BxTxHxQ: Array, cos_BxTxQ: Array, sin_BxTxQ: Array) -> Array:
 
 @flax.struct.dataclass
 class LMCache:
-    """Keys/values of a decoder-only LM, batch axis first in every per-row array.
+    """Keys/values of a decoder-only LM. The layer axis comes first in k/v (the scan over layers reads them
+    in place); the beam search tiles and reorders rows through `tile_rows` / `gather_rows`.
 
-    k/v: per layer [B, S, K, Q]; key_mask [B, S] (a slot holds a real token); positions [B] (the next
-    token's absolute position); prefix_k/prefix_v: per layer [1, P, K, Q] shared by all rows (P may be 0);
+    k/v: [N, B, S, K, Q] (N layers); key_mask [B, S] (a slot holds a real token); positions [B] (the next
+    token's absolute position); prefix_k/prefix_v: [N, 1, P, K, Q] shared by all rows (P may be 0);
     index: the next slot to write (scalar, the same for all rows: rows are left-padded); origin: the slot
     where generation started (after the prompt), so `step_index` counts generated positions (docid heads).
     """
@@ -149,15 +155,19 @@ class LMCache:
     index: Array
     positions: Array
     key_mask: Array
-    k: tuple[Array, ...]
-    v: tuple[Array, ...]
-    prefix_k: tuple[Array, ...]
-    prefix_v: tuple[Array, ...]
+    k: Array
+    v: Array
+    prefix_k: Array
+    prefix_v: Array
     origin: Array = 0
 
     @property
     def max_length(self) -> int:
-        return self.k[0].shape[1]
+        return self.k.shape[2]
+
+    @property
+    def rows(self) -> int:
+        return self.key_mask.shape[0]
 
     @property
     def step_index(self) -> Array:
@@ -168,16 +178,23 @@ class LMCache:
         return self.replace(origin=self.index)
 
     def _map_rows(self, fn) -> "LMCache":
-        rows = (self.positions, self.key_mask, self.k, self.v)
-        p, m, k, v = jax.tree_util.tree_map(fn, rows)
-        return self.replace(positions=p, key_mask=m, k=k, v=v)
+        """fn(array, row_axis) on every per-row array."""
+        return self.replace(positions=fn(self.positions, 0), key_mask=fn(self.key_mask, 0), k=fn(self.k, 1),
+                            v=fn(self.v, 1))
 
     def repeat(self, n: int) -> "LMCache":
         """Every row n times (row b becomes rows b·n … b·n + n − 1); the shared prefix stays one copy."""
-        return self._map_rows(lambda a: jnp.repeat(a, n, axis=0))
+        return self._map_rows(lambda a, axis: jnp.repeat(a, n, axis=axis))
 
     def gather(self, rows: Array) -> "LMCache":
-        return self._map_rows(lambda a: jnp.take(a, rows, axis=0))
+        return self._map_rows(lambda a, axis: jnp.take(a, rows, axis=axis))
+
+    # the beam search's row hooks (`decoding.beam_search.tile_rows` / `gather_rows`)
+    def tile_rows(self, n: int, rows: int) -> "LMCache":
+        return self.repeat(n) if self.rows == rows else self
+
+    def gather_rows(self, index: Array, rows: int) -> "LMCache":
+        return self.gather(index) if self.rows == rows else self
 
 
 class Attention(nn.Module):
@@ -265,6 +282,7 @@ class Llama(nn.Module):
     """
 
     config: LlamaConfig
+    scan_layers: bool = True
 
     def setup(self):
         c = self.config
@@ -292,15 +310,14 @@ class Llama(nn.Module):
         """An empty cache of `max_length` slots per row; with `prefix` (a 1-row cache from `prefix_cache`),
         every row attends to the prefix's tokens and continues at the position after it."""
         c = self.config
-        shape = (batch_size, max_length, c.num_kv_heads, c.q_dim)
-        zeros = tuple(jnp.zeros(shape, c.compute_dtype) for _ in range(c.num_layers))
+        zeros = jnp.zeros((c.num_layers, batch_size, max_length, c.num_kv_heads, c.q_dim), c.compute_dtype)
         if prefix is None:
-            empty = tuple(jnp.zeros((1, 0, c.num_kv_heads, c.q_dim), c.compute_dtype) for _ in range(c.num_layers))
+            empty = jnp.zeros((c.num_layers, 1, 0, c.num_kv_heads, c.q_dim), c.compute_dtype)
             pk, pv, start = empty, empty, jnp.zeros((batch_size,), jnp.int32)
         else:
             # a prefix cache is full (`prefix_cache` makes exactly as many slots as prefix tokens)
-            pk = tuple(jnp.concatenate([p, k], axis=1) for p, k in zip(prefix.prefix_k, prefix.k))
-            pv = tuple(jnp.concatenate([p, v], axis=1) for p, v in zip(prefix.prefix_v, prefix.v))
+            pk = jnp.concatenate([prefix.prefix_k, prefix.k], axis=2)
+            pv = jnp.concatenate([prefix.prefix_v, prefix.v], axis=2)
             start = jnp.broadcast_to(prefix.positions[:1], (batch_size,))
         return LMCache(index=jnp.zeros((), jnp.int32), positions=start.astype(jnp.int32),
                        key_mask=jnp.zeros((batch_size, max_length), bool), k=zeros, v=zeros, prefix_k=pk,
@@ -328,15 +345,27 @@ class Llama(nn.Module):
         causal = slots[None, :] <= (index + jnp.arange(T))[:, None]  # [T, S]
         mask = causal[None] & key_mask[:, None, :]
         x = x_BxTxD.astype(c.compute_dtype)
-        new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
-            prefix = (cache.prefix_k[i], cache.prefix_v[i])
-            x, (k, v) = layer(x, cos, sin, (cache.k[i], cache.v[i]), index, mask, prefix)
-            new_k.append(k)
-            new_v.append(v)
+        if self.scan_layers and not self.is_initializing():
+            layer = Layer(c, parent=None)
+
+            def body(params, x, kv, _):
+                k, v, pk, pv = kv
+                return layer.apply({"params": params}, x, cos, sin, (k, v), index, mask, (pk, pv))
+
+            stacked = layer_stack.stacked_params(self.variables["params"], layer_stack.layer_names(c.num_layers))
+            x, (new_k, new_v) = layer_stack.scan(body, stacked, x, (cache.k, cache.v, cache.prefix_k,
+                                                                      cache.prefix_v))
+        else:
+            new_k, new_v = [], []
+            for i, layer in enumerate(self.layers):
+                prefix = (cache.prefix_k[i], cache.prefix_v[i])
+                x, (k, v) = layer(x, cos, sin, (cache.k[i], cache.v[i]), index, mask, prefix)
+                new_k.append(k)
+                new_v.append(v)
+            new_k, new_v = jnp.stack(new_k), jnp.stack(new_v)
         hidden = self.final_norm(x)
         cache = cache.replace(index=index + T, positions=cache.positions + token_mask_BxT.sum(axis=1),
-                              key_mask=key_mask, k=tuple(new_k), v=tuple(new_v))
+                              key_mask=key_mask, k=new_k, v=new_v)
         return hidden, cache
 
     def prefill(self, cache: LMCache, tokens_BxT: Array, token_mask_BxT: Optional[Array] = None):
@@ -394,6 +423,12 @@ def init_params(config: LlamaConfig, seed: int = 0, length: int = 4) -> dict:
     tokens = jnp.ones((1, length), jnp.int32)
     variables = jax.jit(Llama(config).init)(jax.random.PRNGKey(seed), tokens)
     return nn.unbox(variables["params"])
+
+
+def with_stacked_layers(params: dict, config: LlamaConfig) -> dict:
+    """Parameters whose layers are stacked once (`layer_stack.with_stacked_layers`), for a scanning `Llama`
+    called many times inside one jitted program (a search: one call per docid level)."""
+    return layer_stack.with_stacked_layers(params, config.num_layers)
 
 
 def param_axes(config: LlamaConfig) -> Any:

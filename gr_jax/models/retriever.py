@@ -152,8 +152,16 @@ class GenerativeRetriever:
                 start_token=self.config.decoder_start_token_id, eos_id=self.config.eos_token_id,
                 vocab_size=self.head.output_size(self.config), num_beams=num_beams, score_mode=self.score_mode,
                 length_penalty=self.length_penalty, bonus_fn=self.bonus_fn, tile_fn=self._tile,
-                project_fn=self._project if split else None, keep_history=keep_history)
+                project_fn=self._project if split else None, keep_history=keep_history,
+                params_fn=self._search_params)
         return self._searchers[key]
+
+    def _search_params(self, params):
+        """The parameters as the search's steps read them, made once per search (a scanning network's stacked
+        layers)."""
+        if isinstance(self.network, t5.T5) and self.network.scan_layers:
+            return {**params, "network": t5.with_stacked_layers(params["network"], self.config)}
+        return params
 
     @staticmethod
     def _tile(cache, n: int):

@@ -100,7 +100,8 @@ class Searcher:
                  num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
                  bonus_fn: Optional[bs.BonusFn] = None, tile_fn: Callable = share_encoder,
                  accumulate_bonus: bool = True, project_fn: Optional[Callable] = None, mesh="auto",
-                 keep_history: bool = False):
+                 keep_history: bool = False, params_fn: Optional[Callable] = None):
+        self.params_fn = params_fn  # params → the form the steps read, once per search (stacked layers)
         self.step_fn = step_fn  # one object: exhaustive scoring compiles once
         self._mesh_arg = mesh
         self._sharded: dict = {}
@@ -121,7 +122,11 @@ class Searcher:
         self._search = jax.jit(self._search_impl)
         self._unconstrained = jax.jit(self._unconstrained_impl, static_argnames=("max_length",))
 
+    def _prepared(self, params):
+        return params if self.params_fn is None else self.params_fn(params)
+
     def _search_impl(self, params, query_tokens, trie: Constraint, query_state):
+        params = self._prepared(params)
         cache = self.cache_fn(params, query_tokens, trie.depth)
         return bs.beam_search(functools.partial(self.step_fn, params), cache, trie,
                               batch_size=query_tokens.shape[0], num_beams=self.num_beams,
@@ -137,6 +142,7 @@ class Searcher:
         return (out if self.project_fn is None else self.project_fn(params, out, None)), cache
 
     def _unconstrained_impl(self, params, query_tokens, max_length: int):
+        params = self._prepared(params)
         cache = self.cache_fn(params, query_tokens, max_length)
         return bs.beam_search_unconstrained(functools.partial(self._full_step, params), cache,
                                             batch_size=query_tokens.shape[0], num_beams=self.num_beams,
@@ -226,5 +232,6 @@ class T5Searcher(Searcher):
         super().__init__(functools.partial(t5_step_hidden, model), functools.partial(t5_cache, model),
                          start_token=c.decoder_start_token_id, eos_id=c.eos_token_id, vocab_size=c.vocab_size,
                          num_beams=num_beams, score_mode=score_mode, length_penalty=length_penalty,
-                         bonus_fn=bonus_fn, project_fn=functools.partial(t5_project, model), mesh=mesh)
+                         bonus_fn=bonus_fn, project_fn=functools.partial(t5_project, model), mesh=mesh,
+                         params_fn=functools.partial(t5.with_stacked_layers, config=c) if model.scan_layers else None)
         self.model = model

@@ -13,6 +13,10 @@ Dimension letters used in array names (the project-wide list is in WORKSPACE.md)
 B batch, L encoder length, T decoder length, S decoder cache length, D d_model, H heads, Q d_kv (per-head
 dim), F d_ff, V vocabulary.
 
+The layers of each stack run as one `jax.lax.scan` over their stacked parameters (`layer_stack`: the
+parameters stay one subtree per layer, `layers_<i>`), so a search that unrolls its docid levels compiles one
+layer body per stack. `T5(config, scan_layers=True)` turns it on (off by default: see `T5.scan_layers`).
+
 Parameters carry logical axis names (`nn.with_logical_partitioning`); `param_axes(config)` returns them as a
 tree of `PartitionSpec`s of logical names, which `training/partitioning.py` maps onto a mesh.
 """
@@ -32,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gr_jax.models import layer_stack
 from gr_jax.vocab import EOS_ID, PAD_ID
 
 Array = jax.Array
@@ -393,9 +398,11 @@ class DecoderLayer(nn.Module):
 
 @flax.struct.dataclass
 class DecodeCache:
-    """Everything incremental decoding needs, batch axis first in every array but `index`.
+    """Everything incremental decoding needs. Keys/values have the layer axis first (the scan over layers
+    reads them in place), then the rows; the beam search tiles and reorders rows through `tile_rows` /
+    `gather_rows`.
 
-    self_k/self_v: per decoder layer [B, S, H, Q]; cross_k/cross_v: per layer [B, L, H, Q] (the projected
+    self_k/self_v: [N, B, S, H, Q] (N decoder layers); cross_k/cross_v: [N, B, L, H, Q] (the projected
     encoder states, computed once); encoder_mask: [B, L]; index: the next position to write (scalar).
 
     `growing` (static): S is the number of positions fed so far and every step appends its keys/values (a
@@ -405,26 +412,29 @@ class DecodeCache:
     """
 
     index: Array
-    self_k: tuple[Array, ...]
-    self_v: tuple[Array, ...]
-    cross_k: tuple[Array, ...]
-    cross_v: tuple[Array, ...]
+    self_k: Array
+    self_v: Array
+    cross_k: Array
+    cross_v: Array
     encoder_mask: Array
     growing: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def max_length(self) -> int:
-        return self.self_k[0].shape[1]
+        return self.self_k.shape[2]
 
     @property
     def step_index(self) -> Array:
         """The decoding position (docid heads read it): here the decoder position itself."""
         return self.index
 
-    def _map_batch(self, fn) -> "DecodeCache":
-        batched = (self.self_k, self.self_v, self.cross_k, self.cross_v, self.encoder_mask)
-        sk, sv, ck, cv, m = jax.tree_util.tree_map(fn, batched)
-        return self.replace(self_k=sk, self_v=sv, cross_k=ck, cross_v=cv, encoder_mask=m)
+    def _map_batch(self, fn, rows: Optional[int] = None) -> "DecodeCache":
+        """fn(array, row_axis) on every per-row array (with `rows`: on those that have that many rows)."""
+        def on(a, axis):
+            return fn(a, axis) if rows is None or a.shape[axis] == rows else a
+
+        return self.replace(self_k=on(self.self_k, 1), self_v=on(self.self_v, 1), cross_k=on(self.cross_k, 1),
+                            cross_v=on(self.cross_v, 1), encoder_mask=on(self.encoder_mask, 0))
 
     def repeat(self, n: int, share_cross: bool = False) -> "DecodeCache":
         """Repeats every batch row n times (row b becomes rows b*n .. b*n+n-1), e.g. for beams.
@@ -432,14 +442,20 @@ class DecodeCache:
         With share_cross, the encoder side (cross keys/values, encoder mask) keeps one row per query and the
         decoder attends to it from all n rows of that query: less memory, and nothing to reorder per step.
         """
-        rep = lambda a: jnp.repeat(a, n, axis=0)  # noqa: E731
         if share_cross:
-            return self.replace(self_k=tuple(map(rep, self.self_k)), self_v=tuple(map(rep, self.self_v)))
-        return self._map_batch(rep)
+            return self.replace(self_k=jnp.repeat(self.self_k, n, axis=1), self_v=jnp.repeat(self.self_v, n, axis=1))
+        return self._map_batch(lambda a, axis: jnp.repeat(a, n, axis=axis))
 
     def gather(self, rows: Array) -> "DecodeCache":
         """Selects batch rows (beam search's reordering after pruning)."""
-        return self._map_batch(lambda a: jnp.take(a, rows, axis=0))
+        return self._map_batch(lambda a, axis: jnp.take(a, rows, axis=axis))
+
+    # the beam search's row hooks (`decoding.beam_search.tile_rows` / `gather_rows`): the arrays with `rows` rows
+    def tile_rows(self, n: int, rows: int) -> "DecodeCache":
+        return self._map_batch(lambda a, axis: jnp.repeat(a, n, axis=axis), rows)
+
+    def gather_rows(self, index: Array, rows: int) -> "DecodeCache":
+        return self._map_batch(lambda a, axis: jnp.take(a, index, axis=axis), rows)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -447,8 +463,16 @@ class DecodeCache:
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _dropout_rngs(module: nn.Module, deterministic: bool) -> Optional[dict]:
+    """The scanned layers' dropout key (folded with each layer's index), or None without dropout."""
+    if deterministic or module.config.dropout_rate == 0:
+        return None
+    return {"dropout": module.make_rng("dropout")}
+
+
 class Encoder(nn.Module):
     config: T5Config
+    scan_layers: bool = True
 
     @nn.compact
     def __call__(self, x_BxLxD: Array, mask_BxL: Array, deterministic: bool) -> Array:
@@ -460,14 +484,24 @@ class Encoder(nn.Module):
                                     name="relpos_bias")(positions, positions)
         mask = mask_BxL[:, None, None, :]
         x = nn.Dropout(c.dropout_rate)(x_BxLxD, deterministic=deterministic)
-        for i in range(c.num_layers):
-            x = EncoderLayer(c, name=f"layers_{i}")(x, bias, mask, deterministic)
+        if self.scan_layers and not self.is_initializing():
+            layer = EncoderLayer(c, parent=None)
+
+            def body(params, x, _, rngs):
+                return layer.apply({"params": params}, x, bias, mask, deterministic, rngs=rngs), None
+
+            stacked = layer_stack.stacked_params(self.variables["params"], layer_stack.layer_names(c.num_layers))
+            x, _ = layer_stack.scan(body, stacked, x, rngs=_dropout_rngs(self, deterministic))
+        else:
+            for i in range(c.num_layers):
+                x = EncoderLayer(c, name=f"layers_{i}")(x, bias, mask, deterministic)
         x = RMSNorm(c.layer_norm_epsilon, c.compute_dtype, name="final_norm")(x)
         return nn.Dropout(c.dropout_rate)(x, deterministic=deterministic)
 
 
 class Decoder(nn.Module):
     config: T5Config
+    scan_layers: bool = True
 
     def setup(self):
         c = self.config
@@ -477,9 +511,24 @@ class Decoder(nn.Module):
         self.final_norm = RMSNorm(c.layer_norm_epsilon, c.compute_dtype)
         self.dropout = nn.Dropout(c.dropout_rate)
 
-    def cross_kv(self, encoded_BxLxD: Array):
+    def _scanned(self) -> bool:
+        return self.scan_layers and not self.is_initializing()
+
+    def _stacked(self):
+        names = layer_stack.layer_names(self.config.num_decoder_layers)
+        return DecoderLayer(self.config, parent=None), layer_stack.stacked_params(self.variables["params"], names)
+
+    def cross_kv(self, encoded_BxLxD: Array) -> tuple[Array, Array]:
+        """Every layer's cross-attention keys and values, [N, B, L, H, Q] each."""
+        if self._scanned():
+            layer, stacked = self._stacked()
+
+            def body(params, carry, _, rngs):
+                return carry, layer.apply({"params": params}, encoded_BxLxD, method=DecoderLayer.cross_kv)
+
+            return layer_stack.scan(body, stacked, 0)[1]
         kvs = [layer.cross_kv(encoded_BxLxD) for layer in self.layers]
-        return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
+        return jnp.stack([k for k, _ in kvs]), jnp.stack([v for _, v in kvs])
 
     def __call__(self, x_BxTxD: Array, encoded_BxLxD: Array, encoder_mask_BxL: Array, deterministic: bool) -> Array:
         """Teacher-forced pass over the whole decoder input (causal self-attention)."""
@@ -488,10 +537,21 @@ class Decoder(nn.Module):
         bias = self.relpos_bias(positions, positions)
         causal = (positions[None, :] <= positions[:, None])[None, None]
         cross_mask = encoder_mask_BxL[:, None, None, :]
-        ck, cv = self.cross_kv(encoded_BxLxD)
         x = self.dropout(x_BxTxD, deterministic=deterministic)
-        for i, layer in enumerate(self.layers):
-            x, _ = layer(x, None, bias, causal, (ck[i], cv[i]), cross_mask, deterministic)
+        if self._scanned():
+            layer, stacked = self._stacked()
+
+            def body(params, x, _, rngs):
+                def run(m: DecoderLayer):
+                    return m(x, None, bias, causal, m.cross_kv(encoded_BxLxD), cross_mask, deterministic)[0]
+
+                return nn.apply(run, layer)({"params": params}, rngs=rngs), None
+
+            x, _ = layer_stack.scan(body, stacked, x, rngs=_dropout_rngs(self, deterministic))
+        else:
+            ck, cv = self.cross_kv(encoded_BxLxD)
+            for i, layer in enumerate(self.layers):
+                x, _ = layer(x, None, bias, causal, (ck[i], cv[i]), cross_mask, deterministic)
         return self.dropout(self.final_norm(x), deterministic=deterministic)
 
     def step(self, x_Bx1xD: Array, cache: DecodeCache) -> tuple[Array, DecodeCache]:
@@ -512,14 +572,26 @@ class Decoder(nn.Module):
         self_mask = (keys[None, :] <= positions[:, None])[None, None]
         cross_mask = cache.encoder_mask[:, None, None, :]
         x = x_BxTxD
-        new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
-            x, (k, v) = layer(x, (cache.self_k[i], cache.self_v[i]), bias, self_mask,
-                              (cache.cross_k[i], cache.cross_v[i]), cross_mask, True, write_index=write)
-            new_k.append(k)
-            new_v.append(v)
+        if self._scanned():
+            layer, stacked = self._stacked()
+
+            def body(params, x, kv, _):
+                sk, sv, ck, cv = kv
+                return layer.apply({"params": params}, x, (sk, sv), bias, self_mask, (ck, cv), cross_mask, True,
+                                   write_index=write)
+
+            x, (new_k, new_v) = layer_stack.scan(body, stacked, x, (cache.self_k, cache.self_v, cache.cross_k,
+                                                                      cache.cross_v))
+        else:
+            new_k, new_v = [], []
+            for i, layer in enumerate(self.layers):
+                x, (k, v) = layer(x, (cache.self_k[i], cache.self_v[i]), bias, self_mask,
+                                  (cache.cross_k[i], cache.cross_v[i]), cross_mask, True, write_index=write)
+                new_k.append(k)
+                new_v.append(v)
+            new_k, new_v = jnp.stack(new_k), jnp.stack(new_v)
         x = self.final_norm(x)
-        return x, cache.replace(index=index + T, self_k=tuple(new_k), self_v=tuple(new_v))
+        return x, cache.replace(index=index + T, self_k=new_k, self_v=new_v)
 
 
 class T5(nn.Module):
@@ -530,13 +602,16 @@ class T5(nn.Module):
     """
 
     config: T5Config
+    # Off by default: on CPU a scanned t5_small decodes ~1.2× slower (each level reads every layer's weights
+    # through a dynamic slice) for a compile that the short T5 stacks barely need; Llama scans by default.
+    scan_layers: bool = False
 
     def setup(self):
         c = self.config
         self.embedding = self.param("embedding", nn.with_logical_partitioning(_normal(1.0), ("vocab", "embed")),
                                     (c.vocab_size, c.d_model), jnp.float32)
-        self.encoder = Encoder(c)
-        self.decoder = Decoder(c)
+        self.encoder = Encoder(c, self.scan_layers)
+        self.decoder = Decoder(c, self.scan_layers)
         if not c.tie_word_embeddings:
             self.lm_head = Dense(c.vocab_size, ("embed", "vocab"), 1.0, c.compute_dtype)
 
@@ -611,8 +686,8 @@ class T5(nn.Module):
         c = self.config
         B = encoded.shape[0]
         ck, cv = self.decoder.cross_kv(encoded)
-        shape = (B, 0 if growing else max_decode_length, c.num_heads, c.d_kv)
-        zeros = tuple(jnp.zeros(shape, c.compute_dtype) for _ in range(c.num_decoder_layers))
+        zeros = jnp.zeros((c.num_decoder_layers, B, 0 if growing else max_decode_length, c.num_heads, c.d_kv),
+                          c.compute_dtype)
         return DecodeCache(index=jnp.zeros((), jnp.int32), self_k=zeros, self_v=zeros, cross_k=ck, cross_v=cv,
                            encoder_mask=encoder_mask.astype(bool), growing=growing)
 
@@ -646,6 +721,13 @@ def init_params(config: T5Config, seed: int = 0, encoder_length: int = 8, decode
     dec = jnp.ones((1, decoder_length), jnp.int32)
     variables = jax.jit(model.init)(jax.random.PRNGKey(seed), enc, dec)
     return nn.unbox(variables["params"])
+
+
+def with_stacked_layers(params: dict, config: T5Config) -> dict:
+    """Parameters whose encoder and decoder layers are stacked once (`layer_stack.with_stacked_layers`), for a
+    scanning `T5` called many times inside one jitted program (a search: one call per docid level)."""
+    return {**params, "encoder": layer_stack.with_stacked_layers(params["encoder"], config.num_layers),
+            "decoder": layer_stack.with_stacked_layers(params["decoder"], config.num_decoder_layers)}
 
 
 def param_axes(config: T5Config) -> Any:

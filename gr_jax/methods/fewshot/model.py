@@ -310,12 +310,18 @@ class FewShotRetriever:
     def _step(self, params, cache, tokens):
         return self.lm.model.apply({"params": params["lm"]}, cache, tokens, method=llama.Llama.decode_step)
 
+    def _search_params(self, params):
+        """The LM's layers stacked once a search (`llama.with_stacked_layers`), when its network scans them."""
+        if self.lm.model.scan_layers:
+            return {**params, "lm": llama.with_stacked_layers(params["lm"], self.lm.model.config)}
+        return params
+
     def searcher(self, num_beams: int) -> Searcher:
         if num_beams not in self._searchers:
             self._searchers[num_beams] = Searcher(
                 self._step, self._cache, start_token=self.start_token, eos_id=self.lm.newline_id,
                 vocab_size=self.lm.model.config.vocab_size, num_beams=num_beams, score_mode="log_softmax",
-                tile_fn=lambda cache, n: cache.repeat(n))
+                tile_fn=lambda cache, n: cache.repeat(n), params_fn=self._search_params)
         return self._searchers[num_beams]
 
     def predict_arrays(self, params, query_tokens, index, num_beams: int = 10):
