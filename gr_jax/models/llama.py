@@ -261,16 +261,20 @@ class Layer(nn.Module):
         self.mlp = MLP(c)
 
     def __call__(self, x: Array, cos: Array, sin: Array, kv: tuple[Array, Array], write_index: Array,
-                 mask_BxTxS: Array, prefix: Optional[tuple[Array, Array]]):
-        """Writes this call's keys/values into the cache slots from `write_index` and attends over them."""
+                 mask_BxTxS: Array, prefix: Optional[tuple[Array, Array]], layer: Array | int):
+        """Writes this call's keys/values into the cache slots from `write_index` of layer `layer` of the stacked
+        caches `kv` ([N, B, S, K, Q] each: one in-place update of the caches the stack carries, never a copy of
+        them) and attends over that layer's slots."""
         h = self.attention_norm(x)
         q, k_new, v_new = self.attention.project(h, cos, sin)
-        start = (0, write_index, 0, 0)
-        k = jax.lax.dynamic_update_slice(kv[0], k_new.astype(kv[0].dtype), start)
-        v = jax.lax.dynamic_update_slice(kv[1], v_new.astype(kv[1].dtype), start)
+        start = (layer, 0, write_index, 0, 0)
+        k_all = jax.lax.dynamic_update_slice(kv[0], k_new[None].astype(kv[0].dtype), start)
+        v_all = jax.lax.dynamic_update_slice(kv[1], v_new[None].astype(kv[1].dtype), start)
+        k = jax.lax.dynamic_index_in_dim(k_all, layer, keepdims=False)
+        v = jax.lax.dynamic_index_in_dim(v_all, layer, keepdims=False)
         x = x + self.attention.attend(q, k, v, mask_BxTxS, prefix)
         x = x + self.mlp(self.mlp_norm(x))
-        return nn.with_logical_constraint(x, ("batch", "length", "embed")), (k, v)
+        return nn.with_logical_constraint(x, ("batch", "length", "embed")), (k_all, v_all)
 
 
 class Llama(nn.Module):
@@ -348,21 +352,21 @@ class Llama(nn.Module):
         if self.scan_layers and not self.is_initializing():
             layer = Layer(c, parent=None)
 
-            def body(params, x, kv, _):
-                k, v, pk, pv = kv
-                return layer.apply({"params": params}, x, cos, sin, (k, v), index, mask, (pk, pv))
+            # the caches ride in the carry (updated in place, layer by layer); the shared prefix is read per layer
+            def body(params, carry, xs, _):
+                x, k, v = carry
+                i, pk, pv = xs
+                x, (k, v) = layer.apply({"params": params}, x, cos, sin, (k, v), index, mask, (pk, pv), i)
+                return (x, k, v), None
 
             stacked = layer_stack.stacked_params(self.variables["params"], layer_stack.layer_names(c.num_layers))
-            x, (new_k, new_v) = layer_stack.scan(body, stacked, x, (cache.k, cache.v, cache.prefix_k,
-                                                                      cache.prefix_v))
+            (x, new_k, new_v), _ = layer_stack.scan(body, stacked, (x, cache.k, cache.v),
+                                                    (jnp.arange(c.num_layers), cache.prefix_k, cache.prefix_v))
         else:
-            new_k, new_v = [], []
+            new_k, new_v = cache.k, cache.v
             for i, layer in enumerate(self.layers):
                 prefix = (cache.prefix_k[i], cache.prefix_v[i])
-                x, (k, v) = layer(x, cos, sin, (cache.k[i], cache.v[i]), index, mask, prefix)
-                new_k.append(k)
-                new_v.append(v)
-            new_k, new_v = jnp.stack(new_k), jnp.stack(new_v)
+                x, (new_k, new_v) = layer(x, cos, sin, (new_k, new_v), index, mask, prefix, i)
         hidden = self.final_norm(x)
         cache = cache.replace(index=index + T, positions=cache.positions + token_mask_BxT.sum(axis=1),
                               key_mask=key_mask, k=new_k, v=new_v)
