@@ -216,6 +216,7 @@ class Searcher:
     def exhaustive_scores(self, params, query_tokens, index, chunk_size: int = 512) -> np.ndarray:
         """Exact scores [B, num_docids] under the same score mode and length penalty."""
         query_tokens = jnp.asarray(query_tokens)
+        params = self._prepared(params)  # once for every chunk's steps, as a search does
         cache = self._cache(params, query_tokens, index.depth)
         return exhaustive.exhaustive_scores(self.step_fn, cache, index, batch_size=query_tokens.shape[0],
                                             score_mode=self.score_mode, length_penalty=self.length_penalty,

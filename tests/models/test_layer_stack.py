@@ -179,6 +179,8 @@ def test_t5_scanned_search_equals_the_unrolled_one(t5_pair):
     ra, rb = a.search(params, q, trie), b.search(params, q, trie)
     np.testing.assert_array_equal(np.asarray(ra.tokens), np.asarray(rb.tokens))
     assert _rel(ra.scores, rb.scores) <= TOL
+    index = TrieIndex.build(docids, vocab_size=config.vocab_size)
+    assert _rel(a.exhaustive_scores(params, q, index), b.exhaustive_scores(params, q, index)) <= TOL
 
 
 def test_decoder_only_retriever_search_with_layers_stacked_once_equals_the_unrolled():
