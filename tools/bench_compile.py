@@ -9,8 +9,13 @@ compile time and speed do not depend on their values.
   retrieval: `methods/fewshot`, issue 32's "new bank" compile).
 * t5_search: T5 configs (tiny / t5_small / t5_base), 10k random docids of 4 tokens, 16 queries, beam 10;
   two rounds in alternating order, the best compile of each variant.
+* dynamic: the dynamic-corpora protocol on the demo (`python -m gr_jax.dynamic`) for each `--dynamic` experiment:
+  a model trained `--dynamic_train_steps` steps in runs/bench_compile/<experiment>/ (once; compile time does not
+  depend on how well it is trained), then the protocol run again in a fresh process that sums every compilation
+  (trace, lowering, XLA) and counts the search's. The baseline is the same command run against another checkout
+  of the library: `PYTHONPATH=<checkout> python tools/bench_compile.py --only dynamic` (the row's `code`).
 
-    python tools/bench_compile.py                       # both, appends a section to BENCHMARKS.md
+    python tools/bench_compile.py                       # all, appends a section to BENCHMARKS.md
     python tools/bench_compile.py --only fewshot_bank --no_write
 """
 
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -121,20 +128,92 @@ def _rows(figure, model, layers, docs, depth, beams, results):
          warm_scanned_over_unrolled=round(w1 / w0, 3))
 
 
+def _dynamic_child(experiment: str, model_dir: str, train_steps: int) -> None:
+    """In its own process: one protocol run, its compile time by phase and the search's compilations."""
+    import collections
+
+    from jax._src import monitoring
+
+    from gr_jax import dynamic
+
+    total, search = collections.defaultdict(float), [0, 0.0]
+
+    def listen(event, duration, **kw):
+        if event.startswith("/jax/core/compile/"):
+            total[event.rsplit("/", 1)[-1]] += duration
+            if event.endswith("backend_compile_duration") and "_search_impl" in str(kw.get("fun_name", "")):
+                search[0] += 1
+                search[1] += duration
+
+    monitoring.register_event_duration_secs_listener(listen)
+    t0 = time.perf_counter()
+    rc = dynamic.main([f"--gin_file=gin_configs/experiments/demo/{experiment}.gin", f"--gin.MODEL_DIR='{model_dir}'",
+                       f"--gin.TRAIN_STEPS={train_steps}"])
+    wall = time.perf_counter() - t0
+    timings = json.loads(Path(model_dir, "dynamic_timing.json").read_text()) if rc == 0 else []
+    sys.stdout.write("RESULT " + json.dumps({
+        "rc": rc, "wall_s": round(wall, 1), "compile_s": round(sum(total.values()), 2),
+        "xla_compile_s": round(total["backend_compile_duration"], 2), "search_compiles": search[0],
+        "search_xla_compile_s": round(search[1], 2),
+        "search_s_per_step": [round(t["search_s"], 2) for t in timings]}) + "\n")
+
+
+def _code_revision(src: str) -> str:
+    """The commit of the checkout at `src` (+ "-dirty" with uncommitted changes under gr_jax/)."""
+    git = lambda *a: subprocess.run(["git", "-C", src, *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    dirty = "-dirty" if git("status", "--porcelain", "gr_jax") else ""
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + dirty
+
+
+def bench_dynamic(experiments, train_steps: int, baseline: str | None):
+    """Each experiment's protocol with this checkout's library and, with `baseline` (the path of another checkout),
+    with that one too, alternating, in fresh processes; then the ratio of their total compile times."""
+    for experiment in experiments:
+        model_dir = f"runs/bench_compile/{experiment}"
+        child = [sys.executable, __file__, "--_dynamic_child", experiment, model_dir, str(train_steps)]
+        libraries = [str(ROOT)] + ([str(Path(baseline).resolve())] if baseline else [])
+        if not Path(ROOT, model_dir, "model").is_dir():  # trains (the protocol's first run), not measured
+            subprocess.run(child, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True,
+                           capture_output=True)
+        rows = {}
+        for library in libraries[::-1] + libraries[1:]:  # baseline, this, baseline: both warm the disk alike
+            out = subprocess.run(child, cwd=ROOT, env={**os.environ, "PYTHONPATH": library}, check=True,
+                                 capture_output=True, text=True).stdout
+            result = json.loads(out[out.rindex("RESULT ") + 7:])
+            emit(figure="dynamic", experiment=experiment, code=_code_revision(library), **result)
+            if library not in rows or result["compile_s"] < rows[library]["compile_s"]:
+                rows[library] = result
+        if baseline:
+            emit(figure="dynamic_ratio", experiment=experiment,
+                 compile_this_over_baseline=round(rows[libraries[0]]["compile_s"] / rows[libraries[1]]["compile_s"], 3))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", action="append", choices=["fewshot_bank", "t5_search"])
+    parser.add_argument("--only", action="append", choices=["fewshot_bank", "t5_search", "dynamic"])
+    parser.add_argument("--dynamic", nargs="+", default=["dynamic_dsi_semantic", "dynamic_dsi_url"],
+                        help="demo experiments (gin_configs/experiments/demo/<name>.gin) of the dynamic rows")
+    parser.add_argument("--dynamic_train_steps", type=cli.count, default=200)
+    parser.add_argument("--dynamic_baseline", help="another checkout of the repository: its library's dynamic rows "
+                        "too, alternating with this one's (e.g. a `git worktree` of the previous commit)")
+    parser.add_argument("--_dynamic_child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--bank_docs", type=cli.count, default=2000)
     parser.add_argument("--t5", nargs="+", default=["tiny", "t5_small"], help="T5 configs of the t5_search rows")
     parser.add_argument("--no_write", action="store_true")
     args = parser.parse_args(argv)
     setup_logging()
-    parts = set(args.only or ["fewshot_bank", "t5_search"])
+    if args._dynamic_child:
+        experiment, model_dir, steps = args._dynamic_child
+        _dynamic_child(experiment, model_dir, int(steps))
+        return 0
+    parts = set(args.only or ["fewshot_bank", "t5_search", "dynamic"])
     if "fewshot_bank" in parts:
         bench_fewshot_bank(args.bank_docs)
     if "t5_search" in parts:
         for name in args.t5:
             bench_t5_search(name)
+    if "dynamic" in parts:
+        bench_dynamic(args.dynamic, args.dynamic_train_steps, args.dynamic_baseline)
     if not args.no_write:
         from gr_jax.evaluation.report import benchmark_section
 
