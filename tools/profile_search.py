@@ -27,6 +27,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from gr_jax import cli
 from gr_jax.cli import setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,8 +146,8 @@ def profile(beams: int, batch: int) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--beams", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=16, help="queries a search")
+    parser.add_argument("--beams", type=cli.count, default=10)
+    parser.add_argument("--batch", type=cli.count, default=16, help="queries a search")
     parser.add_argument("--no_write", action="store_true")
     parser.add_argument("--_time_only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
