@@ -12,11 +12,12 @@ compile time and speed do not depend on their values.
 * dynamic: the dynamic-corpora protocol on the demo (`python -m gr_jax.dynamic`) for each `--dynamic` experiment:
   a model trained `--dynamic_train_steps` steps in runs/bench_compile/<experiment>/ (once; compile time does not
   depend on how well it is trained), then the protocol run again in a fresh process that sums every compilation
-  (trace, lowering, XLA) and counts the search's. The baseline is the same command run against another checkout
-  of the library: `PYTHONPATH=<checkout> python tools/bench_compile.py --only dynamic` (the row's `code`).
+  (trace, lowering, XLA) and counts the search's. `--dynamic_baseline <checkout>` runs another checkout's library
+  too (e.g. a `git worktree` of an earlier commit), alternating with this one's; each row names its `code`.
 
     python tools/bench_compile.py                       # all, appends a section to BENCHMARKS.md
     python tools/bench_compile.py --only fewshot_bank --no_write
+    python tools/bench_compile.py --only dynamic --dynamic_baseline ../gr_jax_before   # a worktree of the baseline
 """
 
 from __future__ import annotations
