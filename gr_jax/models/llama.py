@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.models import layer_stack
+from gr_jax.models import layer_stack, random_init
 from gr_jax.models.t5 import Dense, RMSNorm, _DTYPES, gathered_logits
 
 Array = jax.Array
@@ -424,9 +424,7 @@ def prefix_cache(model: Llama, params, prefix_tokens: np.ndarray) -> LMCache:
 
 def init_params(config: LlamaConfig, seed: int = 0, length: int = 4) -> dict:
     """Random parameters (plain arrays, logical-axis boxes removed)."""
-    tokens = jnp.ones((1, length), jnp.int32)
-    variables = jax.jit(Llama(config).init)(jax.random.PRNGKey(seed), tokens)
-    return nn.unbox(variables["params"])
+    return random_init.random_params(Llama(config), seed, jnp.ones((1, length), jnp.int32))
 
 
 def with_stacked_layers(params: dict, config: LlamaConfig) -> dict:

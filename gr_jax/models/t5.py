@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.models import layer_stack
+from gr_jax.models import layer_stack, random_init
 from gr_jax.vocab import EOS_ID, PAD_ID
 
 Array = jax.Array
@@ -716,11 +716,9 @@ class T5(nn.Module):
 
 def init_params(config: T5Config, seed: int = 0, encoder_length: int = 8, decoder_length: int = 4) -> dict:
     """Random parameters (plain arrays, logical-axis boxes removed)."""
-    model = T5(config)
     enc = jnp.ones((1, encoder_length), jnp.int32)
     dec = jnp.ones((1, decoder_length), jnp.int32)
-    variables = jax.jit(model.init)(jax.random.PRNGKey(seed), enc, dec)
-    return nn.unbox(variables["params"])
+    return random_init.random_params(T5(config), seed, enc, dec)
 
 
 def with_stacked_layers(params: dict, config: T5Config) -> dict:

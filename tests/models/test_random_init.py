@@ -1,0 +1,71 @@
+"""Random initialisation (models/random_init.py): the same parameters as a plain jitted `init`, and on a GPU the
+threefry draws lowered to JAX's kernel (checked by lowering for CUDA on this CPU, with jax.export)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from jax import export
+
+from gr_jax.models import llama, random_init, t5
+
+FLAG = "jax_threefry_gpu_kernel_lowering"
+LLAMA = "llama_tiny"
+
+
+def _plain_init(module, seed, *args):
+    return nn.unbox(jax.jit(module.init)(jax.random.PRNGKey(seed), *args)["params"])
+
+
+@pytest.mark.parametrize("name", ["t5", "llama"])
+def test_same_parameters_as_a_plain_jitted_init(name):
+    if name == "t5":  # the shapes init_params traces with (a program of other shapes may fuse differently)
+        config = t5.get_config("tiny")
+        module, args, init = t5.T5(config), (jnp.ones((1, 8), jnp.int32), jnp.ones((1, 4), jnp.int32)), t5.init_params
+    else:
+        config = llama.get_config(LLAMA)
+        module, args, init = llama.Llama(config), (jnp.ones((1, 4), jnp.int32),), llama.init_params
+    ours, theirs = init(config, 3), _plain_init(module, 3, *args)
+    assert jax.tree_util.tree_structure(ours) == jax.tree_util.tree_structure(theirs)
+    for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))  # bit-identical: same bits
+    other = init(config, 4)
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b))  # the seed matters
+               for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(other)))
+
+
+def test_the_flag_is_on_while_lowering_and_restored_after():
+    seen = []
+
+    class Probe(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            seen.append(getattr(jax.config, FLAG))  # read while `init` is traced and lowered
+            return nn.Dense(3)(x)
+
+    assert getattr(jax.config, FLAG) is False
+    params = random_init.random_params(Probe(), 0, jnp.ones((1, 2)))
+    assert seen == [True] and params["Dense_0"]["kernel"].shape == (2, 3)
+    assert getattr(jax.config, FLAG) is False
+    with pytest.raises(RuntimeError):
+        with random_init.threefry_kernel():
+            raise RuntimeError("inside")
+    assert getattr(jax.config, FLAG) is False  # restored after an error too
+
+
+def test_a_t5_init_lowered_for_cuda_calls_the_kernel_not_inlined_rounds():
+    module = t5.T5(t5.get_config("tiny"))
+    ones = jnp.ones((1, 4), jnp.int32)
+
+    def cuda_text():
+        return export.export(jax.jit(module.init), platforms=["cuda"])(jax.random.PRNGKey(0), ones, ones).mlir_module()
+
+    inlined = cuda_text()
+    with random_init.threefry_kernel():
+        kernel = cuda_text()
+    n_params = len(jax.tree_util.tree_leaves(t5.init_params(t5.get_config("tiny"))))
+    assert "cu_threefry2x32" not in inlined and inlined.count("stablehlo.shift_left") > 0
+    # one kernel call per random draw (the norms' scales are ones: fewer draws than parameters), no inlined rounds
+    assert 0 < kernel.count("cu_threefry2x32") <= n_params
+    assert kernel.count("stablehlo.shift_left") == 0
