@@ -152,6 +152,32 @@ def budgets_for(postings: int, vocab: int) -> Budgets:
     return Budgets(active=int(min(vocab, 1024)), postings=int(postings), rescored=int(max(1, postings // 32)))
 
 
+RUNGS = 4  # compiled postings sizes per planner: P, P/2, P/4, P/8
+
+
+def ladder(budgets: Budgets, rungs: Optional[int] = None) -> tuple:
+    """The compiled sizes of one inverted planner, smallest first: P, P/2, … (`rungs` of them, default `RUNGS`;
+    none below 1) with the same fired-token budget and the same R rescored postings (at most the rung's P). A
+    batch takes the smallest rung that holds every query's postings (`rung_of`): the work that grows with P (the
+    postings laid out, their top-k's) then follows the batch, not the budget. A rung with P ≥ R reads the same
+    postings and rescores the same documents as the largest, so it returns its plan bit for bit; a smaller one
+    (R cut to P) can only fall back to the dense product more often, which plans the same set."""
+    sizes = sorted({max(1, budgets.postings >> i) for i in range(max(1, RUNGS if rungs is None else rungs))})
+    return tuple(budgets if size == budgets.postings else Budgets(budgets.active, size, min(size, budgets.rescored))
+                 for size in sizes)
+
+
+def rung_of(rep_BxV, start_V1, rungs: tuple):
+    """The index of the smallest rung (`ladder`) whose budgets every query of the batch fits; len(rungs) when none
+    does (the batch takes the dense product). Fired tokens: weight > 0 on a non-empty posting list."""
+    lens = start_V1[1:] - start_V1[:-1]
+    V = lens.shape[0]
+    fired = (rep_BxV[:, :V] > 0) & (lens[None, :] > 0)
+    total = jnp.where(fired, lens[None, :], 0).sum(axis=1).max()
+    over = [(fired.sum(axis=1).max() > b.active) | (total > b.postings) for b in rungs]
+    return sum(o.astype(jnp.int32) for o in over)  # fitting is monotone in P: the rungs that do not fit come first
+
+
 class Postings:
     """The set docids as an inverted index over *key ranks* (a corpus row's place when the rows are sorted by
     order key descending; `by_key[rank]` = row): for every planning-vocabulary id v, the ranks of the rows whose
@@ -291,7 +317,8 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
 def plan_from_rep(rep_BxV, set_ids_DxM, keys_D, n: int, chunk: int, postings=None, budgets: Optional[Budgets] = None,
                   exact: bool = False):
     """The planning set of a batch → (rows [B, n], s_simul [B, n], tie): through the inverted index when
-    `postings` (`Postings.device()`) and the batch fits its budgets, else the dense product; the weights must be
+    `postings` (`Postings.device()`) and the batch fits its budgets (at the smallest rung of their `ladder` that
+    holds it), else the dense product; the weights must be
     ≥ 0 (the planner's log(1 + ReLU)), which the inverted index assumes (a weight ≤ 0 fires no token). With `exact`,
     a tie at the n-th place of the dense product is settled here by key (`top_n_exact`) and `tie` is False;
     without, `tie` says the caller must redo the batch with `top_n_exact`. Traceable."""
@@ -310,8 +337,13 @@ def plan_from_rep(rep_BxV, set_ids_DxM, keys_D, n: int, chunk: int, postings=Non
         # no index, an empty one (every set docid padding) or budgets below n postings: the dense product
         return dense()
     B = rep_BxV.shape[0]
-    none = (jnp.zeros((B, n), jnp.int32), jnp.zeros((B, n), jnp.float32), jnp.zeros((), bool))
-    rows, scores, ok = jax.lax.cond(
-        inverted_fits(rep_BxV, postings[1], budgets),
-        lambda: inverted_plan(rep_BxV, set_ids_DxM, postings, n, budgets)[:3], lambda: none)
+    rungs = tuple(b for b in ladder(budgets) if b.postings + b.rescored >= n)
+
+    def none():
+        return jnp.zeros((B, n), jnp.int32), jnp.zeros((B, n), jnp.float32), jnp.zeros((), bool)
+
+    def through(b):
+        return lambda: inverted_plan(rep_BxV, set_ids_DxM, postings, n, b)[:3]
+
+    rows, scores, ok = jax.lax.switch(rung_of(rep_BxV, postings[1], rungs), [through(b) for b in rungs] + [none])
     return jax.lax.cond(ok, lambda: (rows, scores, jnp.zeros((), bool)), dense)

@@ -116,6 +116,52 @@ def test_a_batch_over_the_budgets_takes_the_dense_product(corpus):
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
+def test_the_ladder_of_compiled_postings_sizes_by_hand():
+    big = planner.budgets_for(1 << 17, 32000)
+    rungs = planner.ladder(big)
+    assert [b.postings for b in rungs] == [1 << 14, 1 << 15, 1 << 16, 1 << 17] and rungs[-1] == big
+    assert {(b.active, b.rescored) for b in rungs} == {(1024, 4096)}  # same tokens, same rescored documents
+    small = planner.Budgets(active=3, postings=13, rescored=5)
+    assert [(b.postings, b.rescored) for b in planner.ladder(small)] == [(1, 1), (3, 3), (6, 5), (13, 5)]
+    assert planner.ladder(small, rungs=1) == (small,)
+
+
+def test_the_rung_of_a_batch_by_hand():
+    # posting lists of lengths 4, 0, 2, 7 (tokens 0..3)
+    start = jnp.asarray([0, 4, 4, 6, 13], jnp.int32)
+    rungs = (planner.Budgets(2, 4, 1), planner.Budgets(2, 8, 1), planner.Budgets(2, 16, 1))
+    rep = jnp.asarray([[1.0, 0, 0, 0], [0, 9.0, 0.5, 0]])  # postings 4 and 2 (token 1 has none: not fired)
+    assert int(planner.rung_of(rep, start, rungs)) == 0
+    rep = jnp.asarray([[1.0, 0, 1.0, 0], [0, 0, 0, 0]])  # 6 postings: the 8 rung
+    assert int(planner.rung_of(rep, start, rungs)) == 1
+    rep = jnp.asarray([[1.0, 0, 0, 1.0], [0, 0, 0, 0]])  # 11
+    assert int(planner.rung_of(rep, start, rungs)) == 2
+    rep = jnp.asarray([[1.0, 0, 1.0, 1.0], [0, 0, 0, 0]])  # 13 postings but 3 fired tokens > 2: none fits
+    assert int(planner.rung_of(rep, start, rungs)) == 3
+    rep = jnp.asarray([[0, 0, 0, 1.0], [1.0, 0, 1.0, 1.0]])  # the batch's largest query decides
+    assert int(planner.rung_of(rep, start, rungs[:2])) == 2
+
+
+@pytest.mark.parametrize("fired, quick", [(3, True), (12, True), (3, False)])
+def test_every_rung_plans_what_the_largest_plans(corpus, fired, quick, monkeypatch):
+    """A batch whose postings fit a small rung (a few fired tokens, ~100 postings each, against a budget of 4096)
+    plans the same rows with the same score bits as the largest rung alone (one compiled size) and as the dense
+    product."""
+    ids, keys, post = corpus
+    rep = _queries(5, fired, values=None if quick else [0.5, 1.0])  # equal weights on several tokens: by rank
+    budgets = planner.budgets_for(1 << 12, V)
+    chosen = int(planner.rung_of(rep, post.device()[1], planner.ladder(budgets)))
+    assert chosen < planner.RUNGS - 1  # the batch runs below the largest rung
+    got = jax.device_get(planner.plan_from_rep(rep, ids, keys, N, 512, post.device(), budgets, exact=True))
+    monkeypatch.setattr(planner, "RUNGS", 1)
+    one = jax.device_get(planner.plan_from_rep(rep, ids, keys, N, 512, post.device(), budgets, exact=True))
+    dense = jax.device_get(planner.plan_from_rep(rep, ids, keys, N, 512, exact=True))
+    for want in (one, dense):
+        for b in range(B):
+            assert sorted(zip(got[0][b].tolist(), got[1][b].view(np.uint32).tolist())) == \
+                sorted(zip(want[0][b].tolist(), want[1][b].view(np.uint32).tolist()))
+
+
 @pytest.mark.slow
 def test_the_model_plans_and_ranks_the_same_with_and_without_the_index():
     """PAG's parity fixture (30 documents, n = 20): plan, rankings in every mode and the traced search are the
