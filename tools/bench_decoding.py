@@ -9,7 +9,8 @@
 (c) TrieIndex build time and bytes for random docids, L = 8, V = 2048; decode time on that trie with a
     trivial model (batch 2, beam 70: STATIC's configuration).
 (d) insert 10% new docids into a built index vs rebuilding from scratch.
-(e) GPU only: T5-base random weights, 8.8M docids, beam 10 and 100, batch 16 (skipped without a GPU).
+(e) GPU only: T5-base random weights, scanned layers, 8.8M docids, beam 10 and 100, batch 16 (skipped without a
+    GPU; `--e_docids N` runs it anywhere as a dry run that writes nothing).
 (g) GLEN: our constrained decoding + collision-free ranking (`methods/glen/model.py`) vs the same algorithm written
     as GLEN's PyTorch code runs it (`methods.glen.torch_reference.glen_rank_torch`: hidden-state feedback with a KV cache, trie masks
     from a nested dict per beam per step, top-K over K × V), same weights and docids (M 3, collisions), tiny
@@ -522,6 +523,9 @@ def main(argv=None) -> int:
             emit(figure="i_devices", skipped="host devices only: on an accelerator use the lent devices")
     if "e" in parts:
         if jax.devices()[0].platform == "gpu" or args.e_docids:  # elsewhere only as a small dry run
+            if jax.devices()[0].platform != "gpu" and not args.no_write:
+                log.info("(e) without a GPU is a dry run: BENCHMARKS.md is not written")
+                args.no_write = True
             bench_gpu(args.e_docids or 8_800_000, scan_layers=not args.e_unrolled)
         else:
             emit(figure="e_gpu_t5_base", skipped="no GPU on this machine")

@@ -1,5 +1,7 @@
-"""Random initialisation (models/random_init.py): the same parameters as a plain jitted `init`, and on a GPU the
-threefry draws lowered to JAX's kernel (checked by lowering for CUDA on this CPU, with jax.export)."""
+"""Random initialisation (models/random_init.py): the same parameters as a plain jitted `init` (on this CPU, where
+the flag changes no lowering: what is checked is that the wrapper draws what `init` draws), the flag set around
+the call, and that a CUDA lowering under it calls JAX's threefry kernel instead of inlining its rounds (lowered for
+CUDA on this CPU with jax.export; that the kernel's bits equal the inlined ones is JAX's contract, not tested here)."""
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +43,7 @@ def test_the_flag_is_on_while_lowering_and_restored_after():
     class Probe(nn.Module):
         @nn.compact
         def __call__(self, x):
-            seen.append(getattr(jax.config, FLAG))  # read while `init` is traced and lowered
+            seen.append(getattr(jax.config, FLAG))  # read while `init` is traced (lowered in the same call)
             return nn.Dense(3)(x)
 
     assert getattr(jax.config, FLAG) is False
@@ -66,6 +68,7 @@ def test_a_t5_init_lowered_for_cuda_calls_the_kernel_not_inlined_rounds():
         kernel = cuda_text()
     n_params = len(jax.tree_util.tree_leaves(t5.init_params(t5.get_config("tiny"))))
     assert "cu_threefry2x32" not in inlined and inlined.count("stablehlo.shift_left") > 0
-    # one kernel call per random draw (the norms' scales are ones: fewer draws than parameters), no inlined rounds
+    # the draws call the kernel (the text names a repeated function once: a count, not one per draw) and no
+    # threefry round is inlined
     assert 0 < kernel.count("cu_threefry2x32") <= n_params
     assert kernel.count("stablehlo.shift_left") == 0

@@ -138,24 +138,31 @@ def test_the_rung_of_a_batch_by_hand():
     assert int(planner.rung_of(rep, start, rungs)) == 2
     rep = jnp.asarray([[1.0, 0, 1.0, 1.0], [0, 0, 0, 0]])  # 13 postings but 3 fired tokens > 2: none fits
     assert int(planner.rung_of(rep, start, rungs)) == 3
-    rep = jnp.asarray([[0, 0, 0, 1.0], [1.0, 0, 1.0, 1.0]])  # the batch's largest query decides
-    assert int(planner.rung_of(rep, start, rungs[:2])) == 2
+    rep = jnp.asarray([[0, 0, 1.0, 0], [0, 0, 0, 1.0]])  # 2 and 7 postings: the batch's largest query decides
+    assert int(planner.rung_of(rep, start, rungs)) == 1
+    assert int(planner.rung_of(rep, start, rungs[:1])) == 1  # the 4 rung alone: none fits
 
 
-@pytest.mark.parametrize("fired, quick", [(3, True), (12, True), (3, False)])
-def test_every_rung_plans_what_the_largest_plans(corpus, fired, quick, monkeypatch):
+@pytest.mark.parametrize("fired, values, n, quick", [(3, None, N, True), (12, None, N, True),
+                                                    (3, [0.5, 1.0], N, False), (3, None, 700, False)])
+def test_every_rung_plans_what_the_largest_plans(corpus, fired, values, n, quick, monkeypatch):
     """A batch whose postings fit a small rung (a few fired tokens, ~100 postings each, against a budget of 4096)
-    plans the same rows with the same score bits as the largest rung alone (one compiled size) and as the dense
-    product."""
+    plans on the index, at that rung, the same rows with the same score bits as the largest rung alone (one
+    compiled size) and as the dense product: by postings (continuous weights), by rank (equal weights on several
+    tokens; fewer than n documents scoring, where the 512 rung, 512 + 128 < 700, is not compiled)."""
     ids, keys, post = corpus
-    rep = _queries(5, fired, values=None if quick else [0.5, 1.0])  # equal weights on several tokens: by rank
+    rep = _queries(5, fired, values)
     budgets = planner.budgets_for(1 << 12, V)
-    chosen = int(planner.rung_of(rep, post.device()[1], planner.ladder(budgets)))
-    assert chosen < planner.RUNGS - 1  # the batch runs below the largest rung
-    got = jax.device_get(planner.plan_from_rep(rep, ids, keys, N, 512, post.device(), budgets, exact=True))
+    rungs = tuple(b for b in planner.ladder(budgets) if b.postings + b.rescored >= n)  # as plan_from_rep keeps
+    assert len(rungs) == (3 if n == 700 else 4)
+    chosen = int(planner.rung_of(rep, post.device()[1], rungs))
+    assert chosen < len(rungs) - 1  # the batch runs below the largest rung
+    fits, took_postings = jax.device_get(planner.inverted_plan(rep, ids, post.device(), n, rungs[chosen])[2:])
+    assert bool(fits) and bool(took_postings) == quick  # the index decides, on the path this case is for
+    got = jax.device_get(planner.plan_from_rep(rep, ids, keys, n, 512, post.device(), budgets, exact=True))
     monkeypatch.setattr(planner, "RUNGS", 1)
-    one = jax.device_get(planner.plan_from_rep(rep, ids, keys, N, 512, post.device(), budgets, exact=True))
-    dense = jax.device_get(planner.plan_from_rep(rep, ids, keys, N, 512, exact=True))
+    one = jax.device_get(planner.plan_from_rep(rep, ids, keys, n, 512, post.device(), budgets, exact=True))
+    dense = jax.device_get(planner.plan_from_rep(rep, ids, keys, n, 512, exact=True))
     for want in (one, dense):
         for b in range(B):
             assert sorted(zip(got[0][b].tolist(), got[1][b].view(np.uint32).tolist())) == \
