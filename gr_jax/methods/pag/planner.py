@@ -227,11 +227,7 @@ def rounding_margin(score_B, m: int):
 
 def inverted_fits(rep_BxV, start_V1, budgets: Budgets):
     """Whether every query of the batch fits the active-token and postings budgets (cheap: one pass over V)."""
-    lens = start_V1[1:] - start_V1[:-1]
-    V = lens.shape[0]
-    fired = (rep_BxV[:, :V] > 0) & (lens[None, :] > 0)
-    total = jnp.where(fired, lens[None, :], 0).sum(axis=1)
-    return (fired.sum(axis=1) <= budgets.active).all() & (total <= budgets.postings).all()
+    return rung_of(rep_BxV, start_V1, (budgets,)) == 0
 
 
 def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
