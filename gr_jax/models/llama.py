@@ -150,6 +150,9 @@ class LMCache:
     token's absolute position); prefix_k/prefix_v: [N, 1, P, K, Q] shared by all rows (P may be 0);
     index: the next slot to write (scalar, the same for all rows: rows are left-padded); origin: the slot
     where generation started (after the prompt), so `step_index` counts generated positions (docid heads).
+    group_k/group_v [N, H, R, K, Q] and group_mask [H, R] (or None): a prompt shared by each run of B / H
+    consecutive rows (`share_rows`: n samples of one prompt read its keys/values once, not n copies); a row
+    gather must keep every row within its group.
     """
 
     index: Array
@@ -160,6 +163,9 @@ class LMCache:
     prefix_k: Array
     prefix_v: Array
     origin: Array = 0
+    group_k: Optional[Array] = None
+    group_v: Optional[Array] = None
+    group_mask: Optional[Array] = None
 
     @property
     def max_length(self) -> int:
@@ -189,6 +195,19 @@ class LMCache:
     def gather(self, rows: Array) -> "LMCache":
         return self._map_rows(lambda a, axis: jnp.take(a, rows, axis=axis))
 
+    def share_rows(self, n: int, max_length: int) -> "LMCache":
+        """n rows per row, each with `max_length` empty slots of its own, that attend to their row's slots so far
+        as a shared group (read once per step for all n): what `repeat(n)` does without copying the prompt's
+        keys/values n times. The cache's slots must all be filled (a prompt prefilled into exactly its
+        width), as the group keeps every slot and masks the empty ones."""
+        if self.group_k is not None:
+            raise ValueError("share_rows: this cache already shares a group; share a prompt once")
+        B = self.rows
+        own = jnp.zeros(self.k.shape[:1] + (B * n, max_length) + self.k.shape[3:], self.k.dtype)
+        return self.replace(index=jnp.zeros((), jnp.int32), origin=jnp.zeros((), jnp.int32),
+                            positions=jnp.repeat(self.positions, n), key_mask=jnp.zeros((B * n, max_length), bool),
+                            k=own, v=own, group_k=self.k, group_v=self.v, group_mask=self.key_mask)
+
     # the beam search's row hooks (`decoding.beam_search.tile_rows` / `gather_rows`)
     def tile_rows(self, n: int, rows: int) -> "LMCache":
         return self.repeat(n) if self.rows == rows else self
@@ -217,21 +236,33 @@ class Attention(nn.Module):
         return q, k, v
 
     def attend(self, q_BxTxHxQ: Array, k_BxSxKxQ: Array, v_BxSxKxQ: Array, mask_BxTxS: Array,
-               prefix: Optional[tuple[Array, Array]]) -> Array:
-        """Softmax attention in float32 over the shared prefix (all of it) and the row's own slots (where
-        `mask` allows), without repeating keys for the G query heads of a key/value head."""
+               prefix: Optional[tuple[Array, Array]], group: Optional[tuple[Array, Array, Array]] = None) -> Array:
+        """Softmax attention in float32 over the shared prefix (all of it), the row's group (`LMCache.share_rows`:
+        keys [H, R, K, Q] shared by B / H consecutive rows, where its mask [H, R] allows) and the row's own slots
+        (where `mask` allows), without repeating keys for the G query heads of a key/value head."""
         c = self.config
         B, T = q_BxTxHxQ.shape[:2]
         G = c.num_heads // c.num_kv_heads
         q = q_BxTxHxQ.reshape(B, T, c.num_kv_heads, G, c.q_dim) * jnp.asarray(c.q_dim ** -0.5, q_BxTxHxQ.dtype)
+        low = jnp.finfo(jnp.float32).min
         scores = jnp.einsum("btkgq,bskq->bkgts", q, k_BxSxKxQ, preferred_element_type=jnp.float32)
-        scores = jnp.where(mask_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        scores = jnp.where(mask_BxTxS[:, None, None], scores, low)
         P = 0 if prefix is None else prefix[0].shape[1]
+        R = 0 if group is None else group[0].shape[1]
+        if R:
+            H = group[0].shape[0]
+            qh = q.reshape((H, B // H) + q.shape[1:])
+            grp = jnp.einsum("hntkgq,hrkq->hnkgtr", qh, group[0], preferred_element_type=jnp.float32)
+            grp = jnp.where(group[2][:, None, None, None, None], grp, low).reshape(B, *grp.shape[2:])
+            scores = jnp.concatenate([grp, scores], axis=-1)
         if P:
             pre = jnp.einsum("btkgq,skq->bkgts", q, prefix[0][0], preferred_element_type=jnp.float32)
             scores = jnp.concatenate([pre, scores], axis=-1)
         probs = jax.nn.softmax(scores, axis=-1).astype(c.compute_dtype)
-        out = jnp.einsum("bkgts,bskq->btkgq", probs[..., P:], v_BxSxKxQ)
+        out = jnp.einsum("bkgts,bskq->btkgq", probs[..., P + R:], v_BxSxKxQ)
+        if R:
+            ph = probs[..., P:P + R].reshape((H, B // H) + probs.shape[1:-1] + (R,))
+            out = out + jnp.einsum("hnkgtr,hrkq->hntkgq", ph, group[1]).reshape(out.shape)
         if P:
             out = out + jnp.einsum("bkgts,skq->btkgq", probs[..., :P], prefix[1][0])
         return self.o(out.reshape(B, T, c.num_heads * c.q_dim))
@@ -261,7 +292,8 @@ class Layer(nn.Module):
         self.mlp = MLP(c)
 
     def __call__(self, x: Array, cos: Array, sin: Array, kv: tuple[Array, Array], write_index: Array,
-                 mask_BxTxS: Array, prefix: Optional[tuple[Array, Array]], layer: Array | int):
+                 mask_BxTxS: Array, prefix: Optional[tuple[Array, Array]], layer: Array | int,
+                 group: Optional[tuple[Array, Array, Array]] = None):
         """Writes this call's keys/values into the cache slots from `write_index` of layer `layer` of the stacked
         caches `kv` ([N, B, S, K, Q] each: one in-place update of the caches the stack carries, never a copy of
         them) and attends over that layer's slots."""
@@ -272,7 +304,7 @@ class Layer(nn.Module):
         v_all = jax.lax.dynamic_update_slice(kv[1], v_new[None].astype(kv[1].dtype), start)
         k = jax.lax.dynamic_index_in_dim(k_all, layer, keepdims=False)
         v = jax.lax.dynamic_index_in_dim(v_all, layer, keepdims=False)
-        x = x + self.attention.attend(q, k, v, mask_BxTxS, prefix)
+        x = x + self.attention.attend(q, k, v, mask_BxTxS, prefix, group)
         x = x + self.mlp(self.mlp_norm(x))
         return nn.with_logical_constraint(x, ("batch", "length", "embed")), (k_all, v_all)
 
@@ -355,18 +387,20 @@ class Llama(nn.Module):
             # the caches ride in the carry (updated in place, layer by layer); the shared prefix is read per layer
             def body(params, carry, xs, _):
                 x, k, v = carry
-                i, pk, pv = xs
-                x, (k, v) = layer.apply({"params": params}, x, cos, sin, (k, v), index, mask, (pk, pv), i)
+                i, pk, pv, gk, gv = xs
+                group = None if gk is None else (gk, gv, cache.group_mask)
+                x, (k, v) = layer.apply({"params": params}, x, cos, sin, (k, v), index, mask, (pk, pv), i, group)
                 return (x, k, v), None
 
             stacked = layer_stack.stacked_params(self.variables["params"], layer_stack.layer_names(c.num_layers))
-            (x, new_k, new_v), _ = layer_stack.scan(body, stacked, (x, cache.k, cache.v),
-                                                    (jnp.arange(c.num_layers), cache.prefix_k, cache.prefix_v))
+            xs = (jnp.arange(c.num_layers), cache.prefix_k, cache.prefix_v, cache.group_k, cache.group_v)
+            (x, new_k, new_v), _ = layer_stack.scan(body, stacked, (x, cache.k, cache.v), xs)
         else:
             new_k, new_v = cache.k, cache.v
             for i, layer in enumerate(self.layers):
                 prefix = (cache.prefix_k[i], cache.prefix_v[i])
-                x, (new_k, new_v) = layer(x, cos, sin, (new_k, new_v), index, mask, prefix, i)
+                group = None if cache.group_k is None else (cache.group_k[i], cache.group_v[i], cache.group_mask)
+                x, (new_k, new_v) = layer(x, cos, sin, (new_k, new_v), index, mask, prefix, i, group)
         hidden = self.final_norm(x)
         cache = cache.replace(index=index + T, positions=cache.positions + token_mask_BxT.sum(axis=1),
                               key_mask=key_mask, k=new_k, v=new_v)

@@ -1,7 +1,8 @@
 """Free generation with a decoder-only LM (`models.llama`): batched prompts, left-padded, prefilled at once;
 greedy or sampled continuations under one `jax.jit` with a `lax.while_loop` that stops when every row has
-ended (EOS or a stop token). For n samples of one prompt the prompt is prefilled once and its cache tiled n
-times (`LMCache.repeat`); a shared prefix (a few-shot prompt) is prefilled once for all rows (`prefix`).
+ended (EOS or a stop token). For n samples of one prompt the prompt is prefilled once and its keys/values
+are shared by the n rows, read once per step (`LMCache.share_rows`); a shared prefix (a few-shot prompt) is
+prefilled once for all rows (`prefix`).
 
 Used by `tools/generate.py`, Few-Shot GR's docid bank and the pseudo-query generator.
 """
@@ -44,13 +45,17 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, length: Optional[i
                                              "top_k"))
 def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temperature, top_p, *,
               num_samples: int, max_new_tokens: int, min_new_tokens: int, greedy: bool, top_k: int):
+    if model.scan_layers:  # the layers' weights stacked once, not at every step of the loop
+        params = llama.with_stacked_layers(params, model.config)
     variables = {"params": params}
     B, T = ids.shape
-    cache = model.apply(variables, B, T + max_new_tokens, prefix, method=llama.Llama.init_cache)
+    # n samples of a prompt share its keys/values (`share_rows`): the prompt is prefilled into exactly its width
+    width = T if num_samples > 1 else T + max_new_tokens
+    cache = model.apply(variables, B, width, prefix, method=llama.Llama.init_cache)
     hidden, cache = model.apply(variables, cache, ids, mask, method=llama.Llama.prefill_hidden)
     last = model.apply(variables, hidden[:, -1], method=llama.Llama.logits)  # the prompt's last position only
     if num_samples > 1:
-        cache = cache.repeat(num_samples)
+        cache = cache.share_rows(num_samples, max_new_tokens)
         last = jnp.repeat(last, num_samples, axis=0)
     R = B * num_samples
     is_stop = jnp.zeros((last.shape[-1],), bool).at[stop_ids].set(True)

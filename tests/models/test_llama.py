@@ -70,6 +70,50 @@ def test_shared_prefix_equals_prefilling_the_whole_sequence(tiny):
     np.testing.assert_array_equal(np.asarray(picked.k[1][0]), np.asarray(cache.k[1][1]))
 
 
+@pytest.mark.parametrize("scan", [True, False])
+def test_shared_rows_equal_the_full_forward_of_each_sample(tiny, scan):
+    """n samples that share their prompt's keys/values (`share_rows`) step as the full forward pass of
+    prefix + prompt + that sample's own tokens (the oracle: no cache at all), with left-padded prompts."""
+    model, params = tiny
+    model = llama.Llama(TINY, scan_layers=scan)
+    prefix = np.array([7, 8, 9, 10])
+    prompts = [[20, 21, 22, 23, 24], [30, 31]]  # left-padded to 5
+    ids, mask = lm_generate.left_pad(prompts, 0, 5)
+    n, steps = 3, 4
+    own = np.random.default_rng(0).integers(1, 90, (len(prompts) * n, steps))  # each sample's own tokens
+    cache = model.apply({"params": params}, 2, 5, llama.prefix_cache(model, params, prefix),
+                        method=llama.Llama.init_cache)
+    _, cache = model.apply({"params": params}, cache, jnp.asarray(ids), jnp.asarray(mask),
+                           method=llama.Llama.prefill)
+    shared = cache.share_rows(n, steps)
+    assert shared.k.shape[1:3] == (len(prompts) * n, steps) and shared.group_k.shape[1:3] == (2, 5)
+    got = []
+    for t in range(steps):
+        logits, shared = model.apply({"params": params}, shared, jnp.asarray(own[:, t]),
+                                     method=llama.Llama.decode_step)
+        got.append(np.asarray(logits))
+    got = np.stack(got, 1)  # [rows, steps, V]
+    for r in range(len(prompts) * n):
+        seq = np.concatenate([prefix, prompts[r // n], own[r]])[None]
+        want = _logits(model, params, seq)[0, -steps:]
+        # float32 sums over ≤ 13 positions in another order: 1e-5 of the largest logit (logits reach ~10)
+        np.testing.assert_allclose(got[r], want, atol=1e-5 * np.abs(want).max())
+    assert np.abs(got).max() > 1.0  # a degenerate model (all logits ~0) would pass trivially
+    with pytest.raises(ValueError, match="already shares"):
+        shared.share_rows(2, 1)
+
+
+def test_samples_of_a_shared_prompt_equal_the_prompt_repeated(tiny):
+    """Greedy rows from `num_samples` (shared prompt keys/values) are the rows of the same prompts written n
+    times with `num_samples=1` (every row its own copy of the prompt)."""
+    model, params = tiny
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
+    kw = dict(max_new_tokens=6, stop_ids=[95], prefix=llama.prefix_cache(model, params, np.array([40, 41, 42])))
+    shared = lm_generate.generate(model, params, prompts, num_samples=3, **kw)
+    copies = lm_generate.generate(model, params, [p for p in prompts for _ in range(3)], **kw)
+    assert shared == copies and len({tuple(x) for x in shared}) == 2
+
+
 def test_cached_steps_equal_the_full_forward(tiny):
     model, params = tiny
     ids = np.array([[3, 14, 15, 92, 65, 35, 89, 79]])
