@@ -82,6 +82,32 @@ def test_writer_respects_lengths_and_is_deterministic(lm):
             assert all(len(s) == 4 and all(isinstance(q, str) and q for q in s) for s in sources)
 
 
+def test_pseudo_query_docids_are_each_querys_own_greedy_continuation(lm):
+    """The paper's mode writes a docid from each pseudo-query greedily, its prompts batched by length: every
+    docid must be the greedy continuation of its own query's prompt, found here by full forward passes (no
+    cache, no batch, no shared prefix)."""
+    ctx, d = lm
+    texts = list(d.corpus.texts[:3])
+    w = fewshot.DocidWriter(num_docids=3, min_tokens=2, max_tokens=5, inputs="pseudo_queries", batch_size=2)
+    docids, sources = w.write(ctx, texts)
+    lengths = {len(w._docid_prompt_tokens(ctx, q)) for qs in sources for q in qs}
+    assert len(lengths) > 1  # prompts of several lengths: the batches are not in document order
+    prefix, stops = ctx.encode(w.prompt.prefix()), set(ctx.line_stops)
+    for per_doc, queries in zip(docids, sources):
+        for tokens, query in zip(per_doc, queries):
+            seq, want = prefix + w._docid_prompt_tokens(ctx, query), []
+            for step in range(w.max_tokens):
+                logits = np.array(ctx.model.apply({"params": ctx.params}, jnp.asarray([seq]))[0, -1])
+                if step < w.min_tokens:
+                    logits[sorted(stops)] = -np.inf
+                tok = int(np.argmax(logits))
+                if tok in stops:
+                    break
+                want.append(tok)
+                seq.append(tok)
+            assert list(tokens) == want, query
+
+
 def _oracle_scores(ctx, retriever, query_text, docids):
     """log p(docid tokens, newline | few-shot prefix, query slot, ':') by one full forward pass each."""
     prefix = ctx.encode(retriever.prompt.prefix())
