@@ -5,10 +5,13 @@ torch pinned to the same number of threads as the machine's cores:
 * greedy and beam generation (new tokens per second) at batch 1 and 16, prompts of demo documents;
 * Few-Shot GR indexing (003_fewshot_gr.txt): 10 sampled docids of up to 15 tokens per document with the
   3-shot prompt, 16 documents a batch — ours prefills the prompt prefix once and each document once for its
-  10 samples, transformers.generate reads the whole prompt for every document (num_return_sequences=10).
+  10 samples, transformers.generate reads the whole prompt for every document (num_return_sequences=10);
+* with `--paper_index`, ours in the paper's mode (10 sampled pseudo-queries per document, then a greedy docid
+  from each), the pseudo-query phase timed on its own as well.
 
     python tools/bench_lm.py                 # appends a section to BENCHMARKS.md
     python tools/bench_lm.py --no_write --quick
+    python tools/bench_lm.py --no_generation --no_index --paper_index --index_docs 64
 """
 
 from __future__ import annotations
@@ -55,7 +58,9 @@ def main(argv=None) -> int:
     parser.add_argument("--index_docs", type=cli.count, default=32, help="documents for the indexing figure")
     parser.add_argument("--repeats", type=cli.count, default=2)
     parser.add_argument("--quick", action="store_true", help="batch 1 only, no indexing figure")
-    parser.add_argument("--no_index", action="store_true", help="generation figures only")
+    parser.add_argument("--no_index", action="store_true", help="no document-mode indexing figure")
+    parser.add_argument("--no_generation", action="store_true", help="no generation figures")
+    parser.add_argument("--paper_index", action="store_true", help="the paper-mode indexing figure (ours only)")
     parser.add_argument("--no_write", action="store_true")
     args = parser.parse_args(argv)
     setup_logging()
@@ -79,7 +84,7 @@ def main(argv=None) -> int:
     corpus = demo.generate().corpus
     newline = tok.encode("\n")[0]
     T, N = args.prompt_tokens, args.new_tokens
-    for B in ((1,) if args.quick else (1, 16)):
+    for B in (() if args.no_generation else (1,) if args.quick else (1, 16)):
         # every prompt ends with a newline: the common last token the beam search starts from
         prompts = [tok.encode(corpus.texts[i])[:T - 1] + [newline] for i in range(B)]
         ids, mask = lm_generate.left_pad(prompts, config.pad_token_id)
@@ -153,6 +158,17 @@ def main(argv=None) -> int:
              prompt_tokens_first_document=prompt_len, ours_s_per_document=round(a / len(texts), 3),
              transformers_s_per_document=round(b / len(texts), 3), speedup=round(b / a, 2),
              ours_demo_corpus_minutes=round(a / len(texts) * len(corpus) / 60, 1))
+    if args.paper_index and not args.quick:
+        lm = LMContext(model, params, tok, "smollm2_135m")
+        writer = fewshot.DocidWriter(num_docids=10, inputs="pseudo_queries", batch_size=16)
+        texts = list(corpus.texts[:args.index_docs])
+        total = _timed(lambda: writer.write(lm, texts), 1)
+        queries = _timed(lambda: writer.pseudo_queries(lm, texts, writer.seed), 1)
+        per_doc = total / len(texts)
+        emit(figure="Few-Shot GR indexing, paper mode", documents=len(texts), pseudo_queries_per_document=10,
+             ours_s_per_document=round(per_doc, 3), pseudo_query_phase_s_per_document=round(queries / len(texts), 3),
+             docid_phase_s_per_document=round((total - queries) / len(texts), 3),
+             ours_demo_corpus_minutes=round(per_doc * len(corpus) / 60, 1))
     if not args.no_write:
         command = "python tools/bench_lm.py " + " ".join(argv if argv is not None else sys.argv[1:])
         from gr_jax.evaluation.report import benchmark_section
