@@ -208,6 +208,20 @@ class LMCache:
                             positions=jnp.repeat(self.positions, n), key_mask=jnp.zeros((B * n, max_length), bool),
                             k=own, v=own, group_k=self.k, group_v=self.v, group_mask=self.key_mask)
 
+    def select_rows(self, rows: Array) -> "LMCache":
+        """The rows `rows` alone, each with its group's slots (if it shares one) copied ahead of its own slots, so
+        the rows no longer need their groups: how a generation loop goes on with the few rows still running."""
+        picked = self.gather(rows)
+        if self.group_k is None:
+            return picked
+        group = rows // (self.rows // self.group_k.shape[1])
+        R = self.group_k.shape[2]
+        return picked.replace(
+            k=jnp.concatenate([jnp.take(self.group_k, group, axis=1), picked.k], axis=2),
+            v=jnp.concatenate([jnp.take(self.group_v, group, axis=1), picked.v], axis=2),
+            key_mask=jnp.concatenate([jnp.take(self.group_mask, group, axis=0), picked.key_mask], axis=1),
+            index=self.index + R, origin=self.origin + R, group_k=None, group_v=None, group_mask=None)
+
     # the beam search's row hooks (`decoding.beam_search.tile_rows` / `gather_rows`)
     def tile_rows(self, n: int, rows: int) -> "LMCache":
         return self.repeat(n) if self.rows == rows else self

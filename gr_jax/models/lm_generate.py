@@ -10,6 +10,7 @@ Used by `tools/generate.py`, Few-Shot GR's docid bank and the pseudo-query gener
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional, Sequence
 
 import jax
@@ -42,9 +43,10 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, length: Optional[i
 
 
 @functools.partial(jax.jit, static_argnames=("model", "num_samples", "max_new_tokens", "min_new_tokens", "greedy",
-                                             "top_k"))
+                                             "top_k", "tail_rows"))
 def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temperature, top_p, *,
-              num_samples: int, max_new_tokens: int, min_new_tokens: int, greedy: bool, top_k: int):
+              num_samples: int, max_new_tokens: int, min_new_tokens: int, greedy: bool, top_k: int,
+              tail_rows: tuple):
     if model.scan_layers:  # the layers' weights stacked once, not at every step of the loop
         params = llama.with_stacked_layers(params, model.config)
     variables = {"params": params}
@@ -76,9 +78,9 @@ def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temp
     out = jnp.full((R, max_new_tokens), -1, jnp.int32)
     done = jnp.zeros((R,), bool)
 
-    def cond(state):
+    def cond(state, rows_left: int = 0):
         step, _, _, _, done, _ = state
-        return (step < max_new_tokens) & ~jnp.all(done)
+        return (step < max_new_tokens) & (jnp.sum(~done) > rows_left)
 
     def body(state):
         step, cache, last, out, done, key = state
@@ -91,19 +93,36 @@ def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temp
         return step + 1, cache, logits, out, done, key
 
     state = (jnp.zeros((), jnp.int32), cache, last, out, done, key)
-    _, _, _, out, _, _ = jax.lax.while_loop(cond, body, state)
-    return out
+    return _tail_loop(state, tail_rows, cond, body)
+
+
+def _tail_loop(state, tail_rows: tuple, cond, body):
+    """Steps all rows until at most `tail_rows[0]` still run; those go on as a batch of that many rows (the
+    running ones first, then ended ones, each in row order), and so on: rows that have ended stop costing a
+    step. Returns the rows' tokens."""
+    if not tail_rows:
+        return jax.lax.while_loop(cond, body, state)[3]
+    step, cache, last, out, done, key = jax.lax.while_loop(functools.partial(cond, rows_left=tail_rows[0]), body,
+                                                           state)
+    rows = jnp.argsort(done, stable=True)[:tail_rows[0]]
+    tail = (step, cache.select_rows(rows), last[rows], out[rows], done[rows], key)
+    return out.at[rows].set(_tail_loop(tail, tail_rows[1:], cond, body))
 
 
 def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              stop_ids: Sequence[int], num_samples: int = 1, min_new_tokens: int = 0, greedy: bool = True,
              temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, seed: int = 0,
-             prefix: Optional[llama.LMCache] = None,
-             pad_length: Optional[int] = None) -> list[list[int]]:
+             prefix: Optional[llama.LMCache] = None, pad_length: Optional[int] = None,
+             tail_fraction: float = 0.25) -> list[list[int]]:
     """Continuations of token-id prompts, each cut before its stop token: a list of B · num_samples token lists
     (the samples of prompt b at rows b·n … b·n + n − 1). Sampling (greedy=False) draws from the `top_k` most
     likely tokens at `temperature`, cut to the nucleus `top_p`. With `prefix`, every prompt continues it.
-    `pad_length` fixes the padded prompt length (default: the longest, rounded up by `bucket_length`)."""
+    `pad_length` fixes the padded prompt length (default: the longest, rounded up by `bucket_length`). Once at
+    most `tail_fraction` of the rows still run, they go on as a batch that much smaller, and so on (`_tail_rows`;
+    1: never): greedy rows come out the same up to float rounding, a sample's random draws change (as they
+    change with the batch)."""
+    if not 0 < tail_fraction <= 1:
+        raise ValueError(f"generate: tail_fraction must be in (0, 1], got {tail_fraction}")
     if not stop_ids:
         raise ValueError("generate needs at least one stop id (e.g. the tokenizer's EOS)")
     ids, mask = left_pad(prompts, model.config.pad_token_id, pad_length)
@@ -112,7 +131,8 @@ def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, ma
     out = _generate(model, params, jnp.asarray(ids), jnp.asarray(mask), prefix,
                     jnp.asarray(list(stop_ids), jnp.int32), jax.random.PRNGKey(seed), jnp.float32(temperature),
                     jnp.float32(top_p), num_samples=num_samples, max_new_tokens=max_new_tokens,
-                    min_new_tokens=min_new_tokens, greedy=greedy, top_k=min(top_k, model.config.vocab_size))
+                    min_new_tokens=min_new_tokens, greedy=greedy, top_k=min(top_k, model.config.vocab_size),
+                    tail_rows=_tail_rows(len(prompts) * num_samples, tail_fraction))
     stops = set(int(s) for s in stop_ids)
     result = []
     for row in np.asarray(out).tolist():
@@ -123,6 +143,20 @@ def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, ma
             toks.append(t)
         result.append(toks)
     return result
+
+
+def _tail_rows(rows: int, fraction: float) -> tuple:
+    """The batch sizes the running rows move to: rows · fraction, rows · fraction², … while that is under
+    the previous size and at least 8 rows (or one step to 1 row)."""
+    out = []
+    size = rows
+    while fraction < 1:
+        nxt = max(1, math.ceil(size * fraction))
+        if nxt >= size or (out and nxt < 8):
+            break
+        out.append(nxt)
+        size = nxt
+    return tuple(out)
 
 
 @functools.partial(jax.jit, static_argnames=("model",))

@@ -103,6 +103,48 @@ def test_shared_rows_equal_the_full_forward_of_each_sample(tiny, scan):
         shared.share_rows(2, 1)
 
 
+def test_selected_rows_go_on_as_the_full_forward_of_each_sample(tiny):
+    """`select_rows` after some shared steps: the chosen rows (their group's slots copied ahead of their own)
+    step on as the full forward pass of prefix + prompt + that row's tokens."""
+    model, params = tiny
+    prefix, prompts = np.array([7, 8, 9]), [[20, 21, 22, 23], [30, 31]]
+    ids, mask = lm_generate.left_pad(prompts, 0, 4)
+    n, steps, rows = 3, 5, np.array([5, 0, 3])
+    own = np.random.default_rng(1).integers(1, 90, (len(prompts) * n, steps))
+    cache = model.apply({"params": params}, 2, 4, llama.prefix_cache(model, params, prefix),
+                        method=llama.Llama.init_cache)
+    _, cache = model.apply({"params": params}, cache, jnp.asarray(ids), jnp.asarray(mask),
+                           method=llama.Llama.prefill)
+    cache = cache.share_rows(n, steps)
+    for t in range(2):
+        _, cache = model.apply({"params": params}, cache, jnp.asarray(own[:, t]), method=llama.Llama.decode_step)
+    cache = cache.select_rows(jnp.asarray(rows))
+    assert cache.group_k is None and cache.k.shape[1:3] == (3, 4 + steps)
+    for t in range(2, steps):
+        logits, cache = model.apply({"params": params}, cache, jnp.asarray(own[rows, t]),
+                                    method=llama.Llama.decode_step)
+    for i, r in enumerate(rows):
+        want = _logits(model, params, np.concatenate([prefix, prompts[r // n], own[r]])[None])[0, -1]
+        # float32 sums over ≤ 12 positions in another order: 1e-5 of the largest logit
+        np.testing.assert_allclose(np.asarray(logits)[i], want, atol=1e-5 * np.abs(want).max())
+
+
+def test_rows_still_running_go_on_as_a_smaller_batch(tiny):
+    """Greedy rows are the same whether the rows still running move to a smaller batch or not, with rows that
+    end at different steps (a third of the vocabulary stops a row)."""
+    model, params = tiny
+    prompts = [[5 + i, 6, 7 + 2 * i] for i in range(16)]  # 32 rows: fraction 0.5 moves them to 16, then 8
+    kw = dict(max_new_tokens=8, stop_ids=list(range(60, 90)), num_samples=2,
+              prefix=llama.prefix_cache(model, params, np.array([40, 41])))
+    whole = lm_generate.generate(model, params, prompts, tail_fraction=1.0, **kw)
+    assert len({len(x) for x in whole}) > 2  # rows end at several steps
+    assert lm_generate._tail_rows(32, 0.5) == (16, 8) and lm_generate._tail_rows(32, 0.01) == (1,)
+    for fraction in (0.5, 0.25, 0.01):
+        assert lm_generate.generate(model, params, prompts, tail_fraction=fraction, **kw) == whole
+    with pytest.raises(ValueError, match="tail_fraction"):
+        lm_generate.generate(model, params, prompts, tail_fraction=0.0, **kw)
+
+
 def test_samples_of_a_shared_prompt_equal_the_prompt_repeated(tiny):
     """Greedy rows from `num_samples` (shared prompt keys/values) are the rows of the same prompts written n
     times with `num_samples=1` (every row its own copy of the prompt)."""
