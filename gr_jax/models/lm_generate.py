@@ -146,8 +146,8 @@ def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, ma
 
 
 def _tail_rows(rows: int, fraction: float) -> tuple:
-    """The batch sizes the running rows move to: rows · fraction, rows · fraction², … while that is under
-    the previous size and at least 8 rows (or one step to 1 row)."""
+    """The batch sizes the running rows move to: rows · fraction (rounded up, at least 1), then · fraction again
+    while that is under the previous size and at least 8 rows."""
     out = []
     size = rows
     while fraction < 1:
