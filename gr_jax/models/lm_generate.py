@@ -47,8 +47,6 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, length: Optional[i
 def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temperature, top_p, *,
               num_samples: int, max_new_tokens: int, min_new_tokens: int, greedy: bool, top_k: int,
               tail_rows: tuple):
-    if model.scan_layers:  # the layers' weights stacked once, not at every step of the loop
-        params = llama.with_stacked_layers(params, model.config)
     variables = {"params": params}
     B, T = ids.shape
     # n samples of a prompt share its keys/values (`share_rows`): the prompt is prefilled into exactly its width
