@@ -222,10 +222,66 @@ def _pad_beams(state: _State, idx, N: int):
     return state, jnp.concatenate([idx, jnp.zeros((B, N - k), idx.dtype)], axis=1)
 
 
+def _fixed(cache, max_length: int):
+    """The cache with a fixed number of positions, so that a step keeps its shapes: a cache object with
+    `to_fixed(max_length)` (a growing T5 cache) pads itself to `max_length` slots; other leaves as they are."""
+    has = lambda x: hasattr(x, "to_fixed")  # noqa: E731
+    return jax.tree_util.tree_map(lambda x: x.to_fixed(max_length) if has(x) else x, cache, is_leaf=has)
+
+
+def _growing(cache):
+    """The cache after a run, growing again where it was padded (`to_growing`: every slot is now written)."""
+    has = lambda x: hasattr(x, "to_growing")  # noqa: E731
+    return jax.tree_util.tree_map(lambda x: x.to_growing() if has(x) else x, cache, is_leaf=has)
+
+
+def _scan_run(run: int, start: int, stop: int, has_leaves: bool, step_fn: StepFn, cache, last, alive: _State,
+              finished: _State, constraint, *, N: int, score_mode: str, length_penalty: float, start_token: int,
+              accumulate_bonus: bool, project_fn, keep_history: bool):
+    """Levels start .. stop − 1 (1 ≤ start, stop < T) as one `lax.scan` over the depth: the body is the loop's
+    level with d traced (the constraint's `children_in_run`), the cache reordered after every level. Returns
+    (cache, last, alive, finished, the alive beams of every level stacked on axis 1 or None)."""
+    B, T = alive.tokens.shape[0], alive.tokens.shape[2]
+    # the length penalties as the unrolled loop computes them (in double on the host), indexed by d
+    penalties = jnp.asarray([float(d + 1) ** length_penalty for d in range(T)], jnp.float32)
+
+    def level(carry, d):
+        cache, last, src, finished = carry
+        logits, cache = step_fn(cache, last)
+        logits = logits.reshape(B, N, -1).astype(jnp.float32)
+        tokens, child, leaf, valid = constraint.children_in_run(run, d, src.node)
+        valid = valid & src.valid[..., None]
+        step = _token_scores(logits, tokens, valid, score_mode, project_fn, constraint.vocab_size)
+        score = src.score[..., None] + step
+        prune = (src.prune if accumulate_bonus else src.score)[..., None] + step
+        C = step.shape[-1]
+        is_leaf = leaf >= 0
+        if has_leaves:
+            penalty = penalties[d]
+            leaf_prune = jnp.where(is_leaf, prune, NEG_INF).reshape(B, N * C)
+            _, idx = jax.lax.top_k(leaf_prune, min(N, N * C))
+            new = _extend(src, idx, C, d, tokens, score / penalty, jnp.where(is_leaf, prune, NEG_INF) / penalty,
+                          child, leaf, d + 1)
+            finished = _merge_finished(finished, new, N)
+        _, idx = jax.lax.top_k(jnp.where(is_leaf, NEG_INF, prune).reshape(B, N * C), min(N, N * C))
+        alive, idx = _select(src, idx, C, d, tokens, score, jnp.where(is_leaf, NEG_INF, prune), child, N)
+        rows = (jnp.arange(B)[:, None] * N + idx // C).reshape(-1)
+        cache = gather_rows(cache, rows, B * N)
+        last = jnp.where(alive.valid, jnp.take_along_axis(alive.tokens, jnp.full((B, N, 1), d), axis=2)[..., 0],
+                         start_token).reshape(-1)
+        return (cache, last, alive, finished), (alive if keep_history else None)
+
+    # the run's steps write positions start .. stop − 1: a cache of `stop` slots holds them all, and is full after
+    (cache, last, alive, finished), levels = jax.lax.scan(
+        level, (_fixed(cache, stop), last, alive, finished), jnp.arange(start, stop, dtype=jnp.int32))
+    return _growing(cache), last, alive, finished, levels
+
+
 def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: int, num_beams: int,
                 score_mode: str = "log_softmax", length_penalty: float = 0.0, bonus_fn: Optional[BonusFn] = None,
                 query_state=None, start_token: int = 0, tile_fn=None, accumulate_bonus: bool = True,
-                project_fn: Optional[ProjectFn] = None, keep_history: bool = False) -> BeamResult:
+                project_fn: Optional[ProjectFn] = None, keep_history: bool = False,
+                scan_levels: bool = False) -> BeamResult:
     """Constrained beam search (pure; call it under `jax.jit`). `cache` has `batch_size` rows; `constraint`
     follows `index.constraint.Constraint` (a `DeviceTrie`, a substring index, ...) and sets the number of steps.
 
@@ -243,12 +299,37 @@ def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: i
 
     `keep_history`: also return the alive beams of every level (`BeamResult.history`), the last level's
     selection included.
+
+    `scan_levels`: each run of levels the constraint serves with a traced depth (`level_runs()` /
+    `children_in_run`: a `DeviceTrie`'s runs of CSR levels of one slot budget) is one compiled body in a
+    `lax.scan` instead of one copy per level, so compile time grows with the runs, not the depth. The step
+    function is then traced with a cache of fixed shapes (a growing T5 cache is padded to T positions from
+    the run on: `to_fixed`); every level scores, selects and breaks ties as the unrolled loop does (a run's
+    levels pad their slots to the run's C with invalid slots, which keeps the (beam, slot) order). Without a
+    bonus only: `bonus_fn` takes its level as a Python int (PAG's per-level tables), so a search with one
+    runs unrolled.
     """
     B, N, T = batch_size, num_beams, constraint.depth  # T decoding steps
     alive = _root(B, N, T, constraint.root((B, N)))
     finished = _empty(B, N, T, alive.node)
     last, levels = None, []
-    for d in range(T):
+    runs = {}
+    if scan_levels and bonus_fn is None and hasattr(constraint, "level_runs"):
+        for r, (a, b) in enumerate(constraint.level_runs()):
+            if 1 <= a and b < T and b - a >= 2:
+                runs[a] = (r, b, any(constraint.has_leaves(d) for d in range(a, b)))
+    d = 0
+    while d < T:
+        if d in runs:
+            r, stop, run_leaves = runs[d]
+            cache, last, alive, finished, run_levels = _scan_run(
+                r, d, stop, run_leaves, step_fn, cache, last, alive, finished, constraint, N=N,
+                score_mode=score_mode, length_penalty=length_penalty, start_token=start_token,
+                accumulate_bonus=accumulate_bonus, project_fn=project_fn, keep_history=keep_history)
+            if keep_history:
+                levels += [jax.tree_util.tree_map(lambda x, i=i: x[i], run_levels) for i in range(stop - d)]
+            d = stop
+            continue
         logits, cache, src = _step(step_fn, cache, last, alive, tile_fn, d, B, N, start_token)
         n = src.score.shape[1]
         tokens, child, leaf, valid = constraint.children(d, src.node)
@@ -276,6 +357,7 @@ def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: i
             levels.append(alive)
             if d + 1 < T:
                 cache, last = _reorder(alive, idx, C, d, cache, N, start_token)
+        d += 1
     return _result(finished, _history(levels) if keep_history else None)
 
 

@@ -11,6 +11,12 @@ axes first (a trie's node id; a substring index's suffix-array range), and asks 
     has_leaves(d)         (static) whether some child at step d can be a leaf;
     depth, vocab_size     (static) decoding steps and the model's vocabulary.
 
+Optionally, for a search that runs several steps as one compiled body (`beam_search(scan_levels=True)`):
+
+    level_runs()                 (static) (start, stop) of each run of consecutive steps served below;
+    children_in_run(r, d, state) `children` at step d of run r, with d a traced int32 scalar and the same
+                                 slot count C at every step of the run (slots past a step's own are invalid).
+
 `index.device.DeviceTrie` (docids as root-to-leaf paths) and `index.substring.DeviceSubstrings` (any n-gram of
 any document) implement it; a method may bring its own. A beam holding nothing carries -1 in every state
 array (its `valid` is False, so the constraint never reads it as a prefix).

@@ -27,18 +27,33 @@ class LevelSpec:
     leaf_base: int  # first leaf id at depth d+1 ("all" / "some")
     has_leaves: bool  # some child at depth d+1 is a leaf
     vocab_size: int
+    run: int = -1  # the level's arrays sit in `DeviceTrie.runs[run]` at position `run_pos` (-1: in `levels[d]`)
+    run_pos: int = 0
 
     @property
     def num_slots(self) -> int:
         return self.vocab_size if self.dense else self.max_children
 
 
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """Static facts of a run: consecutive CSR levels [start, stop) whose arrays are stored together, so that a
+    search reads any of them with the depth as a traced value (`DeviceTrie.children_in_run`)."""
+
+    start: int
+    stop: int
+    slots: int  # C: child slots per beam at every level of the run (≥ each level's own K, a power of two)
+    has_leaves: bool  # some level of the run has leaves among its children
+
+
 @flax.struct.dataclass
 class DeviceTrie:
-    levels: tuple  # per depth d in [0, depth): dict of arrays
+    levels: tuple  # per depth d in [0, depth): dict of arrays ({} for a level stored in a run)
     specs: tuple = flax.struct.field(pytree_node=False)  # per depth: LevelSpec
     vocab_size: int = flax.struct.field(pytree_node=False)
     eos_id: Optional[int] = flax.struct.field(pytree_node=False)
+    runs: tuple = ()  # per run: dict of arrays (`_run_arrays`)
+    run_specs: tuple = flax.struct.field(pytree_node=False, default=())  # per run: RunSpec
 
     @property
     def depth(self) -> int:
@@ -54,6 +69,16 @@ class DeviceTrie:
     def has_leaves(self, d: int) -> bool:
         return self.specs[d].has_leaves
 
+    def level_runs(self) -> tuple:
+        """(start, stop) of each run of levels that `children_in_run` serves with a traced depth."""
+        return tuple((r.start, r.stop) for r in self.run_specs)
+
+    def children_in_run(self, run: int, d, node: jax.Array):
+        """`children` at a depth d (a traced int32 scalar, start ≤ d < stop) of run `run` (static): the run's C
+        slots per beam at every one of its levels."""
+        spec = self.run_specs[run]
+        return _run_candidates(self.runs[run], d - spec.start, node, spec.slots)
+
 
 def to_device(index) -> DeviceTrie:
     """Copies a TrieIndex to the default device.
@@ -68,19 +93,36 @@ def to_device(index) -> DeviceTrie:
     node, or a level its first leaf. The price, while inserted nodes are in a level: its child and leaf ids are
     stored (int32) at up to 4× the built level's size, and a beam gathers up to 2–4× its slots (`compact()` folds
     them back). The fold re-sorts the level's children at each `device()` after an insert (~0.15 s at 500k).
-    A level without inserted nodes keeps its compact form (child id = CSR position, leaves by rule)."""
-    levels, specs = [], []
+    A level without inserted nodes keeps its compact form (child id = CSR position, leaves by rule).
+
+    **Runs** (`_plan_runs`): consecutive CSR levels between the first and the last (1 ≤ d < depth − 1) with
+    similar K (a slot budget C per run, a power of two) are stored together in the table form (`_run_arrays`:
+    child and leaf ids stored, one int32 each per child), so that a search runs them as one compiled body over a
+    traced depth (`children_in_run`; `decoding.beam_search`'s `scan_levels`). A run has at least two levels."""
+    levels, specs, facts, kids = [], [], [], {}
     V = index.vocab_size
     for d in range(index.depth):
-        arrays = {}
         dense = index.decode_dense[d]
         x = index.extras[d]
         leaf_mode = "all" if index.leaf_all[d + 1] else ("some" if index.leaf_rank[d + 1] is not None else "none")
         has_leaves = leaf_mode != "none" or bool(len(x) and (x.leaf >= 0).any())
-        rows, K, leaf_base = index.main_nodes[d], (0 if dense else index.max_children[d]), index.leaf_base[d + 1]
-        if len(x) or index.new_nodes[d]:
-            parent, token, child, leaf = _children(index, d, leaf_mode, x)
+        rows, K = index.main_nodes[d], (0 if dense else index.max_children[d])
+        inserted = bool(len(x) or index.new_nodes[d])
+        if inserted:
             rows = _capacity(max(index.nodes_at(d), 2 * index.main_nodes[d]))
+            kids[d] = _children(index, d, leaf_mode, x)
+            if not dense:
+                parent = kids[d][0]
+                K = _capacity(max(np.bincount(parent, minlength=rows).max(), 2 * K)) if len(parent) else 0
+        facts.append((dense, K, rows, leaf_mode, has_leaves, inserted))
+    runs = _plan_runs([(f[0], f[1]) for f in facts])
+    in_run = {d: (r, d - a) for r, (a, b) in enumerate(runs) for d in range(a, b)}
+    for d, (dense, K, rows, leaf_mode, has_leaves, inserted) in enumerate(facts):
+        arrays, leaf_base = {}, index.leaf_base[d + 1]
+        if d in in_run:
+            leaf_mode, leaf_base = "run", 0
+        elif inserted:
+            parent, token, child, leaf = kids[d]
             if dense:
                 arrays["dense"] = _scatter(rows, V, parent, token, child)
                 if has_leaves:
@@ -88,7 +130,6 @@ def to_device(index) -> DeviceTrie:
             else:
                 order = np.lexsort((token, parent))
                 counts = np.bincount(parent, minlength=rows)
-                K = _capacity(max(counts.max(), 2 * K)) if len(parent) else 0
                 offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
                 arrays["offsets"] = jnp.asarray(offsets.astype(np.int32 if offsets[-1] < 2**31 else np.int64))
                 cap = _capacity(max(len(parent), 2 * len(index.tokens[d + 1])))
@@ -102,10 +143,85 @@ def to_device(index) -> DeviceTrie:
             arrays["tokens"] = jnp.asarray(index.tokens[d + 1])
         if leaf_mode == "some":
             arrays["leaf_rank"] = jnp.asarray(index.leaf_rank[d + 1])
+        run, pos = in_run.get(d, (-1, 0))
         specs.append(LevelSpec(dense=dense, max_children=K, n_main=rows, leaf_mode=leaf_mode,
-                               leaf_base=int(leaf_base), has_leaves=has_leaves, vocab_size=V))
+                               leaf_base=int(leaf_base), has_leaves=has_leaves, vocab_size=V, run=run, run_pos=pos))
         levels.append(arrays)
-    return DeviceTrie(levels=tuple(levels), specs=tuple(specs), vocab_size=V, eos_id=index.eos_id)
+    run_arrays = tuple(_run_arrays(index, a, b, [facts[d] for d in range(a, b)], kids) for a, b in runs)
+    run_specs = tuple(RunSpec(start=a, stop=b, slots=_capacity(facts[a][1]),
+                              has_leaves=any(facts[d][4] for d in range(a, b))) for a, b in runs)
+    return DeviceTrie(levels=tuple(levels), specs=tuple(specs), vocab_size=V, eos_id=index.eos_id,
+                      runs=run_arrays, run_specs=run_specs)
+
+
+RUN_PADDING = 4  # a run's slot budget C is at most this many times a level's own (power-of-two) K
+
+
+def _plan_runs(levels: list[tuple[bool, int]]) -> list[tuple[int, int]]:
+    """Runs [start, stop) of ≥ 2 consecutive CSR levels with children (K > 0), 1 ≤ d < depth − 1. A run's C is
+    its first level's K rounded up to a power of two; the next levels join while theirs is at most C and at least
+    C / RUN_PADDING (a docid trie's K shrinks with depth: a few runs cover the deep levels, and no level gathers
+    more than RUN_PADDING× its slots). `levels`: (dense, K) per depth."""
+    runs, start, C = [], None, 0
+    cap = lambda d: None if levels[d][0] or levels[d][1] == 0 else _capacity(levels[d][1])  # noqa: E731
+    for d in range(1, len(levels)):
+        last = d == len(levels) - 1  # the last level ends every run (it selects no next beams)
+        if start is not None and (last or cap(d) is None or not C // RUN_PADDING <= cap(d) <= C):
+            if d - start >= 2:
+                runs.append((start, d))
+            start = None
+        if start is None and not last and cap(d) is not None:
+            start, C = d, cap(d)
+    return runs
+
+
+def _run_arrays(index, start: int, stop: int, facts: list, kids: dict) -> dict:
+    """The levels [start, stop) in one table: per level its (parent, token)-sorted children with their child ids
+    (at depth d + 1) and leaf ids, concatenated; `offsets` holds each level's CSR offsets shifted to the level's
+    first child, from `node_base[i]` on, and `rows[i]` its rows. With inserted nodes in a level the arrays are
+    padded to a power of two, at least twice the built trie's sizes (the shapes survive further inserts)."""
+    offsets, tokens, child, leaf, node_base, rows_of = [], [], [], [], [], []
+    n_offsets = n_children = built = 0
+    for i, d in enumerate(range(start, stop)):
+        _, _, rows, leaf_mode, _, _ = facts[i]
+        parent, tok, ch, lf = kids[d] if d in kids else _children(index, d, leaf_mode, index.extras[d])
+        order = np.lexsort((tok, parent))
+        counts = np.bincount(parent, minlength=rows)
+        offsets.append(n_children + np.concatenate([[0], np.cumsum(counts)]))
+        for out, a in ((tokens, tok), (child, ch), (leaf, lf)):
+            out.append(a[order])
+        node_base.append(n_offsets)
+        rows_of.append(rows)
+        n_offsets += rows + 1
+        n_children += len(parent)
+        built += len(index.tokens[d + 1]) + index.main_nodes[d] + 1
+    grown = any(f[5] for f in facts)
+    offsets, tokens, child, leaf = (np.concatenate(a) for a in (offsets, tokens, child, leaf))
+    cap_o = _capacity(max(len(offsets), 2 * built)) if grown else len(offsets)
+    cap_c = _capacity(max(len(tokens), 2 * built)) if grown else len(tokens)
+    wide = offsets[-1] >= 2**31
+    return {"offsets": jnp.asarray(np.pad(offsets, (0, cap_o - len(offsets)), mode="edge")
+                                   .astype(np.int64 if wide else np.int32)),
+            "tokens": jnp.asarray(np.pad(tokens, (0, cap_c - len(tokens)), constant_values=-1).astype(np.int32)),
+            "child": jnp.asarray(np.pad(child, (0, cap_c - len(child)), constant_values=-1)),
+            "leaf": jnp.asarray(np.pad(leaf, (0, cap_c - len(leaf)), constant_values=-1)),
+            "node_base": jnp.asarray(np.asarray(node_base, np.int64 if wide else np.int32)),
+            "rows": jnp.asarray(np.asarray(rows_of, np.int32))}
+
+
+def _run_candidates(arr: dict, i, node: jax.Array, slots: int):
+    """Child slots of nodes at the i-th level of a run (i: a Python int or a traced scalar): `level_candidates`'
+    outputs with `slots` slots per node."""
+    rows = arr["rows"][i]
+    on_main = (node >= 0) & (node < rows)
+    safe = arr["node_base"][i] + jnp.clip(node, 0, jnp.maximum(rows - 1, 0)).astype(arr["node_base"].dtype)
+    start = arr["offsets"][safe]
+    count = jnp.where(on_main, arr["offsets"][safe + 1] - start, 0)
+    slot = jnp.arange(slots, dtype=start.dtype)
+    valid = slot < count[..., None]
+    pos = jnp.where(valid, start[..., None] + slot, 0)
+    return (arr["tokens"][pos], jnp.where(valid, arr["child"][pos], -1),
+            jnp.where(valid, arr["leaf"][pos], -1), valid)
 
 
 def _children(index, d: int, leaf_mode: str, x) -> tuple[np.ndarray, ...]:
@@ -139,6 +255,8 @@ def level_candidates(trie: DeviceTrie, d: int, node: jax.Array):
     [..., C] at depth d+1, leaf ids [..., C] (-1: not a leaf), valid [..., C]) with C = spec.num_slots.
     """
     spec, arr = trie.specs[d], trie.levels[d]
+    if spec.run >= 0:
+        return _run_candidates(trie.runs[spec.run], spec.run_pos, node, spec.max_children)
     on_main = (node >= 0) & (node < spec.n_main)
     safe = jnp.clip(node, 0, max(spec.n_main - 1, 0))
     tokens, leaf = None, None

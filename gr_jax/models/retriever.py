@@ -41,7 +41,7 @@ class GenerativeRetriever:
     def __init__(self, config: t5.T5Config, head=None, score_mode: str = "log_softmax",
                  length_penalty: Signed = 0.0, *, network=None, objective: Optional[Callable] = None,
                  ranker: Optional[Callable] = None, bonus_fn: Optional[Callable] = None,
-                 query_state_fn: Optional[Callable] = None):
+                 query_state_fn: Optional[Callable] = None, scan_levels: bool = False):
         if not isinstance(config, t5.T5Config) and network is None:
             raise ValueError(f"{type(self).__name__} builds a T5 from a T5Config, got a {type(config).__name__}; for "
                              f"a decoder-only LM set prepare.model_fn = @DecoderOnlyRetriever (e.g. "
@@ -55,6 +55,7 @@ class GenerativeRetriever:
         self.ranker = ranker if ranker is not None else rankers.FirstOccurrence()
         self.bonus_fn = bonus_fn
         self.query_state_fn = query_state_fn
+        self.scan_levels = scan_levels  # the trie's runs of levels in one compiled body (Searcher's scan_levels)
         self._searchers: dict[int, Searcher] = {}
 
     @property
@@ -153,7 +154,7 @@ class GenerativeRetriever:
                 vocab_size=self.head.output_size(self.config), num_beams=num_beams, score_mode=self.score_mode,
                 length_penalty=self.length_penalty, bonus_fn=self.bonus_fn, tile_fn=self._tile,
                 project_fn=self._project if split else None, keep_history=keep_history,
-                params_fn=self._search_params)
+                params_fn=self._search_params, scan_levels=self.scan_levels)
         return self._searchers[key]
 
     def _search_params(self, params):

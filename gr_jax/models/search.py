@@ -47,7 +47,8 @@ def t5_project(model: t5.T5, params, hidden, tokens=None):
 
 def t5_cache(model: t5.T5, params, query_tokens, max_length: int):
     """The search's decode cache: a growing one (`DecodeCache.growing`: each level attends to and reorders only
-    the positions decoded so far), since the searches unroll one Python step per level."""
+    the positions decoded so far) for the levels the search unrolls; a run of levels in a `lax.scan` pads it to
+    the run's last position (`DecodeCache.to_fixed`) and lets it grow again after."""
     mask = query_tokens != model.config.pad_token_id
     encoded = model.apply({"params": params}, query_tokens, mask, method=t5.T5.encode)
     return model.apply({"params": params}, encoded, mask, max_length, True, method=t5.T5.init_cache)
@@ -100,7 +101,7 @@ class Searcher:
                  num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
                  bonus_fn: Optional[bs.BonusFn] = None, tile_fn: Callable = share_encoder,
                  accumulate_bonus: bool = True, project_fn: Optional[Callable] = None, mesh="auto",
-                 keep_history: bool = False, params_fn: Optional[Callable] = None):
+                 keep_history: bool = False, params_fn: Optional[Callable] = None, scan_levels: bool = False):
         self.params_fn = params_fn  # params → the form the steps read, once per search (stacked layers)
         self.step_fn = step_fn  # one object: exhaustive scoring compiles once
         self._mesh_arg = mesh
@@ -118,6 +119,9 @@ class Searcher:
         self.tile_fn = tile_fn
         self.accumulate_bonus = accumulate_bonus
         self.keep_history = keep_history  # BeamResult.history: the alive beams of every level (SEAL's n-grams)
+        # a constraint's runs of levels as one compiled body each (`beam_search`'s scan_levels): the step function
+        # must then keep its cache's shapes from step to step (a fixed cache; a growing T5 cache is made fixed)
+        self.scan_levels = scan_levels
         self._cache = jax.jit(cache_fn, static_argnums=(2,))
         self._search = jax.jit(self._search_impl)
         self._unconstrained = jax.jit(self._unconstrained_impl, static_argnames=("max_length",))
@@ -134,7 +138,8 @@ class Searcher:
                               bonus_fn=self.bonus_fn, query_state=query_state, start_token=self.start_token,
                               tile_fn=self.tile_fn, accumulate_bonus=self.accumulate_bonus,
                               project_fn=None if self.project_fn is None
-                              else functools.partial(self.project_fn, params), keep_history=self.keep_history)
+                              else functools.partial(self.project_fn, params), keep_history=self.keep_history,
+                              scan_levels=self.scan_levels)
 
     def _full_step(self, params, cache, tokens):
         """(logits over the whole vocabulary, cache), whether `step_fn` returns logits or hidden states."""
@@ -228,11 +233,12 @@ class T5Searcher(Searcher):
     """The Searcher of a plain Flax T5 whose docids are in its text vocabulary."""
 
     def __init__(self, model: t5.T5, num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
-                 bonus_fn: Optional[bs.BonusFn] = None, mesh="auto"):
+                 bonus_fn: Optional[bs.BonusFn] = None, mesh="auto", scan_levels: bool = False):
         c = model.config
         super().__init__(functools.partial(t5_step_hidden, model), functools.partial(t5_cache, model),
                          start_token=c.decoder_start_token_id, eos_id=c.eos_token_id, vocab_size=c.vocab_size,
                          num_beams=num_beams, score_mode=score_mode, length_penalty=length_penalty,
                          bonus_fn=bonus_fn, project_fn=functools.partial(t5_project, model), mesh=mesh,
-                         params_fn=functools.partial(t5.with_stacked_layers, config=c) if model.scan_layers else None)
+                         params_fn=functools.partial(t5.with_stacked_layers, config=c) if model.scan_layers else None,
+                         scan_levels=scan_levels)
         self.model = model

@@ -418,6 +418,7 @@ class DecodeCache:
     cross_v: Array
     encoder_mask: Array
     growing: bool = flax.struct.field(pytree_node=False, default=False)
+    regrow: bool = flax.struct.field(pytree_node=False, default=False)  # padded by `to_fixed`: see `to_growing`
 
     @property
     def max_length(self) -> int:
@@ -445,6 +446,20 @@ class DecodeCache:
         if share_cross:
             return self.replace(self_k=jnp.repeat(self.self_k, n, axis=1), self_v=jnp.repeat(self.self_v, n, axis=1))
         return self._map_batch(lambda a, axis: jnp.repeat(a, n, axis=axis))
+
+    def to_fixed(self, max_length: int) -> "DecodeCache":
+        """A growing cache as a fixed one of `max_length` positions (the fed ones, then empty slots), so that
+        further steps keep its shapes (a search's run of levels in a `lax.scan`, which feeds exactly the
+        remaining slots, then calls `to_growing`); a fixed cache as it is."""
+        if not self.growing:
+            return self
+        pad = ((0, 0), (0, 0), (0, max_length - self.max_length), (0, 0), (0, 0))
+        return self.replace(self_k=jnp.pad(self.self_k, pad), self_v=jnp.pad(self.self_v, pad), growing=False,
+                            regrow=True)
+
+    def to_growing(self) -> "DecodeCache":
+        """A cache that `to_fixed` padded, growing again once the run that padded it has written every slot."""
+        return self.replace(growing=True, regrow=False) if self.regrow else self
 
     def gather(self, rows: Array) -> "DecodeCache":
         """Selects batch rows (beam search's reordering after pruning)."""

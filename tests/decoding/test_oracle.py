@@ -141,13 +141,13 @@ def _docids(seed, ragged, n):
     return sorted(out)
 
 
-def _run(index, q, N, mode, lp, candidates=False):
+def _run(index, q, N, mode, lp, candidates=False, scan=False):
     B = q.shape[0]
     cache = {"q": jnp.asarray(q, jnp.float32), "h": jnp.zeros((B, H), jnp.float32)}
     step, project = (jax_step_hidden, jax_project) if candidates else (jax_step, None)
     res = jax.jit(lambda c, t: beam_search(step, c, t, batch_size=B, num_beams=N, score_mode=mode,
-                                           length_penalty=lp, start_token=START, project_fn=project))(
-        cache, index.device())
+                                           length_penalty=lp, start_token=START, project_fn=project,
+                                           scan_levels=scan))(cache, index.device())
     tokens, lengths, valid = (np.asarray(x) for x in (res.tokens, res.lengths, res.valid))
     out = []
     for b in range(B):
@@ -204,9 +204,38 @@ def test_small_beams_follow_the_canonical_algorithm(mode, candidates, monkeypatc
     assert pruned > 0  # the cases include beams that prune the exact best docid away
 
 
-def test_t5_full_beam_equals_teacher_forced_oracle():
+@pytest.mark.parametrize("candidates", [False, True])
+@pytest.mark.parametrize("mode", ["log_softmax", "renormalized", "raw"])
+def test_scanned_levels_follow_the_canonical_algorithm(mode, candidates, monkeypatch):
+    """Docids of 1–7 tokens + EOS: the trie's middle levels form runs, searched as one `lax.scan` body each
+    (`scan_levels`); beam 1, 3 and every docid against the oracle's canonical algorithm."""
+    monkeypatch.setattr(bs_module, "CANDIDATE_RATIO", 1)
+    checked = 0
+    for seed, lp in ((0, 0.0), (1, 0.5)):
+        r = np.random.default_rng(300 + seed)
+        docids = sorted({tuple(int(x) for x in r.integers(2, 6, r.integers(1, 8))) + (EOS,) for _ in range(60)})
+        index = _index(docids, True)
+        assert any(b - a >= 2 for a, b in index.device().level_runs())  # the scan is exercised
+        q = np.random.default_rng(400 + seed).normal(size=(6, H))
+        oracle = Oracle(docids, lambda b, p: oracle_logits(q[b], p))
+        for N in (1, 3, len(docids)):
+            got = _run(index, q, N=N, mode=mode, lp=lp, candidates=candidates, scan=True)
+            for b in range(len(q)):
+                want, near = oracle.beam(b, mode, lp, N)
+                if near:
+                    continue
+                assert [d for d, _ in got[b]] == [d for d, _ in want], (seed, lp, N, b)
+                np.testing.assert_allclose([s for _, s in got[b]], [s for _, s in want], rtol=1e-5, atol=1e-6)
+                checked += 1
+    assert checked >= 20
+
+
+@pytest.mark.parametrize("longest,scan", [(3, False), (3, True), (7, True)])
+def test_t5_full_beam_equals_teacher_forced_oracle(longest, scan):
     """The Flax T5 under beam search vs an oracle that scores every docid with the full-sequence forward pass
-    (no decode cache, no trie): the same ranking and scores, in every score mode."""
+    (no decode cache, no trie): the same ranking and scores, in every score mode. `scan`: the trie's runs of
+    levels as `lax.scan` bodies, the growing decode cache padded for each run (`scan_levels`); docids of up
+    to 7 tokens + EOS give runs of several levels."""
     from gr_jax.models.search import T5Searcher
     from gr_jax.models import t5
 
@@ -214,10 +243,14 @@ def test_t5_full_beam_equals_teacher_forced_oracle():
     params = t5.init_params(config, seed=11)
     model = t5.T5(config)
     r = np.random.default_rng(4)
-    docids = sorted({tuple(int(x) for x in r.integers(3, 30, r.integers(1, 4))) + (EOS,) for _ in range(40)})
+    alphabet = 30 if longest == 3 else 8  # a few tokens: deep levels with several children
+    docids = sorted({tuple(int(x) for x in r.integers(3, alphabet, r.integers(1, longest + 1))) + (EOS,)
+                     for _ in range(40)})
     queries = r.integers(3, config.vocab_size, (3, 10))
     queries[1, 6:] = 0  # a padded query
     index = TrieIndex.build([list(d) for d in docids], vocab_size=config.vocab_size, eos_id=EOS)
+    if longest > 3:
+        assert any(b - a >= 3 for a, b in index.device().level_runs())
     longest = max(len(d) for d in docids)
     prefixes = sorted({d[:i] for d in docids for i in range(len(d))})
     dec_in = np.zeros((len(prefixes), longest), np.int32)  # start token 0, then the prefix
@@ -232,8 +265,8 @@ def test_t5_full_beam_equals_teacher_forced_oracle():
     oracle = Oracle(docids, lambda b, p: logits[b, p])
     checked = 0
     for mode in ("log_softmax", "renormalized", "raw"):
-        res = T5Searcher(model, num_beams=len(docids), score_mode=mode, length_penalty=1.0).search(
-            params, queries, index.device())
+        res = T5Searcher(model, num_beams=len(docids), score_mode=mode, length_penalty=1.0,
+                         scan_levels=scan).search(params, queries, index.device())
         for b in range(len(queries)):
             scores = oracle.exhaustive(b, mode, 1.0)
             exact = sorted(scores.items(), key=lambda x: -x[1])

@@ -1,0 +1,107 @@
+"""Runs of trie levels stored together (`index.device._plan_runs`, `DeviceTrie.children_in_run`): which levels
+form runs, the slots a traced depth reads, and a scanned search that survives inserts without recompiling."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gr_jax.decoding.beam_search import beam_search
+from gr_jax.index.device import _plan_runs
+from gr_jax.index.trie import TrieIndex
+
+V, EOS = 10, 1
+
+
+def test_runs_by_hand():
+    csr = lambda *ks: [(False, k) for k in ks]  # noqa: E731
+    # K 37 37 10 → capacities 64 64 16 (16 ≥ 64 / 4: one run); 3 2 1 1 → 4 2 1 1 (1 ≥ 4 / 4); the last level alone
+    assert _plan_runs(csr(37, 37, 10, 3, 2, 1, 1, 1)) == [(1, 3), (3, 7)]
+    assert _plan_runs(csr(5, 9, 3, 1, 1)) == [(1, 3)]  # 16, 4 (≥ 16/4) | 1 alone before the last: no run of 1
+    assert _plan_runs(csr(5, 2, 8, 8, 1)) == [(2, 4)]  # 2 then 8 (> 2: a new run) 8; the last level alone
+    assert _plan_runs(csr(5, 4, 4)) == []  # one middle level: nothing to scan
+    assert _plan_runs([(False, 4), (False, 4), (True, 0), (False, 4), (False, 4), (False, 1)]) == [(3, 5)]
+    assert _plan_runs(csr(4, 4, 0, 4, 4, 4, 2)) == [(3, 6)]  # a level without children breaks a run
+
+
+def _docids(seed: int, n: int):
+    r = np.random.default_rng(seed)
+    out: set = set()
+    while len(out) < n:
+        out.add(tuple(int(x) for x in r.integers(2, 6, r.integers(1, 7))) + (EOS,))
+    ordered = sorted(out)
+    return [list(ordered[i]) for i in r.permutation(len(ordered))]  # inserts land all over the trie
+
+
+def _slots(children, d, nodes):
+    """(token, child, leaf) of each valid slot, per node, in slot order."""
+    tokens, child, leaf, valid = (np.asarray(a) for a in children(d, jnp.asarray(nodes, jnp.int32)))
+    return [[(int(t), int(c), int(lf)) for t, c, lf, ok in zip(*row) if ok]
+            for row in zip(tokens, child, leaf, valid)]
+
+
+@pytest.mark.parametrize("inserted", [False, True])
+def test_a_traced_depth_reads_each_levels_own_children(inserted):
+    """The slots of a run's level read at a traced depth are the level's children read at a static one (and the
+    padding slots invalid); every child's token follows its parent's prefix and its leaf names the document of
+    that docid (checked against the host trie's lookup)."""
+    docids = _docids(0, 120)
+    index = TrieIndex.build([list(d) for d in docids[:80]], list(range(80)), vocab_size=V, eos_id=EOS,
+                            dense_budget_bytes=0)
+    if inserted:
+        index.insert([list(d) for d in docids[80:]], list(range(80, len(docids))))
+    else:
+        index = TrieIndex.build([list(d) for d in docids], list(range(len(docids))), vocab_size=V, eos_id=EOS,
+                                dense_budget_bytes=0)
+    trie = index.device()
+    assert trie.level_runs(), "the trie has no run: nothing is tested"
+    by_prefix = {(): 0}  # prefix → node id at its depth, followed down the static reads
+    for d in range(trie.depth):
+        prefixes = sorted(p for p in by_prefix if len(p) == d)
+        nodes = [by_prefix[p] for p in prefixes]
+        static = _slots(trie.children, d, nodes)
+        run = next((r for r, (a, b) in enumerate(trie.level_runs()) if a <= d < b), None)
+        if run is not None:
+            traced = jax.jit(lambda dd, n, t, r=run: t.children_in_run(r, dd, n))
+            assert _slots(lambda dd, n: traced(jnp.int32(dd), n, trie), d, nodes) == static
+            assert traced(jnp.int32(d), jnp.asarray(nodes, jnp.int32), trie)[0].shape[-1] == \
+                trie.run_specs[run].slots
+        for p, row in zip(prefixes, static):
+            want = sorted({doc[d] for doc in docids if len(doc) > d and tuple(doc[:d]) == p})
+            assert [t for t, _, _ in row] == want, (d, p)
+            for t, child, leaf in row:
+                q = p + (t,)
+                by_prefix[q] = child
+                if leaf >= 0:
+                    assert list(q) in docids and index.documents(leaf).tolist() == [docids.index(list(q))]
+                else:
+                    assert list(q) not in docids
+
+
+def _flat_step(cache, tokens):
+    """Every token scores the same: every docid ties, so the order is the slots' order alone."""
+    return jnp.zeros((tokens.shape[0], V)), {"x": cache["x"]}
+
+
+def test_inserts_within_capacity_reuse_the_scanned_search():
+    docids = _docids(1, 400)
+    index = TrieIndex.build([list(d) for d in docids[:300]], list(range(300)), vocab_size=V, eos_id=EOS,
+                            dense_budget_bytes=0)
+    search = jax.jit(lambda t: beam_search(_flat_step, {"x": jnp.zeros((2, 1))}, t, batch_size=2, num_beams=16,
+                                           score_mode="raw", scan_levels=True))
+    index.insert([list(d) for d in docids[300:310]], list(range(300, 310)))
+    first = index.device()
+    assert first.level_runs()
+    search(first)
+    index.insert([list(d) for d in docids[310:320]], list(range(310, 320)))
+    second = index.device()
+    assert jax.tree_util.tree_structure(first) == jax.tree_util.tree_structure(second)
+    res = search(second)
+    assert search._cache_size() == 1  # reused
+    expected = jax.jit(lambda t: beam_search(_flat_step, {"x": jnp.zeros((2, 1))}, t, batch_size=2, num_beams=16,
+                                             score_mode="raw"))(index.compact().device())
+    valid = np.asarray(res.valid)
+    np.testing.assert_array_equal(valid, np.asarray(expected.valid))
+    np.testing.assert_array_equal(np.asarray(res.tokens)[valid], np.asarray(expected.tokens)[valid])
