@@ -9,6 +9,8 @@ compile time and speed do not depend on their values.
   retrieval: `methods/fewshot`, issue 32's "new bank" compile).
 * t5_search: T5 configs (tiny / t5_small / t5_base), 10k random docids of 4 tokens, 16 queries, beam 10;
   two rounds in alternating order, the best compile of each variant.
+* levels: a trie of depth 13 (5000 ragged docids of 4–12 tokens + EOS), T5 configs (`--t5`), 16 queries, beam 10:
+  the search with its runs of levels scanned (`scan_levels`, the default) beside every level unrolled.
 * dynamic: the dynamic-corpora protocol on the demo (`python -m gr_jax.dynamic`) for each `--dynamic` experiment:
   a model trained `--dynamic_train_steps` steps in runs/bench_compile/<experiment>/ (once; compile time does not
   depend on how well it is trained), then the protocol run again in a fresh process that sums every compilation
@@ -17,6 +19,7 @@ compile time and speed do not depend on their values.
 
     python tools/bench_compile.py                       # all, appends a section to BENCHMARKS.md
     python tools/bench_compile.py --only fewshot_bank --no_write
+    python tools/bench_compile.py --only levels
     python tools/bench_compile.py --only dynamic --dynamic_baseline ../gr_jax_before   # a worktree of the baseline
 """
 
@@ -117,12 +120,39 @@ def bench_t5_search(name: str, n_docs: int = 10_000, n_queries: int = 16, beams:
     _rows("t5_search", name, config.num_layers, n_docs, trie.depth, beams, results)
 
 
-def _rows(figure, model, layers, docs, depth, beams, results):
+def bench_levels(name: str, n_docs: int = 5_000, n_queries: int = 16, beams: int = 10):
+    """A deep trie's levels scanned (`scan_levels`: its runs of levels as `lax.scan` bodies) beside unrolled, T5 with
+    its layers unrolled: ragged docids of 4–12 tokens + EOS over 37 tokens (a URL-like trie of depth 13)."""
+    from gr_jax.index.trie import TrieIndex
+    from gr_jax.models import t5
+    from gr_jax.models.search import T5Searcher
+
+    config = t5.get_config(name, dropout_rate=0.0)
+    params = t5.init_params(config, seed=1)
+    rng = np.random.default_rng(0)
+    docids: set = set()
+    while len(docids) < n_docs:
+        docids.add(tuple(int(x) for x in rng.integers(3, 40, int(rng.integers(4, 13)))) + (1,))
+    trie = TrieIndex.build([list(d) for d in sorted(docids)], vocab_size=config.vocab_size, eos_id=1).device()
+    queries = rng.integers(3, config.vocab_size, (n_queries, 20)).astype(np.int32)
+    results = {}
+    for order in ((True, False), (False, True)):  # as bench_t5_search: alternating, the best compile of each
+        for scan in order:
+            searcher = T5Searcher(t5.T5(config), num_beams=beams, mesh=None, scan_levels=scan)
+            out, first, warm = _first_and_warm(lambda: searcher.search(params, queries, trie), repeats=5)
+            if scan not in results or first - warm < results[scan][1] - results[scan][2]:
+                results[scan] = (np.asarray(out.tokens), first, warm)
+    runs = ";".join(f"{r.start}-{r.stop - 1}:C{r.slots}" for r in trie.run_specs)
+    _rows("levels", name, config.num_layers, n_docs, trie.depth, beams, results, variant="levels_scanned",
+          extra={"runs": runs})
+
+
+def _rows(figure, model, layers, docs, depth, beams, results, variant="layers_scanned", extra=None):
     same = bool(np.array_equal(results[True][0], results[False][0]))
     for scan in (True, False):
         _, first, warm = results[scan]
         emit(figure=figure, model=model, layers=layers, docids=docs, depth=depth, beam=beams,
-             layers_scanned=scan, first_call_s=round(first, 2), warm_s=round(warm, 3),
+             **{variant: scan}, **(extra or {}), first_call_s=round(first, 2), warm_s=round(warm, 3),
              compile_s=round(first - warm, 2), same_docids=same)
     (_, f1, w1), (_, f0, w0) = results[True], results[False]
     emit(figure=figure + "_ratio", model=model, compile_unrolled_over_scanned=round((f0 - w0) / (f1 - w1), 2),
@@ -191,7 +221,7 @@ def bench_dynamic(experiments, train_steps: int, baseline: str | None):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", action="append", choices=["fewshot_bank", "t5_search", "dynamic"])
+    parser.add_argument("--only", action="append", choices=["fewshot_bank", "t5_search", "levels", "dynamic"])
     parser.add_argument("--dynamic", nargs="+", default=["dynamic_dsi_semantic", "dynamic_dsi_url"],
                         help="demo experiments (gin_configs/experiments/demo/<name>.gin) of the dynamic rows")
     parser.add_argument("--dynamic_train_steps", type=cli.count, default=200)
@@ -207,12 +237,15 @@ def main(argv=None) -> int:
         experiment, model_dir, steps = args._dynamic_child
         _dynamic_child(experiment, model_dir, int(steps))
         return 0
-    parts = set(args.only or ["fewshot_bank", "t5_search", "dynamic"])
+    parts = set(args.only or ["fewshot_bank", "t5_search", "levels", "dynamic"])
     if "fewshot_bank" in parts:
         bench_fewshot_bank(args.bank_docs)
     if "t5_search" in parts:
         for name in args.t5:
             bench_t5_search(name)
+    if "levels" in parts:
+        for name in args.t5:
+            bench_levels(name)
     if "dynamic" in parts:
         bench_dynamic(args.dynamic, args.dynamic_train_steps, args.dynamic_baseline)
     if not args.no_write:

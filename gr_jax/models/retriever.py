@@ -9,6 +9,11 @@ Injectable pieces (gin binds them; a method is a combination of these, not a new
   bonus_fn(level, child_node_ids, query_state) -> bonus                  added to the pruning score only
   query_state_fn(model, params, query_tokens) -> query_state             per-query data the bonus reads
 
+`scan_levels` (default True; gin `GenerativeRetriever.scan_levels`): the search runs the trie's runs of similar
+levels as one compiled `lax.scan` body each (`decoding.beam_search`): a new trie shape compiles in about a third
+of the time, and a search runs 1.05–1.2× longer on this CPU (tools/bench_compile.py's "levels" rows); False
+unrolls every level (a long evaluation on one trie, where the compile is paid once).
+
 The network is a plain Flax module (built by the caller, or from `config`); the retriever owns no state.
 Parameters are the tree `{"network": network params, "head": head params}` (the text head's is empty).
 """
@@ -41,7 +46,7 @@ class GenerativeRetriever:
     def __init__(self, config: t5.T5Config, head=None, score_mode: str = "log_softmax",
                  length_penalty: Signed = 0.0, *, network=None, objective: Optional[Callable] = None,
                  ranker: Optional[Callable] = None, bonus_fn: Optional[Callable] = None,
-                 query_state_fn: Optional[Callable] = None, scan_levels: bool = False):
+                 query_state_fn: Optional[Callable] = None, scan_levels: bool = True):
         if not isinstance(config, t5.T5Config) and network is None:
             raise ValueError(f"{type(self).__name__} builds a T5 from a T5Config, got a {type(config).__name__}; for "
                              f"a decoder-only LM set prepare.model_fn = @DecoderOnlyRetriever (e.g. "

@@ -233,7 +233,7 @@ class T5Searcher(Searcher):
     """The Searcher of a plain Flax T5 whose docids are in its text vocabulary."""
 
     def __init__(self, model: t5.T5, num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
-                 bonus_fn: Optional[bs.BonusFn] = None, mesh="auto", scan_levels: bool = False):
+                 bonus_fn: Optional[bs.BonusFn] = None, mesh="auto", scan_levels: bool = True):
         c = model.config
         super().__init__(functools.partial(t5_step_hidden, model), functools.partial(t5_cache, model),
                          start_token=c.decoder_start_token_id, eos_id=c.eos_token_id, vocab_size=c.vocab_size,
