@@ -148,30 +148,34 @@ def to_device(index) -> DeviceTrie:
                                leaf_base=int(leaf_base), has_leaves=has_leaves, vocab_size=V, run=run, run_pos=pos))
         levels.append(arrays)
     run_arrays = tuple(_run_arrays(index, a, b, [facts[d] for d in range(a, b)], kids) for a, b in runs)
-    run_specs = tuple(RunSpec(start=a, stop=b, slots=_capacity(facts[a][1]),
+    run_specs = tuple(RunSpec(start=a, stop=b, slots=max(_capacity(facts[d][1]) for d in range(a, b)),
                               has_leaves=any(facts[d][4] for d in range(a, b))) for a, b in runs)
     return DeviceTrie(levels=tuple(levels), specs=tuple(specs), vocab_size=V, eos_id=index.eos_id,
                       runs=run_arrays, run_specs=run_specs)
 
 
-RUN_PADDING = 4  # a run's slot budget C is at most this many times a level's own (power-of-two) K
+RUN_PADDING = 16  # a run's slot budget C is at most this many times a level's own (power-of-two) K
 
 
 def _plan_runs(levels: list[tuple[bool, int]]) -> list[tuple[int, int]]:
-    """Runs [start, stop) of ≥ 2 consecutive CSR levels with children (K > 0), 1 ≤ d < depth − 1. A run's C is
-    its first level's K rounded up to a power of two; the next levels join while theirs is at most C and at least
-    C / RUN_PADDING (a docid trie's K shrinks with depth: a few runs cover the deep levels, and no level gathers
-    more than RUN_PADDING× its slots). `levels`: (dense, K) per depth."""
-    runs, start, C = [], None, 0
+    """Runs [start, stop) of ≥ 2 consecutive CSR levels with children (K > 0), 1 ≤ d < depth − 1, built greedily
+    from the top: a level joins the run while the run's C (its largest K rounded up to a power of two) stays at
+    most RUN_PADDING times every member's own (a few runs cover a docid trie's middle levels; no level gathers more
+    than RUN_PADDING× its slots, a small cost beside the model's step). `levels`: (dense, K) per depth."""
+    runs, start, lo, hi = [], None, 0, 0
     cap = lambda d: None if levels[d][0] or levels[d][1] == 0 else _capacity(levels[d][1])  # noqa: E731
     for d in range(1, len(levels)):
         last = d == len(levels) - 1  # the last level ends every run (it selects no next beams)
-        if start is not None and (last or cap(d) is None or not C // RUN_PADDING <= cap(d) <= C):
+        c = cap(d)
+        if start is not None and (last or c is None or max(hi, c) > RUN_PADDING * min(lo, c)):
             if d - start >= 2:
                 runs.append((start, d))
             start = None
-        if start is None and not last and cap(d) is not None:
-            start, C = d, cap(d)
+        if start is None:
+            if not last and c is not None:
+                start, lo, hi = d, c, c
+        else:
+            lo, hi = min(lo, c), max(hi, c)
     return runs
 
 
