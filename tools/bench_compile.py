@@ -7,6 +7,7 @@ compile time and speed do not depend on their values.
 * fewshot_bank: SmolLM2-135M's shape (30 layers), a bank of random docids of 3–14 tokens + the newline (depth
   15, the Few-Shot GR bank's), a shared 60-token prefix, 8 queries of 40 tokens, beam 10 (Few-Shot GR's
   retrieval: `methods/fewshot`, issue 32's "new bank" compile).
+* fewshot_levels: the same bank's search, scanned layers, with its runs of levels scanned beside unrolled.
 * t5_search: T5 configs (tiny / t5_small / t5_base), 10k random docids of 4 tokens, 16 queries, beam 10;
   two rounds in alternating order, the best compile of each variant.
 * levels: a trie of depth 13 (5000 ragged docids of 4–12 tokens + EOS), T5 configs (`--t5`), 16 queries, beam 10:
@@ -62,7 +63,8 @@ def _first_and_warm(fn, repeats: int = 2):
     return out, first, warm
 
 
-def bench_fewshot_bank(n_docs: int, n_queries: int = 8, beams: int = 10):
+def _fewshot_bank_search(n_docs: int, n_queries: int, beams: int, scan_layers: bool, scan_levels: bool):
+    """A search as methods/fewshot's over a bank of random docids: run() → BeamResult, and the trie's depth."""
     from gr_jax.index.trie import TrieIndex
     from gr_jax.models import llama
     from gr_jax.models.search import Searcher
@@ -75,26 +77,43 @@ def bench_fewshot_bank(n_docs: int, n_queries: int = 8, beams: int = 10):
     trie = TrieIndex.build(docids, vocab_size=config.vocab_size).device()
     queries = rng.integers(3, 3000, (n_queries, 40)).astype(np.int32)
     prompt = rng.integers(3, 3000, 60)
+    model = llama.Llama(config, scan_layers=scan_layers)
+    state = {"lm": params, "prefix": llama.prefix_cache(model, params, prompt)}
+
+    def cache_fn(p, q, max_length):
+        B, T = q.shape
+        c = model.apply({"params": p["lm"]}, B, T + max_length + 1, p["prefix"], method=llama.Llama.init_cache)
+        return model.apply({"params": p["lm"]}, c, jnp.maximum(q, 0), q >= 0, method=llama.Llama.prefill_hidden)[1]
+
+    def step_fn(p, c, tokens):
+        return model.apply({"params": p["lm"]}, c, tokens, method=llama.Llama.decode_step)
+
+    searcher = Searcher(step_fn, cache_fn, start_token=28, eos_id=newline, vocab_size=config.vocab_size,
+                        num_beams=beams, tile_fn=lambda c, n: c.repeat(n), mesh=None, scan_levels=scan_levels,
+                        params_fn=(lambda p: {**p, "lm": llama.with_stacked_layers(p["lm"], config)}) if scan_layers
+                        else None)  # as methods/fewshot's searcher
+    return (lambda: searcher.search(state, queries, trie)), trie, config
+
+
+def bench_fewshot_bank(n_docs: int, n_queries: int = 8, beams: int = 10):
     results = {}
     for scan in (True, False):
-        model = llama.Llama(config, scan_layers=scan)
-        state = {"lm": params, "prefix": llama.prefix_cache(model, params, prompt)}
-
-        def cache_fn(p, q, max_length, model=model):
-            B, T = q.shape
-            c = model.apply({"params": p["lm"]}, B, T + max_length + 1, p["prefix"], method=llama.Llama.init_cache)
-            return model.apply({"params": p["lm"]}, c, jnp.maximum(q, 0), q >= 0, method=llama.Llama.prefill_hidden)[1]
-
-        def step_fn(p, c, tokens, model=model):
-            return model.apply({"params": p["lm"]}, c, tokens, method=llama.Llama.decode_step)
-
-        searcher = Searcher(step_fn, cache_fn, start_token=28, eos_id=newline, vocab_size=config.vocab_size,
-                            num_beams=beams, tile_fn=lambda c, n: c.repeat(n), mesh=None,
-                            params_fn=(lambda p: {**p, "lm": llama.with_stacked_layers(p["lm"], config)}) if scan
-                            else None)  # as methods/fewshot's searcher
-        out, first, warm = _first_and_warm(lambda: searcher.search(state, queries, trie))
+        run, trie, config = _fewshot_bank_search(n_docs, n_queries, beams, scan_layers=scan, scan_levels=False)
+        out, first, warm = _first_and_warm(run)
         results[scan] = (np.asarray(out.tokens), first, warm)
     _rows("fewshot_bank", "smollm2_135m", config.num_layers, n_docs, trie.depth, beams, results)
+
+
+def bench_fewshot_levels(n_docs: int, n_queries: int = 8, beams: int = 10):
+    """The Few-Shot bank's search (scanned layers) with its runs of levels scanned beside unrolled."""
+    results = {}
+    for scan in (True, False):
+        run, trie, config = _fewshot_bank_search(n_docs, n_queries, beams, scan_layers=True, scan_levels=scan)
+        out, first, warm = _first_and_warm(run)
+        results[scan] = (np.asarray(out.tokens), first, warm)
+    runs = ";".join(f"{r.start}-{r.stop - 1}:C{r.slots}" for r in trie.run_specs)
+    _rows("fewshot_levels", "smollm2_135m", config.num_layers, n_docs, trie.depth, beams, results,
+          variant="levels_scanned", extra={"runs": runs})
 
 
 def bench_t5_search(name: str, n_docs: int = 10_000, n_queries: int = 16, beams: int = 10):
@@ -221,7 +240,8 @@ def bench_dynamic(experiments, train_steps: int, baseline: str | None):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", action="append", choices=["fewshot_bank", "t5_search", "levels", "dynamic"])
+    parser.add_argument("--only", action="append",
+                        choices=["fewshot_bank", "fewshot_levels", "t5_search", "levels", "dynamic"])
     parser.add_argument("--dynamic", nargs="+", default=["dynamic_dsi_semantic", "dynamic_dsi_url"],
                         help="demo experiments (gin_configs/experiments/demo/<name>.gin) of the dynamic rows")
     parser.add_argument("--dynamic_train_steps", type=cli.count, default=200)
@@ -237,9 +257,11 @@ def main(argv=None) -> int:
         experiment, model_dir, steps = args._dynamic_child
         _dynamic_child(experiment, model_dir, int(steps))
         return 0
-    parts = set(args.only or ["fewshot_bank", "t5_search", "levels", "dynamic"])
+    parts = set(args.only or ["fewshot_bank", "fewshot_levels", "t5_search", "levels", "dynamic"])
     if "fewshot_bank" in parts:
         bench_fewshot_bank(args.bank_docs)
+    if "fewshot_levels" in parts:
+        bench_fewshot_levels(args.bank_docs)
     if "t5_search" in parts:
         for name in args.t5:
             bench_t5_search(name)
