@@ -98,7 +98,7 @@ def to_device(index) -> DeviceTrie:
     **Runs** (`_plan_runs`): consecutive CSR levels between the first and the last (1 ≤ d < depth − 1) with
     similar K (a slot budget C per run, a power of two) are stored together in the table form (`_run_arrays`:
     child and leaf ids stored, one int32 each per child), so that a search runs them as one compiled body over a
-    traced depth (`children_in_run`; `decoding.beam_search`'s `scan_levels`). A run has at least two levels."""
+    traced depth (`children_in_run`; `decoding.beam_search`'s `scan_levels`). A run has ≥ RUN_MIN_LEVELS levels."""
     levels, specs, facts, kids = [], [], [], {}
     V = index.vocab_size
     for d in range(index.depth):
@@ -155,20 +155,24 @@ def to_device(index) -> DeviceTrie:
 
 
 RUN_PADDING = 16  # a run's slot budget C is at most this many times a level's own (power-of-two) K
+# Fewer levels save less compile time than a scan costs each search: tiny T5 over a depth-4 trie (2 levels scanned)
+# searched 1.15–1.35× slower (the cache padded for the run, the loop's carried copies), deep tries ~1.1×.
+RUN_MIN_LEVELS = 3
 
 
-def _plan_runs(levels: list[tuple[bool, int]]) -> list[tuple[int, int]]:
-    """Runs [start, stop) of ≥ 2 consecutive CSR levels with children (K > 0), 1 ≤ d < depth − 1, built greedily
-    from the top: a level joins the run while the run's C (its largest K rounded up to a power of two) stays at
-    most RUN_PADDING times every member's own (a few runs cover a docid trie's middle levels; no level gathers more
-    than RUN_PADDING× its slots, a small cost beside the model's step). `levels`: (dense, K) per depth."""
+def _plan_runs(levels: list[tuple[bool, int]], min_levels: int = RUN_MIN_LEVELS) -> list[tuple[int, int]]:
+    """Runs [start, stop) of ≥ `min_levels` consecutive CSR levels with children (K > 0), 1 ≤ d < depth − 1, built
+    greedily from the top: a level joins the run while the run's C (its largest K rounded up to a power of two)
+    stays at most RUN_PADDING times every member's own (a few runs cover a docid trie's middle levels; no level
+    gathers more than RUN_PADDING× its slots, a small cost beside the model's step). `levels`: (dense, K) per
+    depth."""
     runs, start, lo, hi = [], None, 0, 0
     cap = lambda d: None if levels[d][0] or levels[d][1] == 0 else _capacity(levels[d][1])  # noqa: E731
     for d in range(1, len(levels)):
         last = d == len(levels) - 1  # the last level ends every run (it selects no next beams)
         c = cap(d)
         if start is not None and (last or c is None or max(hi, c) > RUN_PADDING * min(lo, c)):
-            if d - start >= 2:
+            if d - start >= max(min_levels, 2):
                 runs.append((start, d))
             start = None
         if start is None:

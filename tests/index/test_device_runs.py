@@ -17,17 +17,23 @@ V, EOS = 10, 1
 
 def test_runs_by_hand():
     """Capacities (K rounded up to a power of two) join a run while its largest is ≤ RUN_PADDING (16) × its
-    smallest; the first and the last level are never in one."""
+    smallest; the first and the last level are never in one. (Runs of 2 levels allowed here; the default
+    minimum is 3, below.)"""
     csr = lambda *ks: [(False, k) for k in ks]  # noqa: E731
+    two = lambda levels: _plan_runs(levels, min_levels=2)  # noqa: E731
     # capacities 64 16 4 | 2 1 1, then the last level: 64 ≤ 16 · 4, but 64 > 16 · 2
-    assert _plan_runs(csr(37, 37, 10, 3, 2, 1, 1, 1)) == [(1, 4), (4, 7)]
-    assert _plan_runs(csr(5, 9, 3, 1, 1)) == [(1, 4)]  # 16 4 1: 16 ≤ 16 · 1
-    assert _plan_runs(csr(5, 2, 8, 8, 1)) == [(1, 4)]  # a run's C grows (2 → 8) within the limit
-    assert _plan_runs(csr(1, 64, 2, 2, 1)) == [(2, 4)]  # 64 > 16 · 2: level 1 alone (no run of one level)
-    assert _plan_runs(csr(1, 1, 16, 32, 1)) == [(1, 3)]  # 32 > 16 · 1: a new run at 3, which the last level ends
-    assert _plan_runs(csr(5, 4, 4)) == []  # one middle level: nothing to scan
-    assert _plan_runs([(False, 4), (False, 4), (True, 0), (False, 4), (False, 4), (False, 1)]) == [(3, 5)]
-    assert _plan_runs(csr(4, 4, 0, 4, 4, 4, 2)) == [(3, 6)]  # a level without children breaks a run
+    assert two(csr(37, 37, 10, 3, 2, 1, 1, 1)) == [(1, 4), (4, 7)]
+    assert two(csr(5, 9, 3, 1, 1)) == [(1, 4)]  # 16 4 1: 16 ≤ 16 · 1
+    assert two(csr(5, 2, 8, 8, 1)) == [(1, 4)]  # a run's C grows (2 → 8) within the limit
+    assert two(csr(1, 64, 2, 2, 1)) == [(2, 4)]  # 64 > 16 · 2: level 1 alone (no run of one level)
+    assert two(csr(1, 1, 16, 32, 1)) == [(1, 3)]  # 32 > 16 · 1: a new run at 3, which the last level ends
+    assert two(csr(5, 4, 4)) == []  # one middle level: nothing to scan
+    assert two([(False, 4), (False, 4), (True, 0), (False, 4), (False, 4), (False, 1)]) == [(3, 5)]
+    assert two(csr(4, 4, 0, 4, 4, 4, 2)) == [(3, 6)]  # a level without children breaks a run
+    assert _plan_runs(csr(37, 37, 10, 3, 2, 1, 1, 1)) == [(1, 4), (4, 7)]  # 3 levels each: kept by default
+    assert _plan_runs(csr(5, 2, 8, 8, 1)) == [(1, 4)]
+    assert _plan_runs(csr(4, 4, 0, 4, 4, 4, 2)) == [(3, 6)]
+    assert _plan_runs(csr(1, 64, 2, 2, 1)) == [] and _plan_runs(csr(9, 4, 4, 1)) == []  # 2 levels: unrolled
 
 
 def _docids(seed: int, n: int):
