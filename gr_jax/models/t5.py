@@ -259,11 +259,23 @@ def _attend_one(q_BxHxQ: Array, k_BxSxHxQ: Array, v_BxSxHxQ: Array, bias: Option
     arithmetic as the dot up to the order of the sums over Q and S."""
     f32 = jnp.float32
     scores_BxSxH = _pairwise_sum_last(k_BxSxHxQ.astype(f32) * q_BxHxQ.astype(f32)[:, None])
+    if bias is not None and mask.shape[0] == 1 and bias.shape[0] == 1:
+        # a mask shared by every row (self-attention over a fixed cache): folded into the [1, H, 1, S] bias once,
+        # not selected over [B, S, H]; a masked slot's score is then bias-min + score, whose softmax weight is 0
+        # as the select's (float32 min dwarfs any score)
+        masked = jnp.where(mask, bias.astype(f32), jnp.finfo(f32).min)
+        return _attend_weighted(scores_BxSxH + jnp.transpose(masked[:, :, 0], (0, 2, 1)), v_BxSxHxQ, dtype)
     if bias is not None:  # [1, H, 1, S]
         scores_BxSxH = scores_BxSxH + jnp.transpose(bias[:, :, 0].astype(f32), (0, 2, 1))
     mask_BxSxH = jnp.transpose(jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], 1, mask.shape[3]))[:, :, 0],
                                (0, 2, 1))
     scores_BxSxH = jnp.where(mask_BxSxH, scores_BxSxH, jnp.finfo(f32).min)
+    return _attend_weighted(scores_BxSxH, v_BxSxHxQ, dtype)
+
+
+def _attend_weighted(scores_BxSxH: Array, v_BxSxHxQ: Array, dtype) -> Array:
+    """softmax over S of the scores, then the weighted sum of the values: [B, 1, H, Q]."""
+    f32 = jnp.float32
     probs_BxSxHx1 = jax.nn.softmax(scores_BxSxH, axis=1)[..., None]
     v = v_BxSxHxQ.astype(f32)
     out_BxHxQ = probs_BxSxHx1[:, 0] * v[:, 0]
