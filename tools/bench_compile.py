@@ -95,25 +95,21 @@ def _fewshot_bank_search(n_docs: int, n_queries: int, beams: int, scan_layers: b
     return (lambda: searcher.search(state, queries, trie)), trie, config
 
 
-def bench_fewshot_bank(n_docs: int, n_queries: int = 8, beams: int = 10):
+def bench_fewshot_bank(n_docs: int, n_queries: int = 8, beams: int = 10, levels: bool = False):
+    """Scanned layers beside unrolled (levels unrolled); with `levels`, the bank's search with its layers scanned
+    and its runs of levels scanned beside unrolled."""
     results = {}
     for scan in (True, False):
-        run, trie, config = _fewshot_bank_search(n_docs, n_queries, beams, scan_layers=scan, scan_levels=False)
+        run, trie, config = _fewshot_bank_search(n_docs, n_queries, beams, scan_layers=scan or levels,
+                                                 scan_levels=scan and levels)
         out, first, warm = _first_and_warm(run)
         results[scan] = (np.asarray(out.tokens), first, warm)
-    _rows("fewshot_bank", "smollm2_135m", config.num_layers, n_docs, trie.depth, beams, results)
-
-
-def bench_fewshot_levels(n_docs: int, n_queries: int = 8, beams: int = 10):
-    """The Few-Shot bank's search (scanned layers) with its runs of levels scanned beside unrolled."""
-    results = {}
-    for scan in (True, False):
-        run, trie, config = _fewshot_bank_search(n_docs, n_queries, beams, scan_layers=True, scan_levels=scan)
-        out, first, warm = _first_and_warm(run)
-        results[scan] = (np.asarray(out.tokens), first, warm)
-    runs = ";".join(f"{r.start}-{r.stop - 1}:C{r.slots}" for r in trie.run_specs)
-    _rows("fewshot_levels", "smollm2_135m", config.num_layers, n_docs, trie.depth, beams, results,
-          variant="levels_scanned", extra={"runs": runs})
+    if levels:
+        runs = ";".join(f"{r.start}-{r.stop - 1}:C{r.slots}" for r in trie.run_specs)
+        _rows("fewshot_levels", "smollm2_135m", config.num_layers, n_docs, trie.depth, beams, results,
+              variant="levels_scanned", extra={"runs": runs})
+    else:
+        _rows("fewshot_bank", "smollm2_135m", config.num_layers, n_docs, trie.depth, beams, results)
 
 
 def bench_t5_search(name: str, n_docs: int = 10_000, n_queries: int = 16, beams: int = 10):
@@ -261,7 +257,7 @@ def main(argv=None) -> int:
     if "fewshot_bank" in parts:
         bench_fewshot_bank(args.bank_docs)
     if "fewshot_levels" in parts:
-        bench_fewshot_levels(args.bank_docs)
+        bench_fewshot_bank(args.bank_docs, levels=True)
     if "t5_search" in parts:
         for name in args.t5:
             bench_t5_search(name)

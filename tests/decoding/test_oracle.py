@@ -181,6 +181,20 @@ def test_full_beam_equals_the_oracles_exhaustive_ranking(ragged, mode, candidate
     assert checked >= 24
 
 
+def _canonical(oracle, got, mode, lp, N, tag) -> list:
+    """Asserts that each query's search result is the oracle's canonical beam search (docids in order, scores to
+    1e-5 relative) where no near tie decides it; returns (query, the oracle's [(docid, score)]) of those checked."""
+    checked = []
+    for b in range(len(got)):
+        want, near = oracle.beam(b, mode, lp, N)
+        if near:
+            continue
+        assert [d for d, _ in got[b]] == [d for d, _ in want], (*tag, b)
+        np.testing.assert_allclose([s for _, s in got[b]], [s for _, s in want], rtol=1e-5, atol=1e-6)
+        checked.append((b, want))
+    return checked
+
+
 @pytest.mark.parametrize("candidates", [False, True])
 @pytest.mark.parametrize("mode", ["log_softmax", "renormalized", "raw"])
 def test_small_beams_follow_the_canonical_algorithm(mode, candidates, monkeypatch):
@@ -191,12 +205,7 @@ def test_small_beams_follow_the_canonical_algorithm(mode, candidates, monkeypatc
         q = np.random.default_rng(200 + seed).normal(size=(8, H))
         oracle = Oracle(docids, lambda b, p: oracle_logits(q[b], p))
         got = _run(_index(docids, True), q, N=N, mode=mode, lp=lp, candidates=candidates)
-        for b in range(len(q)):
-            want, near = oracle.beam(b, mode, lp, N)
-            if near:
-                continue
-            assert [d for d, _ in got[b]] == [d for d, _ in want], (seed, lp, N, b)
-            np.testing.assert_allclose([s for _, s in got[b]], [s for _, s in want], rtol=1e-5, atol=1e-6)
+        for b, want in _canonical(oracle, got, mode, lp, N, (seed, lp, N)):
             best = max(oracle.exhaustive(b, mode, lp).items(), key=lambda x: x[1])[0]
             pruned += best not in {d for d, _ in want}  # the search error the canonical algorithm commits
             checked += 1
@@ -220,13 +229,7 @@ def test_scanned_levels_follow_the_canonical_algorithm(mode, candidates, monkeyp
         oracle = Oracle(docids, lambda b, p: oracle_logits(q[b], p))
         for N in (1, 3, len(docids)):
             got = _run(index, q, N=N, mode=mode, lp=lp, candidates=candidates, scan=True)
-            for b in range(len(q)):
-                want, near = oracle.beam(b, mode, lp, N)
-                if near:
-                    continue
-                assert [d for d, _ in got[b]] == [d for d, _ in want], (seed, lp, N, b)
-                np.testing.assert_allclose([s for _, s in got[b]], [s for _, s in want], rtol=1e-5, atol=1e-6)
-                checked += 1
+            checked += len(_canonical(oracle, got, mode, lp, N, (seed, lp, N)))
     assert checked >= 20
 
 
