@@ -73,3 +73,35 @@ def test_loss_decreases_and_sums_are_consistent(kind):
     _, metrics = model.loss_fn(params, batch)
     assert float(loss) < 0.2 * float(loss0)
     assert tuple(float(x) for x in metrics["docid_accuracy"]) == (len(table), len(table))  # memorised
+
+
+def test_scanned_levels_are_the_default_and_gin_turns_them_off():
+    """`GenerativeRetriever.scan_levels` (gin) reaches the search: the default scans the trie's runs of levels
+    (a codebook of 8 positions, CSR levels: 1–6 form runs), False unrolls them; both rank every docid alike, with
+    the scores of exhaustive teacher forcing."""
+    import gin
+
+    L, V = 8, 3
+    codes = np.unique(np.random.default_rng(2).integers(0, V, (200, L)), axis=0)
+    table = DocidTable(codes, np.full(len(codes), L), np.arange(len(codes)), DocidTokenSpace.codebook(L, V))
+    index = table.index(dense_budget_bytes=0)  # every level CSR (a small V would make them dense tables)
+    assert index.device().level_runs()
+    q = np.random.default_rng(3).integers(3, 500, (2, 6)).astype(np.int32)
+    default = GenerativeRetriever(CONFIG, CodebookHead(L, V))
+    with gin.unlock_config():
+        gin.bind_parameter("GenerativeRetriever.scan_levels", False)
+    try:
+        unrolled = GenerativeRetriever(CONFIG, CodebookHead(L, V))
+    finally:
+        gin.clear_config()
+    assert default.searcher(8).scan_levels and not unrolled.searcher(8).scan_levels
+    params = default.init_params(4)
+    exact = default.searcher(len(codes)).exhaustive_scores(params, q, index)
+    a, b = (m.predict(params, q, index, num_beams=len(codes)) for m in (default, unrolled))
+    for res in (a, b):
+        leaves = np.asarray(res.leaf_ids)
+        np.testing.assert_array_equal(np.sort(leaves, axis=1), np.tile(np.arange(len(codes)), (2, 1)))
+        # float32 sums of 8 log-softmax terms of magnitude ~1: 1e-5 of the largest score's magnitude
+        np.testing.assert_allclose(np.asarray(res.scores), np.take_along_axis(exact, leaves, axis=1),
+                                   rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(a.leaf_ids), np.asarray(b.leaf_ids))
