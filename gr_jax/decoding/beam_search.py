@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gr_jax.index.constraint import Constraint
 
@@ -95,8 +96,14 @@ def gather_rows(tree, index: jax.Array, rows: int):
         (jnp.take(x, index, axis=0) if x.ndim and x.shape[0] == rows else x), tree, is_leaf=_owns_rows)
 
 
+def _inverse_penalty(d: int, length_penalty: float) -> np.float32:
+    """1 / (d + 1)**length_penalty as a float32 constant: every path multiplies by it (a division by a constant
+    would be rewritten so by XLA in the unrolled levels, and not by a value read at a traced depth)."""
+    return np.float32(1.0) / np.float32(float(d + 1) ** length_penalty)
+
+
 def _token_scores(out, tokens, valid, score_mode: str, project_fn: Optional[ProjectFn] = None,
-                  vocab_size: int = 0):
+                  vocab_size: int = 0, candidates: Optional[bool] = None):
     """Per-slot step scores [B, N, C] (-inf where not valid); C candidate slots per beam.
 
     `out` is the step's logits [B, N, V], or with `project_fn` what it projects (hidden states [B, N, D]).
@@ -105,8 +112,10 @@ def _token_scores(out, tokens, valid, score_mode: str, project_fn: Optional[Proj
     for its normaliser."""
     if score_mode not in SCORE_MODES:
         raise ValueError(f"score_mode must be one of {SCORE_MODES}, got {score_mode!r}")
-    if project_fn is not None and tokens is not None and score_mode != "log_softmax" \
-            and tokens.shape[-1] * CANDIDATE_RATIO <= vocab_size:
+    if candidates is None:
+        candidates = _candidates_only(project_fn, tokens is not None, score_mode,
+                                      0 if tokens is None else tokens.shape[-1], vocab_size)
+    if candidates:
         s = project_fn(out, tokens)
     else:
         logits = out if project_fn is None else project_fn(out, None)
@@ -116,6 +125,12 @@ def _token_scores(out, tokens, valid, score_mode: str, project_fn: Optional[Proj
     if score_mode == "renormalized":
         s = s - jax.nn.logsumexp(jnp.where(valid, s, NEG_INF), axis=-1, keepdims=True)
     return jnp.where(valid, s, NEG_INF)
+
+
+def _candidates_only(project_fn, has_tokens: bool, score_mode: str, slots: int, vocab_size: int) -> bool:
+    """Whether a level of `slots` candidate slots computes only their logits (`_token_scores`)."""
+    return project_fn is not None and has_tokens and score_mode != "log_softmax" \
+        and slots * CANDIDATE_RATIO <= vocab_size
 
 
 @flax.struct.dataclass
@@ -222,11 +237,11 @@ def _pad_beams(state: _State, idx, N: int):
     return state, jnp.concatenate([idx, jnp.zeros((B, N - k), idx.dtype)], axis=1)
 
 
-def _fixed(cache, max_length: int):
+def _fixed(cache, steps: int):
     """The cache with a fixed number of positions, so that a step keeps its shapes: a cache object with
-    `to_fixed(max_length)` (a growing T5 cache) pads itself to `max_length` slots; other leaves as they are."""
+    `to_fixed(steps)` (a growing T5 cache) makes room for `steps` more positions; other leaves as they are."""
     has = lambda x: hasattr(x, "to_fixed")  # noqa: E731
-    return jax.tree_util.tree_map(lambda x: x.to_fixed(max_length) if has(x) else x, cache, is_leaf=has)
+    return jax.tree_util.tree_map(lambda x: x.to_fixed(steps) if has(x) else x, cache, is_leaf=has)
 
 
 def _growing(cache):
@@ -235,15 +250,15 @@ def _growing(cache):
     return jax.tree_util.tree_map(lambda x: x.to_growing() if has(x) else x, cache, is_leaf=has)
 
 
-def _scan_run(run: int, start: int, stop: int, has_leaves: bool, step_fn: StepFn, cache, last, alive: _State,
-              finished: _State, constraint, *, N: int, score_mode: str, length_penalty: float, start_token: int,
-              accumulate_bonus: bool, project_fn, keep_history: bool):
+def _scan_run(run: int, start: int, stop: int, has_leaves: bool, candidates: bool, step_fn: StepFn, cache, last,
+              alive: _State, finished: _State, constraint, *, N: int, score_mode: str, length_penalty: float,
+              start_token: int, accumulate_bonus: bool, project_fn, keep_history: bool):
     """Levels start .. stop − 1 (1 ≤ start, stop < T) as one `lax.scan` over the depth: the body is the loop's
-    level with d traced (the constraint's `children_in_run`), the cache reordered after every level. Returns
-    (cache, last, alive, finished, the alive beams of every level stacked on axis 1 or None)."""
+    level with d traced (the constraint's `children_in_run`), the cache reordered after every level; `candidates`:
+    the scoring path every level of the run takes unrolled (`_candidates_only`). Returns (cache, last, alive,
+    finished, the alive beams of every level stacked on axis 0 or None)."""
     B, T = alive.tokens.shape[0], alive.tokens.shape[2]
-    # the length penalties as the unrolled loop computes them (in double on the host), indexed by d
-    penalties = jnp.asarray([float(d + 1) ** length_penalty for d in range(T)], jnp.float32)
+    inverse_penalties = jnp.asarray([_inverse_penalty(d, length_penalty) for d in range(T)], jnp.float32)
 
     def level(carry, d):
         cache, last, src, finished = carry
@@ -251,16 +266,16 @@ def _scan_run(run: int, start: int, stop: int, has_leaves: bool, step_fn: StepFn
         logits = logits.reshape(B, N, -1).astype(jnp.float32)
         tokens, child, leaf, valid = constraint.children_in_run(run, d, src.node)
         valid = valid & src.valid[..., None]
-        step = _token_scores(logits, tokens, valid, score_mode, project_fn, constraint.vocab_size)
+        step = _token_scores(logits, tokens, valid, score_mode, project_fn, constraint.vocab_size, candidates)
         score = src.score[..., None] + step
         prune = (src.prune if accumulate_bonus else src.score)[..., None] + step
         C = step.shape[-1]
         is_leaf = leaf >= 0
         if has_leaves:
-            penalty = penalties[d]
+            inv = inverse_penalties[d]
             leaf_prune = jnp.where(is_leaf, prune, NEG_INF).reshape(B, N * C)
             _, idx = jax.lax.top_k(leaf_prune, min(N, N * C))
-            new = _extend(src, idx, C, d, tokens, score / penalty, jnp.where(is_leaf, prune, NEG_INF) / penalty,
+            new = _extend(src, idx, C, d, tokens, score * inv, jnp.where(is_leaf, prune, NEG_INF) * inv,
                           child, leaf, d + 1)
             finished = _merge_finished(finished, new, N)
         _, idx = jax.lax.top_k(jnp.where(is_leaf, NEG_INF, prune).reshape(B, N * C), min(N, N * C))
@@ -271,9 +286,9 @@ def _scan_run(run: int, start: int, stop: int, has_leaves: bool, step_fn: StepFn
                          start_token).reshape(-1)
         return (cache, last, alive, finished), (alive if keep_history else None)
 
-    # the run's steps write positions start .. stop − 1: a cache of `stop` slots holds them all, and is full after
+    # room for the run's stop − start steps: the padded cache is full after them
     (cache, last, alive, finished), levels = jax.lax.scan(
-        level, (_fixed(cache, stop), last, alive, finished), jnp.arange(start, stop, dtype=jnp.int32))
+        level, (_fixed(cache, stop - start), last, alive, finished), jnp.arange(start, stop, dtype=jnp.int32))
     return _growing(cache), last, alive, finished, levels
 
 
@@ -303,11 +318,12 @@ def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: i
     `scan_levels`: each run of levels the constraint serves with a traced depth (`level_runs()` /
     `children_in_run`: a `DeviceTrie`'s runs of CSR levels of one slot budget) is one compiled body in a
     `lax.scan` instead of one copy per level, so compile time grows with the runs, not the depth. The step
-    function is then traced with a cache of fixed shapes (a growing T5 cache is padded to T positions from
-    the run on: `to_fixed`); every level scores, selects and breaks ties as the unrolled loop does (a run's
-    levels pad their slots to the run's C with invalid slots, which keeps the (beam, slot) order). Without a
-    bonus only: `bonus_fn` takes its level as a Python int (PAG's per-level tables), so a search with one
-    runs unrolled.
+    function is then traced with a cache of fixed shapes (a growing T5 cache gets room for the run's steps,
+    `to_fixed`, and grows again after them, `to_growing`); every level scores, selects and breaks ties as the
+    unrolled loop does (a run's levels pad their slots to the run's C with invalid slots, which keeps the
+    (beam, slot) order; a run whose levels would take different scoring paths, `_candidates_only`, stays
+    unrolled). Without a bonus only: `bonus_fn` takes its level as a Python int (PAG's per-level tables), so
+    a search with one runs unrolled.
     """
     B, N, T = batch_size, num_beams, constraint.depth  # T decoding steps
     alive = _root(B, N, T, constraint.root((B, N)))
@@ -316,14 +332,18 @@ def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: i
     runs = {}
     if scan_levels and bonus_fn is None and hasattr(constraint, "level_runs"):
         for r, (a, b) in enumerate(constraint.level_runs()):
-            if 1 <= a and b < T and b - a >= 2:
-                runs[a] = (r, b, any(constraint.has_leaves(d) for d in range(a, b)))
+            # each level's own slots (shapes only: the traced reads are dead code) decide its scoring path
+            paths = {_candidates_only(project_fn, tokens is not None, score_mode,
+                                      0 if tokens is None else tokens.shape[-1], constraint.vocab_size)
+                     for tokens in (constraint.children(d, alive.node)[0] for d in range(a, b))}
+            if 1 <= a and b < T and b - a >= 2 and len(paths) == 1:  # else unrolled, each level its own path
+                runs[a] = (r, b, any(constraint.has_leaves(d) for d in range(a, b)), paths.pop())
     d = 0
     while d < T:
         if d in runs:
-            r, stop, run_leaves = runs[d]
+            r, stop, run_leaves, candidates = runs[d]
             cache, last, alive, finished, run_levels = _scan_run(
-                r, d, stop, run_leaves, step_fn, cache, last, alive, finished, constraint, N=N,
+                r, d, stop, run_leaves, candidates, step_fn, cache, last, alive, finished, constraint, N=N,
                 score_mode=score_mode, length_penalty=length_penalty, start_token=start_token,
                 accumulate_bonus=accumulate_bonus, project_fn=project_fn, keep_history=keep_history)
             if keep_history:
@@ -344,10 +364,10 @@ def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: i
             tokens = jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), step.shape)
         is_leaf = leaf >= 0
         if constraint.has_leaves(d):
-            penalty = float(d + 1) ** length_penalty
+            inv = _inverse_penalty(d, length_penalty)
             leaf_prune = jnp.where(is_leaf, prune, NEG_INF).reshape(B, n * C)
             _, idx = jax.lax.top_k(leaf_prune, min(N, n * C))
-            new = _extend(src, idx, C, d, tokens, score / penalty, jnp.where(is_leaf, prune, NEG_INF) / penalty,
+            new = _extend(src, idx, C, d, tokens, score * inv, jnp.where(is_leaf, prune, NEG_INF) * inv,
                           child, leaf, d + 1)
             finished = _merge_finished(finished, new, N)
         if d + 1 < T or keep_history:
@@ -377,9 +397,9 @@ def beam_search_unconstrained(step_fn: StepFn, cache, *, batch_size: int, num_be
         step = _token_scores(logits, None, valid, score_mode)
         score = src.score[..., None] + step
         # finishing: the EOS slot of each beam (n candidates, not n·V)
-        penalty = float(d + 1) ** length_penalty
+        inv = _inverse_penalty(d, length_penalty)
         eos_idx = jnp.broadcast_to(jnp.arange(n)[None, :] * V + eos_id, (B, n))
-        new = _extend(src, eos_idx, V, d, vocab, score / penalty, score / penalty, None, None, d + 1)
+        new = _extend(src, eos_idx, V, d, vocab, score * inv, score * inv, None, None, d + 1)
         finished = _merge_finished(finished, new, N)
         if d + 1 < T:
             go = jnp.where(jnp.arange(V) == eos_id, NEG_INF, score).reshape(B, n * V)

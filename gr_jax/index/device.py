@@ -207,7 +207,7 @@ def _run_arrays(index, start: int, stop: int, facts: list, kids: dict) -> dict:
     offsets, tokens, child, leaf = (np.concatenate(a) for a in (offsets, tokens, child, leaf))
     cap_o = _capacity(max(len(offsets), 2 * built)) if grown else len(offsets)
     cap_c = _capacity(max(len(tokens), 2 * built)) if grown else len(tokens)
-    wide = offsets[-1] >= 2**31
+    wide = max(n_offsets, n_children) >= 2**31  # positions in the offsets or the children past int32
     return {"offsets": jnp.asarray(np.pad(offsets, (0, cap_o - len(offsets)), mode="edge")
                                    .astype(np.int64 if wide else np.int32)),
             "tokens": jnp.asarray(np.pad(tokens, (0, cap_c - len(tokens)), constant_values=-1).astype(np.int32)),

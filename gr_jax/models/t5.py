@@ -459,13 +459,13 @@ class DecodeCache:
             return self.replace(self_k=jnp.repeat(self.self_k, n, axis=1), self_v=jnp.repeat(self.self_v, n, axis=1))
         return self._map_batch(lambda a, axis: jnp.repeat(a, n, axis=axis))
 
-    def to_fixed(self, max_length: int) -> "DecodeCache":
-        """A growing cache as a fixed one of `max_length` positions (the fed ones, then empty slots), so that
-        further steps keep its shapes (a search's run of levels in a `lax.scan`, which feeds exactly the
-        remaining slots, then calls `to_growing`); a fixed cache as it is."""
+    def to_fixed(self, steps: int) -> "DecodeCache":
+        """A growing cache as a fixed one with room for `steps` more positions (the fed ones, then empty slots),
+        so that those steps keep its shapes (a search's run of levels in a `lax.scan`, which then calls
+        `to_growing`); a fixed cache as it is."""
         if not self.growing:
             return self
-        pad = ((0, 0), (0, 0), (0, max_length - self.max_length), (0, 0), (0, 0))
+        pad = ((0, 0), (0, 0), (0, steps), (0, 0), (0, 0))
         return self.replace(self_k=jnp.pad(self.self_k, pad), self_v=jnp.pad(self.self_v, pad), growing=False,
                             regrow=True)
 

@@ -251,3 +251,36 @@ def test_a_constraint_from_outside_drives_the_search_and_keeps_its_history():
         assert got == [s for _, s in exact]
         codes = [_code(s) for s in got]
         assert np.asarray(res.leaf_ids[b])[ok].tolist() == codes == np.asarray(res.states[b])[ok].tolist()
+
+
+@pytest.mark.parametrize("mode", ["log_softmax", "renormalized", "raw"])
+def test_scanned_levels_equal_the_unrolled_search_bit_for_bit(mode):
+    """The toy step's arithmetic does not depend on the level, so the search with its runs of levels scanned
+    (`scan_levels`) returns exactly the unrolled search's docids, leaves, scores (length penalty 1: the same
+    float32 reciprocal at a traced depth) and history, at beams that prune and at a full beam. "renormalized"
+    normalises over a level's slots, which a run pads to its C (invalid slots): the same ranking, and scores
+    within float32 rounding of that longer sum (1e-6 of their magnitude, ~O(1) here)."""
+    r = np.random.default_rng(7)
+    seqs: set = set()
+    while len(seqs) < 150:
+        seqs.add(tuple(int(x) for x in r.integers(2, 6, r.integers(1, 8))) + (EOS,))
+    index = TrieIndex.build([list(s) for s in sorted(seqs)], vocab_size=V, eos_id=EOS, dense_budget_bytes=0)
+    trie = index.device()
+    assert any(b - a >= 3 for a, b in trie.level_runs())
+    cache = toy_cache(seed=9, batch=4)
+    for N in (1, 4, len(seqs)):
+        a, b = (jax.jit(lambda c, t, s=scan: beam_search(toy_step, c, t, batch_size=4, num_beams=N, score_mode=mode,
+                                                         length_penalty=1.0, keep_history=True, scan_levels=s))(
+            cache, trie) for scan in (False, True))
+        valid = np.asarray(a.valid)
+        np.testing.assert_array_equal(valid, np.asarray(b.valid))
+        exact = np.testing.assert_array_equal
+        close = exact if mode != "renormalized" else functools.partial(np.testing.assert_allclose, rtol=1e-6)
+        for check, x, y in ((exact, a.tokens, b.tokens), (exact, a.leaf_ids, b.leaf_ids), (close, a.scores, b.scores),
+                            (close, a.prune_scores, b.prune_scores)):
+            check(np.asarray(x)[valid], np.asarray(y)[valid])
+        hv = np.asarray(a.history.valid)
+        exact(hv, np.asarray(b.history.valid))
+        for check, x, y in ((exact, a.history.tokens, b.history.tokens), (close, a.history.scores, b.history.scores),
+                            (exact, a.history.states, b.history.states)):
+            check(np.asarray(x)[hv], np.asarray(y)[hv])
