@@ -8,7 +8,7 @@ child slots gathered per beam — shared by beam search and exhaustive scoring.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import flax.struct
 import jax
@@ -43,7 +43,6 @@ class RunSpec:
     start: int
     stop: int
     slots: int  # C: child slots per beam at every level of the run (≥ each level's own K, a power of two)
-    has_leaves: bool  # some level of the run has leaves among its children
 
 
 @flax.struct.dataclass
@@ -80,6 +79,17 @@ class DeviceTrie:
         return _run_candidates(self.runs[run], d - spec.start, node, spec.slots)
 
 
+class _Level(NamedTuple):
+    """What `to_device` decides per depth before it stores the arrays."""
+
+    dense: bool
+    K: int  # slots per beam (0: dense or no children)
+    rows: int
+    leaf_mode: str
+    has_leaves: bool
+    inserted: bool  # nodes were inserted below this depth (the table form, padded capacities)
+
+
 def to_device(index) -> DeviceTrie:
     """Copies a TrieIndex to the default device.
 
@@ -114,8 +124,8 @@ def to_device(index) -> DeviceTrie:
             if not dense:
                 parent = kids[d][0]
                 K = _capacity(max(np.bincount(parent, minlength=rows).max(), 2 * K)) if len(parent) else 0
-        facts.append((dense, K, rows, leaf_mode, has_leaves, inserted))
-    runs = _plan_runs([(f[0], f[1]) for f in facts])
+        facts.append(_Level(dense, K, rows, leaf_mode, has_leaves, inserted))
+    runs = _plan_runs([(f.dense, f.K) for f in facts])
     in_run = {d: (r, d - a) for r, (a, b) in enumerate(runs) for d in range(a, b)}
     for d, (dense, K, rows, leaf_mode, has_leaves, inserted) in enumerate(facts):
         arrays, leaf_base = {}, index.leaf_base[d + 1]
@@ -148,8 +158,8 @@ def to_device(index) -> DeviceTrie:
                                leaf_base=int(leaf_base), has_leaves=has_leaves, vocab_size=V, run=run, run_pos=pos))
         levels.append(arrays)
     run_arrays = tuple(_run_arrays(index, a, b, [facts[d] for d in range(a, b)], kids) for a, b in runs)
-    run_specs = tuple(RunSpec(start=a, stop=b, slots=max(_capacity(facts[d][1]) for d in range(a, b)),
-                              has_leaves=any(facts[d][4] for d in range(a, b))) for a, b in runs)
+    run_specs = tuple(RunSpec(start=a, stop=b, slots=max(_capacity(facts[d].K) for d in range(a, b)))
+                      for a, b in runs)
     return DeviceTrie(levels=tuple(levels), specs=tuple(specs), vocab_size=V, eos_id=index.eos_id,
                       runs=run_arrays, run_specs=run_specs)
 
@@ -191,9 +201,10 @@ def _run_arrays(index, start: int, stop: int, facts: list, kids: dict) -> dict:
     offsets, tokens, child, leaf, node_base, rows_of = [], [], [], [], [], []
     n_offsets = n_children = built = 0
     for i, d in enumerate(range(start, stop)):
-        _, _, rows, leaf_mode, _, _ = facts[i]
-        parent, tok, ch, lf = kids[d] if d in kids else _children(index, d, leaf_mode, index.extras[d])
-        order = np.lexsort((tok, parent))
+        rows = facts[i].rows
+        parent, tok, ch, lf = kids[d] if d in kids else _children(index, d, facts[i].leaf_mode, index.extras[d])
+        # a built level's children are in (parent, token) order already; inserted ones follow their level's
+        order = np.lexsort((tok, parent)) if d in kids else slice(None)
         counts = np.bincount(parent, minlength=rows)
         offsets.append(n_children + np.concatenate([[0], np.cumsum(counts)]))
         for out, a in ((tokens, tok), (child, ch), (leaf, lf)):
@@ -203,7 +214,7 @@ def _run_arrays(index, start: int, stop: int, facts: list, kids: dict) -> dict:
         n_offsets += rows + 1
         n_children += len(parent)
         built += len(index.tokens[d + 1]) + index.main_nodes[d] + 1
-    grown = any(f[5] for f in facts)
+    grown = any(f.inserted for f in facts)
     offsets, tokens, child, leaf = (np.concatenate(a) for a in (offsets, tokens, child, leaf))
     cap_o = _capacity(max(len(offsets), 2 * built)) if grown else len(offsets)
     cap_c = _capacity(max(len(tokens), 2 * built)) if grown else len(tokens)

@@ -11,7 +11,7 @@ Injectable pieces (gin binds them; a method is a combination of these, not a new
 
 `scan_levels` (default True; gin `GenerativeRetriever.scan_levels`): the search runs the trie's runs of similar
 levels as one compiled `lax.scan` body each (`decoding.beam_search`): a new trie shape compiles in about a third
-of the time, and a search runs 1.05–1.2× longer on this CPU (tools/bench_compile.py's "levels" rows); False
+of the time, and a search runs 1.05–1.25× longer on this CPU (bench_compile's "levels", bench_decoding's (a)); False
 unrolls every level (a long evaluation on one trie, where the compile is paid once).
 
 The network is a plain Flax module (built by the caller, or from `config`); the retriever owns no state.

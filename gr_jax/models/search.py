@@ -47,8 +47,8 @@ def t5_project(model: t5.T5, params, hidden, tokens=None):
 
 def t5_cache(model: t5.T5, params, query_tokens, max_length: int):
     """The search's decode cache: a growing one (`DecodeCache.growing`: each level attends to and reorders only
-    the positions decoded so far) for the levels the search unrolls; a run of levels in a `lax.scan` pads it to
-    the run's last position (`DecodeCache.to_fixed`) and lets it grow again after."""
+    the positions decoded so far) for the levels the search unrolls; a run of levels in a `lax.scan` gives it room
+    for the run's steps (`DecodeCache.to_fixed`) and lets it grow again after."""
     mask = query_tokens != model.config.pad_token_id
     encoded = model.apply({"params": params}, query_tokens, mask, method=t5.T5.encode)
     return model.apply({"params": params}, encoded, mask, max_length, True, method=t5.T5.init_cache)
