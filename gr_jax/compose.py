@@ -40,7 +40,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from gr_jax import gin_checks, validation
+from gr_jax import distributed, gin_checks, io_utils, validation
 from gr_jax.data import pairs as dsi_pairs
 from gr_jax.data import sources
 from gr_jax.data.pipeline import MixtureIterator, tokenize
@@ -280,7 +280,8 @@ def initial_params(setup: Setup, seed: int, initial_checkpoint_path: Optional[st
 
 def evaluate_split(setup: Setup, params, split: str, eval_config: EvalConfig, max_queries: int = 0):
     """(run, qrels of the evaluated queries, metrics) of the judged queries of `split`, taken by query id (the
-    first `max_queries`; 0: all) — never in the order of the query file."""
+    first `max_queries`; 0: all) — never in the order of the query file. In a multi-process run each process
+    searches its block of them and every process gets the whole run (`distributed.share`, `gather_json`)."""
     ds = setup.dataset
     if split not in ds.queries:
         raise ValueError(f"evaluation split {split!r} not in the dataset (it has {sorted(ds.queries)})")
@@ -289,9 +290,11 @@ def evaluate_split(setup: Setup, params, split: str, eval_config: EvalConfig, ma
     if max_queries:
         qids = qids[:max_queries]
     text_of = dict(zip(queries.qids, queries.texts))
-    tokens = tokenize([text_of[q] for q in qids], setup.vocab, setup.feature_lengths["inputs"], what=split)
-    run = retrieve(setup.model, params, tokens, qids, setup.index, ds.corpus.doc_ids, eval_config.num_beams,
+    mine = distributed.share(qids)  # with several processes: this one's block of the queries
+    tokens = tokenize([text_of[q] for q in mine], setup.vocab, setup.feature_lengths["inputs"], what=split)
+    run = retrieve(setup.model, params, tokens, mine, setup.index, ds.corpus.doc_ids, eval_config.num_beams,
                    eval_config.batch_size)
+    run = {q: r for part in distributed.gather_json(run) for q, r in part.items()}
     sub = {q: qrels[q] for q in qids}
     return run, sub, evaluate(run, sub, eval_config.metrics, eval_config.threshold(split), missing_as_zero=True)
 
@@ -332,8 +335,9 @@ def train(model_dir: str = gin.REQUIRED, train_steps: Count = gin.REQUIRED, batc
     if model_dir.exists() and not model_dir.is_dir():
         raise ValueError(f"MODEL_DIR {model_dir} is a file, not a directory; choose another MODEL_DIR")
     tx = optimizer if optimizer is not None else trainer.make_optimizer(total_steps=train_steps)
-    setup = prepare(model_dir=str(model_dir), batch_size=batch_size, feature_lengths=feature_lengths, task=task,
-                    seed=seed, initial_checkpoint_path=initial_checkpoint_path, dataset=dataset)
+    with distributed.primary_first("prepare"):  # process 0 writes the vocabulary and docid scheme, the others read
+        setup = prepare(model_dir=str(model_dir), batch_size=batch_size, feature_lengths=feature_lengths,
+                        task=task, seed=seed, initial_checkpoint_path=initial_checkpoint_path, dataset=dataset)
 
     decoded = setup.scheme.decoded_by_model
 
@@ -355,20 +359,28 @@ def train(model_dir: str = gin.REQUIRED, train_steps: Count = gin.REQUIRED, batc
                       num_partitions=num_partitions, progress=progress, evaluate=periodic,
                       step_callback=step_callback, initial_checkpoint_path=initial_checkpoint_path,
                       refresh=redecode if decoded else None, refresh_period=setup.refresh_period,
-                      on_start=lambda: write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True))
+                      on_start=lambda: _write(model_dir / "config.gin", gin.config_str()))
     state, step = out["state"], out["step"]
+    params = distributed.local(state["params"])  # the searches run on this process's devices
     summary = {"model_dir": str(model_dir), "steps": step, "checkpoint": out["checkpoint"]}
     if decoded:  # the final docids: decoded with the final parameters, written in the scheme's format
-        use_model_docids(setup, decode_model_docids(setup, state["params"]))
-        summary["docids"] = str(write_model_docids(setup, model_dir, step))
+        use_model_docids(setup, decode_model_docids(setup, params))
+        if io_utils.writes():  # process 0 of a multi-process run
+            summary["docids"] = str(write_model_docids(setup, model_dir, step))
     if final_eval:
-        summary.update(_final_evaluation(setup, state["params"], step, eval_config, model_dir))
-        write_text(model_dir / "final_metrics.json", json_text(summary, indent=1), keep_previous=True)
+        summary.update(_final_evaluation(setup, params, step, eval_config, model_dir))
+        _write(model_dir / "final_metrics.json", json_text(summary, indent=1))
     summary["train_seconds"] = round(time.time() - t_start, 1)
     summary["resumed_from"] = out["resumed_from"]
     summary["state"] = state
     summary["setup"] = setup  # model, docids, index, vocabulary: callers that go on (dynamic corpora) reuse it
     return summary
+
+
+def _write(path: Path, text: str) -> None:
+    """A result file, kept-previous; written by process 0 only in a multi-process run."""
+    if io_utils.writes():
+        write_text(path, text, keep_previous=True)
 
 
 def _periodic_metrics(setup: Setup, params, eval_config: EvalConfig) -> dict:
@@ -393,7 +405,8 @@ def _final_evaluation(setup: Setup, params, step: int, eval_config: EvalConfig, 
     split = eval_config.final_split or eval_config.split
     run, qrels, metrics = evaluate_split(setup, params, split, eval_config)
     run_path = model_dir / "runs" / f"{split}.step{step}.run"
-    write_run(run_path, run)
+    if io_utils.writes():  # process 0 of a multi-process run
+        write_run(run_path, run)
     out = {"split": split, "queries": len(qrels), "num_beams": eval_config.num_beams, "ranker": _describe(setup.model.ranker), "metrics": metrics,
            "run": str(run_path)}
     if eval_config.compare_bm25:

@@ -28,6 +28,7 @@ import pkgutil
 import re
 import sys
 import tokenize
+import traceback
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -35,7 +36,7 @@ import gin
 import gin.config
 from gin import config_parser
 
-from gr_jax import host_memory, locks, validation
+from gr_jax import distributed, host_memory, locks, validation
 from gr_jax.errors import UserError
 from gr_jax.io_utils import FileFormatError, free_space, no_space, read_text
 from gr_jax.gin_checks import MACRO, GinConfigError, call_configured, command  # noqa: F401 (re-exported)
@@ -105,6 +106,35 @@ def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], l
             continue
         rest.append(arg)
     return files, bindings, paths, rest
+
+
+def distributed_flags(args: Sequence[str]) -> tuple[dict, list[str]]:
+    """t5x's multi-process flags among `args` (`distributed.FLAGS`: `--multiprocess` (or t5x's
+    `--multiprocess_gpu`), `--coordinator_address=H:P`, `--process_count=N`, `--process_index=I`,
+    `--initialization_timeout=S`) → (`distributed.initialize`'s arguments, the other args)."""
+    found, rest = {}, []
+    it = iter(args)
+    for arg in it:
+        m = re.match(r"--(\w+)(?:=(.*))?$", arg, re.S)
+        if not m or m.group(1) not in distributed.FLAGS:
+            rest.append(arg)
+            continue
+        name, value = m.group(1), m.group(2)
+        if name in ("multiprocess", "multiprocess_gpu"):
+            if value is not None and value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"--{name}={value}: expected true or false")
+            found["multiprocess"] = value is None or value.lower() in ("true", "1")
+            continue
+        value = value if value is not None else next(it, "")
+        if name == "coordinator_address":
+            if not re.match(r"^[^\s:]+:\d+$", value):
+                raise ValueError(f"--coordinator_address={value!r}: expected HOST:PORT")
+            found[name] = value
+        else:
+            if not re.match(r"^\d+$", value):
+                raise ValueError(f"--{name}={value!r}: expected a whole number")
+            found[name] = int(value)
+    return found, rest
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -372,22 +402,56 @@ def output_dirs() -> list[str]:
 
 
 def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = (), root: str | None = None,
-              allow_unused: Sequence[str] = ()):
+              allow_unused: Sequence[str] = (), multiprocess: bool = False):
     """The body of a `python -m gr_jax.<command>` entry point: split the flags, parse gin, call the configured
     function `get_fn()` returns (named `root` for `check_bindings_used`). Returns (exit code, result); a
-    usage, configuration, data or file error → (2, None) with one message on stderr."""
+    usage, configuration, data or file error → (2, None) with one message on stderr. A command that runs over
+    several processes (`multiprocess`: `gr_jax/distributed.py`) takes t5x's flags for them; process i > 0 holds
+    its own lock file beside process 0's. A process of such a run that fails exits at once (with the same
+    message): JAX's shutdown would otherwise wait minutes for the processes it can no longer reach."""
+    try:
+        rc, result = _run_entry(argv, usage, get_fn, extra_bindings, root, allow_unused, multiprocess)
+    except BaseException:
+        if not distributed.several():
+            raise
+        traceback.print_exc()
+        rc = 1
+    if rc and distributed.several():
+        sys.stderr.write(f"note: process {distributed.process_index()} of {distributed.process_count()} stopped; "
+                         f"the other processes of this run stop too. Start all of them again with the same "
+                         f"command: training resumes from the last checkpoint\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(rc)
+    return rc, result
+
+
+def _run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str], root: Optional[str],
+               allow_unused: Sequence[str], multiprocess: bool):
     files, bindings, paths, rest = split_flags(sys.argv[1:] if argv is None else argv)
+    try:
+        processes, rest = distributed_flags(rest)
+    except ValueError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2, None
     if rest or not files:
         sys.stderr.write((f"unknown arguments: {rest}\n" if rest else "") + usage + "\n")
+        return 2, None
+    if processes and not multiprocess:
+        sys.stderr.write(f"error: gr_jax {root or 'this command'} runs in one process; the multi-process flags "
+                         f"(--{', --'.join(sorted(processes))}) are for gr_jax.train\n")
         return 2, None
     extra_macros = [b.split("=", 1)[0].strip() for b in extra_bindings]
     try:
         with command(root, allow_unused):
             parse(files, [*extra_bindings, *bindings], paths, ignore_unused_macros=extra_macros)
+            distributed.initialize(**processes)
             cpu_runtime()
+            index = distributed.process_index() if processes.get("multiprocess") else 0
             with contextlib.ExitStack() as held:
                 for path in output_dirs():
-                    held.enter_context(locks.output_lock(path, f"gr_jax {root or 'command'}"))
+                    held.enter_context(locks.output_lock(path, f"gr_jax {root or 'command'}",
+                                                         f".{index}" if index else ""))
                 return 0, call_configured(get_fn())
     except Exception as e:
         if not isinstance(e, expected_errors()) and not no_space(e):

@@ -18,6 +18,9 @@
   written as `null`, and the caller says why beside it where it knows.
 * `read_text` / `read_json` / `read_jsonl`: a file that is not UTF-8, truncated or not JSON is an error naming
   the file (and the line).
+* `read_only(why)`: from then on every write through this module raises (a process of a multi-process run
+  other than process 0, which writes for all: `gr_jax/distributed.py`); a missed guard is a loud bug, never a
+  second writer.
 * `fault_point(name)`: where the reliability tests inject a kill or a full disk (environment variable
   `GR_JAX_FAULT=<name>:<n>:<kill|enospc>`: the n-th time this process passes that point); nothing otherwise.
 """
@@ -164,6 +167,7 @@ def keep_aside(path: str | os.PathLike) -> Path:
     """Renames an existing `path` to `<name>.prev-<n>` (the first free n) and returns the new name: an output
     that a new run replaces is kept, not deleted."""
     path = Path(path)
+    _check_writer(path)
     kept = _previous_name(path)
     os.replace(path, kept)
     return kept
@@ -189,6 +193,24 @@ def _publish(tmp: Path, path: Path, keep_previous: bool) -> None:
     _remove(aside)
 
 
+_READ_ONLY: list[str] = []  # why this process writes nothing (empty: it writes)
+
+
+def read_only(why: str) -> None:
+    """Every later write through this module raises `RuntimeError` naming `why` (module docstring)."""
+    _READ_ONLY[:] = [why]
+
+
+def writes() -> bool:
+    """Whether this process writes outputs (False after `read_only`)."""
+    return not _READ_ONLY
+
+
+def _check_writer(path: Path) -> None:
+    if _READ_ONLY:
+        raise RuntimeError(f"{path}: written by {_READ_ONLY[0]}; a bug: this write needs an is_primary() guard")
+
+
 def make_dirs(path: str | os.PathLike, what: str = "output directory") -> Path:
     """`mkdir -p path`; a part of it that is a file is an error that names it (not `[Errno 17] File exists`)."""
     path = Path(path)
@@ -201,6 +223,7 @@ def make_dirs(path: str | os.PathLike, what: str = "output directory") -> Path:
 
 
 def _prepare_parent(path: Path) -> None:
+    _check_writer(path)
     make_dirs(path.parent, f"folder of {path.name}")
     clean_stale(path)
 

@@ -83,8 +83,10 @@ def _acquire(lock_path: Path) -> int:
 
 
 @contextlib.contextmanager
-def output_lock(path: str | os.PathLike, command: str) -> Iterator[Path]:
-    """Holds the directory `path` for this process (module docstring); yields it."""
+def output_lock(path: str | os.PathLike, command: str, suffix: str = "") -> Iterator[Path]:
+    """Holds the directory `path` for this process (module docstring); yields it. `suffix` names another
+    lock file, `.gr_jax.lock<suffix>`: process i > 0 of a multi-process run holds its own beside process 0's,
+    so that a second run is refused by each of them."""
     path = Path(path)
     key = os.path.realpath(path)
     if _held.get(key):
@@ -96,7 +98,7 @@ def output_lock(path: str | os.PathLike, command: str) -> Iterator[Path]:
         return
     created = [p for p in [path, *path.parents] if not p.exists()]  # deepest first
     make_dirs(path)
-    lock_path = path / LOCK_NAME
+    lock_path = path / f"{LOCK_NAME}{suffix}"
     fd = _acquire(lock_path)
     try:
         left = _holder(_read(fd))

@@ -1,7 +1,9 @@
 """python -m gr_jax.train --gin_file=FILE [--gin_file=...] [--gin.NAME=VALUE ...] [--gin_search_paths=A,B]
+    [--multiprocess [--coordinator_address=HOST:PORT --process_count=N --process_index=I]]
 
 Parses the gin flags, calls `compose.train` (which writes the final config to MODEL_DIR/config.gin), and
 prints where the checkpoint, run file and metrics went (with BM25 next to the model when configured).
+With `--multiprocess` it is one of N processes of one run (`gr_jax/distributed.py`); process 0 prints.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import sys
 from pathlib import Path
 
 from gr_jax.cli import setup_logging
-from gr_jax import gin_utils
+from gr_jax import distributed, gin_utils
 
 log = logging.getLogger("gr_jax.train")
 
@@ -34,11 +36,13 @@ def main(argv=None) -> int:
 
         return compose.train
 
-    rc, summary = gin_utils.run_entry(argv, __doc__, configured, root="train")
+    rc, summary = gin_utils.run_entry(argv, __doc__, configured, root="train", multiprocess=True)
     if rc:
         return rc
     summary.pop("state", None)
     summary.pop("setup", None)
+    if not distributed.is_primary():
+        return 0
     if "metrics" in summary:
         sys.stdout.write(f"\n{summary['split']} ({summary['queries']} queries):\n{summary_table(summary)}\n\n")
         sys.stdout.write(f"run file:   {summary['run']}\n")

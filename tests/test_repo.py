@@ -125,7 +125,7 @@ LOW = ("gr_jax.data", "gr_jax.docids", "gr_jax.index", "gr_jax.decoding")
 CORE = LOW + ("gr_jax.models", "gr_jax.training", "gr_jax.evaluation", "gr_jax.baselines", "gr_jax.compose",
               "gr_jax.protocols", "gr_jax.gin_utils", "gr_jax.tasks")
 LEAVES = ("gr_jax.errors", "gr_jax.validation", "gr_jax.io_utils", "gr_jax.provenance", "gr_jax.vocab", "gr_jax.gin_checks",
-          "gr_jax.cli", "gr_jax.host_memory", "gr_jax.locks", "gr_jax.progress")
+          "gr_jax.cli", "gr_jax.host_memory", "gr_jax.locks", "gr_jax.progress", "gr_jax.distributed")
 HIGH = ("gr_jax.models", "gr_jax.training", "gr_jax.evaluation", "gr_jax.baselines", "gr_jax.compose",
         "gr_jax.methods", "gr_jax.protocols", "gr_jax.gin_utils", "gr_jax.train", "gr_jax.infer", "gr_jax.eval",
         "gr_jax.dynamic")

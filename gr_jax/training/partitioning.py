@@ -2,20 +2,23 @@
 
 The mesh has two axes, "data" (data parallelism: the batch is split over it) and "model" (tensor
 parallelism of the vocabulary, MLP and attention heads). With `num_partitions=1` (the default) every
-parameter is replicated and only the batch is split — plain data parallelism. The rules are a gin
-binding, so a run can change them without code.
+parameter is replicated and only the batch is split — plain data parallelism. As in t5x's partitioner, gin
+chooses: `train.num_partitions` (the `model` axis's size), `logical_rules.rules` (the table) and
+`logical_rules.parameter_partitioning_dims = 2` (parameters split over `data` too). The mesh spans every
+process's devices, ordered by process (`jax.devices()`), so each process's devices hold whole rows of the
+batch (`distributed.global_batch`).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Annotated, Optional, Sequence
 
 import gin
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from gr_jax.validation import Count
+from gr_jax.validation import Count, Range
 
 
 DEFAULT_RULES: tuple[tuple[str, Optional[str]], ...] = (
@@ -40,8 +43,15 @@ def make_mesh(num_partitions: Count = 1, devices: Optional[Sequence] = None) -> 
 
 
 @gin.configurable
-def logical_rules(rules: Sequence[tuple[str, Optional[str]]] = DEFAULT_RULES) -> dict[str, Optional[str]]:
-    return dict(rules)
+def logical_rules(rules: Sequence[tuple[str, Optional[str]]] = DEFAULT_RULES,
+                  parameter_partitioning_dims: Annotated[int, Range(integer=True, low=1, high=2)] = 1) -> dict[str, Optional[str]]:
+    """{logical axis: mesh axis}. `parameter_partitioning_dims = 2` (t5x's name) also splits every matrix's
+    `embed` (d_model) axis over `data`: parameters and optimizer state fully sharded (FSDP / ZeRO-3), each
+    device holding 1/(data × model) of them; XLA gathers a layer's weights where the step needs them."""
+    out = dict(rules)
+    if parameter_partitioning_dims == 2:
+        out["embed"] = "data"
+    return out
 
 
 def to_mesh_spec(logical: P, rules: dict[str, Optional[str]]) -> P:

@@ -38,7 +38,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from gr_jax import host_memory, validation
+from gr_jax import distributed, host_memory, io_utils, validation
 from gr_jax.progress import bar as progress_bar
 from gr_jax.errors import UserError
 from gr_jax.io_utils import fault_point, free_space, json_text, no_space, write_text
@@ -115,9 +115,12 @@ class ScalarWriter:
 
     def __init__(self, model_dir: Path, name: str, resumed_at: Optional[int] = None):
         self.path = model_dir / f"{name}_metrics.jsonl"
+        self._tb = None
+        self.enabled = io_utils.writes()  # one writer: process 0 of a multi-process run
+        if not self.enabled:
+            return
         if resumed_at is not None:
             self._forget_after(resumed_at)
-        self._tb = None
         try:
             from tensorboardX import SummaryWriter
 
@@ -136,6 +139,8 @@ class ScalarWriter:
             write_text(self.path, "".join(kept))
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
+        if not self.enabled:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json_text({"step": step, **scalars}) + "\n")
@@ -205,7 +210,7 @@ def array_digests(tree) -> dict[str, str]:
     """{key path: blake2b-12 of dtype, shape and bytes} of every array of `tree` (a checkpoint's state): saved
     beside the state, so that a restore notices an array that changed on disk (a flipped bit is not NaN)."""
     out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(jax.device_get(distributed.local(tree)))[0]:
         a = np.ascontiguousarray(np.asarray(leaf))
         h = hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode(), digest_size=12)
         h.update(a.view(np.uint8).reshape(-1) if a.size else b"")
@@ -240,11 +245,13 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
     """The checkpoint's items (`state`, and `data` with `with_data`), checked: its arrays against the checksums
     recorded at save (checkpoints written before checksums were recorded are read unchecked, with a note) and
     its parameters for finite values. Anything else → `DamagedCheckpoint` naming the checkpoint and the array."""
-    items = {"state": ocp.args.StandardRestore(template)}
-    if with_data:
-        items["data"] = ocp.args.JsonRestore()
     try:
         with _abandoned_reads_quiet():
+            if template is None:  # onto this process's first device, whatever layout saved it (devices, processes)
+                template = _local_template(Path(manager.directory) / str(step) / "state")
+            items = {"state": ocp.args.StandardRestore(template)}
+            if with_data:
+                items["data"] = ocp.args.JsonRestore()
             restored = manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # orbax/tensorstore raise many types for unreadable files
         detail = (str(e).splitlines() or [""])[0].split(" See full TensorStore details")[0][:200]
@@ -267,6 +274,15 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
         raise DamagedCheckpoint(f"{where}: its parameters hold NaN or infinite values ({len(bad)} array(s), first: "
                                 f"{bad[0]}); it cannot give a meaningful result")
     return restored
+
+
+def _local_template(state_dir: Path):
+    """The saved state's shapes and dtypes, placed on this process's first device: a checkpoint saved over
+    several devices or processes restores without its saving topology (orbax needs a target layout then)."""
+    tree = ocp.StandardCheckpointHandler().metadata(state_dir)
+    tree = getattr(tree, "tree", tree)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
 
 
 @contextlib.contextmanager
@@ -322,8 +338,11 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state, **json_ite
 
 
 def _set_aside(model_dir: Path, step: int) -> Path:
-    """Moves a damaged checkpoint out of checkpoints/ (kept for inspection, never deleted)."""
+    """Moves a damaged checkpoint out of checkpoints/ (kept for inspection, never deleted); process 0 moves it
+    for every process of a run."""
     dest_dir = model_dir / "damaged_checkpoints"
+    if not io_utils.writes():
+        return dest_dir / str(step)
     dest_dir.mkdir(exist_ok=True)
     dest, n = dest_dir / str(step), 1
     while dest.exists():
@@ -360,6 +379,7 @@ def restore_latest_intact(model_dir: Path, keep: int, template, meta: dict):
     MODEL_DIR/damaged_checkpoints/ with a warning and the next older one is tried; if checkpoints exist but
     none is intact, a TrainingError. A checkpoint that reads but was trained with other data, vocabulary,
     docids or network (its recorded provenance) stops with a TrainingError: it is not damaged, the run is."""
+    distributed.barrier("restore")  # every process lists the same checkpoints
     manager = _checkpoint_manager(model_dir, keep)
     damaged = []
     for step in sorted(manager.all_steps(), reverse=True):
@@ -454,14 +474,16 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     if batch_size % mesh.shape["data"]:
         raise ValueError(f"BATCH_SIZE {batch_size} is not divisible by the {mesh.shape['data']} data-parallel devices")
     state, state_shardings = _initial_state(model, params, tx, mesh)
-    template = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, state)
+    # restored straight into the run's layout (on every process's devices, with several)
+    template = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+                                      state_shardings)
     manager, latest, restored = restore_latest_intact(model_dir, keep_checkpoints, template, meta)
     if restored is not None:
         state = restored["state"]
         iterator.set_state(restored["data"])
         log.info("resumed from %s at step %d", model_dir / "checkpoints", latest)
     b_shard, scalar = partitioning.batch_sharding(mesh), partitioning.replicated(mesh)
-    state = jax.device_put(state, state_shardings)  # one layout in and out: the step compiles once
+    state = distributed.put(state, state_shardings)  # one layout in and out: the step compiles once
     step_fn = jax.jit(make_train_step(model.loss_fn, tx), in_shardings=(state_shardings, b_shard, scalar),
                       out_shardings=(state_shardings, scalar), donate_argnums=(0,))
     dropout_key = jax.random.PRNGKey(seed + 1)
@@ -474,7 +496,7 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
         on_start()
 
     def apply_refresh():
-        new = refresh(step, state["params"])
+        new = refresh(step, distributed.local(state["params"]))
         if new is None:
             return
         old = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), state["params"])
@@ -482,16 +504,16 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
         if jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(state["params"]) or old != got:
             raise TrainingError(f"step {step}: the refresh returned parameters of another structure, shape or dtype "
                                 f"than the model's (a bug in the objectives config's on_refresh)")
-        state["params"] = jax.device_put(new, state_shardings["params"])  # the step keeps its one compilation
+        state["params"] = distributed.put(new, state_shardings["params"])  # the step keeps its one compilation
 
     if refresh is not None:
         apply_refresh()
-    scalars = _Scalars(model_dir, name, progress, train_steps, step)
+    scalars = _Scalars(model_dir, name, progress and distributed.is_primary(), train_steps, step)
     eval_writer = ScalarWriter(model_dir, "eval", step) if evaluate is not None and eval_period else None
     # The step's temporaries are allocated afresh on every call: keep the freed blocks (host_memory).
     with host_memory.reuse_freed_memory():
         while step < train_steps:
-            state, sums = step_fn(state, jax.device_put(next(iterator), b_shard), dropout_key)
+            state, sums = step_fn(state, distributed.global_batch(next(iterator), b_shard), dropout_key)
             step += 1
             scalars.add(sums)
             if step_callback is not None:
@@ -505,7 +527,7 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
                 scalars.write(step, float(np.mean(iterator.epochs())))
             scalars.tick()
             if eval_writer is not None and step % eval_period == 0 and step < train_steps:
-                metrics = evaluate(state["params"])
+                metrics = evaluate(distributed.local(state["params"]))
                 eval_writer.write(step, metrics)
                 log.info("step %d: %s", step, metrics)
             if step % checkpoint_period == 0 or step == train_steps:
@@ -522,11 +544,24 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
 def _initial_state(model, params, tx: optax.GradientTransformation, mesh) -> tuple[dict, dict]:
     """The train state {step, params, opt_state, nonfinite} placed by the model's logical axes, and its
     shardings (scalars replicated)."""
-    params = jax.device_put(params, partitioning.param_shardings(model.param_axes(params), mesh))
+    shardings = partitioning.param_shardings(model.param_axes(params), mesh)
+    params = distributed.put(params, shardings)
     scalar = partitioning.replicated(mesh)
-    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": jax.jit(tx.init)(params),
+    opt_state = jax.jit(tx.init, out_shardings=_optimizer_shardings(tx, params, shardings, scalar))(params)
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": opt_state,
              "nonfinite": jnp.zeros((), jnp.int32)}
     return state, jax.tree_util.tree_map(lambda x: x.sharding if x.ndim else scalar, state)
+
+
+def _optimizer_shardings(tx: optax.GradientTransformation, params, param_shardings, replicated):
+    """The optimizer state's layout: a leaf that mirrors a parameter (Adam's moments) is laid out as that
+    parameter, anything else (counts, Adafactor's factored rows) is replicated."""
+    shapes = jax.eval_shape(tx.init, params)
+    try:
+        return optax.tree_map_params(tx, lambda leaf, sharding, p: sharding if leaf.shape == p.shape else replicated,
+                                     shapes, param_shardings, params, transform_non_params=lambda _: replicated)
+    except (TypeError, ValueError):  # a transformation whose state optax cannot walk: every leaf replicated
+        return jax.tree_util.tree_map(lambda _: replicated, shapes)
 
 
 class _Saver:
