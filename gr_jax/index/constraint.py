@@ -17,6 +17,12 @@ Optionally, for a search that runs several steps as one compiled body (`beam_sea
     children_in_run(r, d, state) `children` at step d of run r, with d a traced int32 scalar and the same
                                  slot count C at every step of the run (slots past a step's own are invalid).
 
+Optionally, for a constraint larger than one device (a `Searcher` over a mesh with an "index" axis):
+
+    split(S)                     the constraint with its large arrays padded to S blocks, read inside a
+                                 `shard_map` over that axis (each device holding one block);
+    partition_specs()            its pytree with a `PartitionSpec` per array (the blocks' axis, or whole).
+
 `index.device.DeviceTrie` (docids as root-to-leaf paths) and `index.substring.DeviceSubstrings` (any n-gram of
 any document) implement it; a method may bring its own. A beam holding nothing carries -1 in every state
 array (its `valid` is False, so the constraint never reads it as a prefix).

@@ -3,6 +3,16 @@ static shape facts of each level (branching K, dense or CSR, where leaves are) a
 
 `level_candidates(trie, d, node)` is the one place that turns beam states (node ids at depth d) into the K
 child slots gathered per beam — shared by beam search and exhaustive scoring.
+
+**Split over devices** (`DeviceTrie.split(S)`): a trie larger than a device keeps every CSR level and run table
+split into S contiguous blocks along its first axis, one per device of a mesh axis ("index"), inside a
+`shard_map` (the `Searcher` over a mesh with an "index" axis). Nodes are numbered in prefix order, so a block
+is a range of docid prefixes. Each read of such an array (`_take`) looks the index up in the device's own block,
+contributes 0 where the index lies in another block, and sums over the axis: exactly one device holds each
+entry, so every device gets the replicated trie's values bit for bit, and the search — run alike on every device
+of the axis — gives the replicated search's docids and scores. A device holds 1/S of those arrays; dense levels
+(bounded by the trie's byte budget) stay whole on every device. Each level read costs one integer all-reduce of
+the beams' child slots.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +64,7 @@ class DeviceTrie:
     eos_id: Optional[int] = flax.struct.field(pytree_node=False)
     runs: tuple = ()  # per run: dict of arrays (`_run_arrays`)
     run_specs: tuple = flax.struct.field(pytree_node=False, default=())  # per run: RunSpec
+    shards: int = flax.struct.field(pytree_node=False, default=1)  # S: CSR and run arrays split in S blocks
 
     @property
     def depth(self) -> int:
@@ -76,7 +88,58 @@ class DeviceTrie:
         """`children` at a depth d (a traced int32 scalar, start ≤ d < stop) of run `run` (static): the run's C
         slots per beam at every one of its levels."""
         spec = self.run_specs[run]
-        return _run_candidates(self.runs[run], d - spec.start, node, spec.slots)
+        return _run_candidates(self.runs[run], d - spec.start, node, spec.slots, _taker(self.shards))
+
+    # split over the devices of a mesh axis (module docstring)
+    def split(self, shards: int) -> "DeviceTrie":
+        """This trie with its CSR level and run arrays padded to a multiple of `shards` rows (never read), to be
+        placed block by block over a mesh axis named SHARD_AXIS (`partition_specs`) and searched inside a
+        `shard_map` over it. `split(1)` is the whole trie."""
+        if shards < 1:
+            raise ValueError(f"a trie splits into ≥ 1 blocks, got {shards}")
+        if shards == self.shards:
+            return self
+        if self.shards != 1:
+            raise ValueError(f"this trie is already split into {self.shards} blocks; split the whole trie")
+        pad = lambda x: jnp.pad(x, [(0, -x.shape[0] % shards)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
+        levels = tuple(arrays if spec.dense else {k: pad(v) for k, v in arrays.items()}
+                       for spec, arrays in zip(self.specs, self.levels))
+        runs = tuple({k: pad(v) for k, v in arrays.items()} for arrays in self.runs)
+        return self.replace(levels=levels, runs=runs, shards=shards)
+
+    def partition_specs(self) -> "DeviceTrie":
+        """This trie's pytree with a `PartitionSpec` per array: its blocks over SHARD_AXIS where it is split."""
+        split = self.shards > 1
+        block, whole = P(SHARD_AXIS) if split else P(), P()
+        levels = tuple({k: whole if spec.dense else block for k in arrays}
+                       for spec, arrays in zip(self.specs, self.levels))
+        return self.replace(levels=levels, runs=tuple({k: block for k in arrays} for arrays in self.runs))
+
+    def nbytes_per_device(self) -> int:
+        """Bytes of this trie's arrays on one device (a split trie: one block of each split array)."""
+        total = 0
+        for spec, arrays in zip(self.specs, self.levels):
+            total += sum(v.nbytes // (1 if spec.dense else self.shards) for v in arrays.values())
+        return total + sum(v.nbytes // self.shards for arrays in self.runs for v in arrays.values())
+
+
+SHARD_AXIS = "index"  # the mesh axis a split trie's blocks lie along
+
+
+def _taker(shards: int):
+    """`take(array, index)`: `array[index]` of the whole array, also when each device holds one block of it."""
+    return (lambda a, i: a[i]) if shards == 1 else _take_split
+
+
+def _take_split(block: jax.Array, index: jax.Array) -> jax.Array:
+    """`array[index]` where this device holds rows [s·n, (s+1)·n) of the array (s: its position on SHARD_AXIS, n:
+    the block's rows): its own rows read, the others' 0, summed over the axis — one device holds each row."""
+    n, index = block.shape[0], jnp.asarray(index)
+    local = index - jax.lax.axis_index(SHARD_AXIS).astype(index.dtype) * n
+    mine = (local >= 0) & (local < n)
+    value = block[jnp.where(mine, local, 0)]
+    mine = mine.reshape(mine.shape + (1,) * (value.ndim - mine.ndim))
+    return jax.lax.psum(jnp.where(mine, value, jnp.zeros((), value.dtype)), SHARD_AXIS)
 
 
 class _Level(NamedTuple):
@@ -228,19 +291,20 @@ def _run_arrays(index, start: int, stop: int, facts: list, kids: dict) -> dict:
             "rows": jnp.asarray(np.asarray(rows_of, np.int32))}
 
 
-def _run_candidates(arr: dict, i, node: jax.Array, slots: int):
+def _run_candidates(arr: dict, i, node: jax.Array, slots: int, take=_taker(1)):
     """Child slots of nodes at the i-th level of a run (i: a Python int or a traced scalar): `level_candidates`'
-    outputs with `slots` slots per node."""
-    rows = arr["rows"][i]
+    outputs with `slots` slots per node. `take(array, index)` reads an array (`_taker`)."""
+    rows = take(arr["rows"], i)
     on_main = (node >= 0) & (node < rows)
-    safe = arr["node_base"][i] + jnp.clip(node, 0, jnp.maximum(rows - 1, 0)).astype(arr["node_base"].dtype)
-    start = arr["offsets"][safe]
-    count = jnp.where(on_main, arr["offsets"][safe + 1] - start, 0)
+    base = take(arr["node_base"], i)
+    safe = base + jnp.clip(node, 0, jnp.maximum(rows - 1, 0)).astype(base.dtype)
+    start = take(arr["offsets"], safe)
+    count = jnp.where(on_main, take(arr["offsets"], safe + 1) - start, 0)
     slot = jnp.arange(slots, dtype=start.dtype)
     valid = slot < count[..., None]
     pos = jnp.where(valid, start[..., None] + slot, 0)
-    return (arr["tokens"][pos], jnp.where(valid, arr["child"][pos], -1),
-            jnp.where(valid, arr["leaf"][pos], -1), valid)
+    return (take(arr["tokens"], pos), jnp.where(valid, take(arr["child"], pos), -1),
+            jnp.where(valid, take(arr["leaf"], pos), -1), valid)
 
 
 def _children(index, d: int, leaf_mode: str, x) -> tuple[np.ndarray, ...]:
@@ -274,8 +338,9 @@ def level_candidates(trie: DeviceTrie, d: int, node: jax.Array):
     [..., C] at depth d+1, leaf ids [..., C] (-1: not a leaf), valid [..., C]) with C = spec.num_slots.
     """
     spec, arr = trie.specs[d], trie.levels[d]
+    take = _taker(trie.shards)
     if spec.run >= 0:
-        return _run_candidates(trie.runs[spec.run], spec.run_pos, node, spec.max_children)
+        return _run_candidates(trie.runs[spec.run], spec.run_pos, node, spec.max_children, take)
     on_main = (node >= 0) & (node < spec.n_main)
     safe = jnp.clip(node, 0, max(spec.n_main - 1, 0))
     tokens, leaf = None, None
@@ -285,15 +350,15 @@ def level_candidates(trie: DeviceTrie, d: int, node: jax.Array):
         if spec.leaf_mode == "table":
             leaf = jnp.where(valid, arr["leaf"][safe], -1)
     elif spec.max_children > 0:
-        start = arr["offsets"][safe]
-        count = jnp.where(on_main, arr["offsets"][safe + 1] - start, 0)
+        start = take(arr["offsets"], safe)
+        count = jnp.where(on_main, take(arr["offsets"], safe + 1) - start, 0)
         slot = jnp.arange(spec.max_children, dtype=start.dtype)
         valid = slot < count[..., None]
         pos = jnp.where(valid, start[..., None] + slot, 0)
-        tokens = arr["tokens"][pos].astype(jnp.int32)
-        child = arr["child"][pos] if "child" in arr else pos
+        tokens = take(arr["tokens"], pos).astype(jnp.int32)
+        child = take(arr["child"], pos) if "child" in arr else pos
         if spec.leaf_mode == "table":
-            leaf = jnp.where(valid, arr["leaf"][pos], -1)
+            leaf = jnp.where(valid, take(arr["leaf"], pos), -1)
     else:
         child = jnp.zeros((*node.shape, 0), jnp.int32)
         valid = jnp.zeros((*node.shape, 0), bool)
@@ -301,7 +366,8 @@ def level_candidates(trie: DeviceTrie, d: int, node: jax.Array):
     if spec.leaf_mode == "all":
         leaf = jnp.where(valid, spec.leaf_base + child, -1)
     elif spec.leaf_mode == "some":
-        rank = arr["leaf_rank"][jnp.maximum(child, 0)]
+        rank = (arr["leaf_rank"][jnp.maximum(child, 0)] if spec.dense
+                else take(arr["leaf_rank"], jnp.maximum(child, 0)))
         leaf = jnp.where(valid & (rank >= 0), spec.leaf_base + rank, -1)
     elif leaf is None:  # "none" ("table": read above)
         leaf = jnp.full(child.shape, -1, jnp.int32)

@@ -36,7 +36,7 @@ from gr_jax.models.search import Searcher, share_encoder, t5_cache
 from gr_jax.models import t5
 from gr_jax.models.contract import Capabilities
 from gr_jax.models.heads import TextHead
-from gr_jax.validation import Signed
+from gr_jax.validation import Count, Signed
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class GenerativeRetriever:
     def __init__(self, config: t5.T5Config, head=None, score_mode: str = "log_softmax",
                  length_penalty: Signed = 0.0, *, network=None, objective: Optional[Callable] = None,
                  ranker: Optional[Callable] = None, bonus_fn: Optional[Callable] = None,
-                 query_state_fn: Optional[Callable] = None, scan_levels: bool = True):
+                 query_state_fn: Optional[Callable] = None, scan_levels: bool = True, index_shards: Count = 1):
         if not isinstance(config, t5.T5Config) and network is None:
             raise ValueError(f"{type(self).__name__} builds a T5 from a T5Config, got a {type(config).__name__}; for "
                              f"a decoder-only LM set prepare.model_fn = @DecoderOnlyRetriever (e.g. "
@@ -61,6 +61,7 @@ class GenerativeRetriever:
         self.bonus_fn = bonus_fn
         self.query_state_fn = query_state_fn
         self.scan_levels = scan_levels  # the trie's runs of levels in one compiled body (Searcher's scan_levels)
+        self.index_shards = index_shards  # the trie split over this many local devices (Searcher's index_shards)
         self._searchers: dict[int, Searcher] = {}
 
     @property
@@ -159,7 +160,7 @@ class GenerativeRetriever:
                 vocab_size=self.head.output_size(self.config), num_beams=num_beams, score_mode=self.score_mode,
                 length_penalty=self.length_penalty, bonus_fn=self.bonus_fn, tile_fn=self._tile,
                 project_fn=self._project if split else None, keep_history=keep_history,
-                params_fn=self._search_params, scan_levels=self.scan_levels)
+                params_fn=self._search_params, scan_levels=self.scan_levels, index_shards=self.index_shards)
         return self._searchers[key]
 
     def _search_params(self, params):

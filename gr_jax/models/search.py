@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from gr_jax.decoding import beam_search as bs
 from gr_jax.decoding import exhaustive
 from gr_jax.index.constraint import Constraint
+from gr_jax.index.device import SHARD_AXIS
 from gr_jax.models import t5
 
 
@@ -62,24 +63,45 @@ def _int32(tokens):
     return np.asarray(tokens, dtype=np.int32)
 
 
-def local_mesh(devices=None) -> Optional[Mesh]:
-    """A one-axis mesh ("data") over the local devices (or the given ones); None when there is only one."""
+def local_mesh(devices=None, index_shards: int = 1) -> Optional[Mesh]:
+    """The mesh a Searcher splits its work over (its "auto" mesh): the local devices (or the given ones) along
+    "data" (the query batch) — None when there is only one —, or with `index_shards` S > 1 a data × index mesh
+    whose "index" axis holds the trie split in S blocks (`DeviceTrie.split`: an index larger than a device)."""
     devices = list(jax.local_devices() if devices is None else devices)
+    if index_shards > 1:
+        if len(devices) % index_shards:
+            raise ValueError(f"index_shards = {index_shards} (GenerativeRetriever.index_shards) does not divide the "
+                             f"{len(devices)} devices")
+        return Mesh(np.array(devices).reshape(-1, index_shards), ("data", SHARD_AXIS))
     return Mesh(np.array(devices), ("data",)) if len(devices) > 1 else None
 
 
-class _Replicated:
-    """The last tree placed on every device of a mesh, kept while the same object is passed again (parameters and
-    trie arrays do not change between the searches of an evaluation)."""
+class _Placed:
+    """The last tree placed on a mesh, kept while the same object is passed again for the same mesh (parameters
+    and trie arrays do not change between the searches of an evaluation). `prepare(tree) -> (tree, specs)` gives
+    the tree to place and its `PartitionSpec`s (default: the tree, replicated)."""
 
     def __init__(self):
-        self._source = self._placed = None
+        self._source = self._mesh = self._placed = None
 
-    def __call__(self, tree, mesh: Mesh):
-        if tree is not self._source:
-            self._placed = jax.device_put(tree, NamedSharding(mesh, P()))
-            self._source = tree  # a reference: the id of a live object is never reused
+    def __call__(self, tree, mesh: Mesh, prepare: Optional[Callable] = None):
+        if tree is not self._source or mesh is not self._mesh:
+            placed, specs = (tree, P()) if prepare is None else prepare(tree)
+            shardings = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), specs,
+                                               is_leaf=lambda x: isinstance(x, P))
+            self._placed = jax.device_put(placed, shardings)
+            self._source, self._mesh = tree, mesh  # references: the id of a live object is never reused
         return self._placed
+
+
+def split_constraint(trie, shards: int):
+    """(the constraint split in `shards` blocks, its partition specs) — a constraint that can be split offers
+    `split(shards)` and `partition_specs()` (`index.constraint`); others are refused."""
+    if not (callable(getattr(type(trie), "split", None)) and callable(getattr(type(trie), "partition_specs", None))):
+        raise ValueError(f"a {type(trie).__name__} cannot be split over the mesh's {SHARD_AXIS!r} axis (it has no "
+                         f"split/partition_specs); search it on a mesh without that axis (index_shards = 1)")
+    trie = trie.split(shards)
+    return trie, trie.partition_specs()
 
 
 class Searcher:
@@ -95,18 +117,26 @@ class Searcher:
     leaves and their order are those of one device, and the scores are bit for bit those of one device searching
     the same slices (a whole batch on one device may round its matrix products differently: float32 ulps);
     tested on 8 host devices.
+
+    With a mesh that also has an "index" axis (`index_shards` S > 1 with the "auto" mesh: `local_mesh`; gin
+    `GenerativeRetriever.index_shards`) the trie is split into S blocks
+    over it (`DeviceTrie.split`: each device holds 1/S of its large arrays) and every device of that axis runs
+    its data slice's search, reading the trie through one integer all-reduce per level: the docids and scores of
+    the replicated trie, bit for bit (tests/index/test_split_trie.py).
     """
 
     def __init__(self, step_fn: Callable, cache_fn: Callable, *, start_token: int, eos_id: int, vocab_size: int,
                  num_beams: int, score_mode: str = "log_softmax", length_penalty: float = 0.0,
                  bonus_fn: Optional[bs.BonusFn] = None, tile_fn: Callable = share_encoder,
                  accumulate_bonus: bool = True, project_fn: Optional[Callable] = None, mesh="auto",
-                 keep_history: bool = False, params_fn: Optional[Callable] = None, scan_levels: bool = False):
+                 keep_history: bool = False, params_fn: Optional[Callable] = None, scan_levels: bool = False,
+                 index_shards: int = 1):
         self.params_fn = params_fn  # params → the form the steps read, once per search (stacked layers)
         self.step_fn = step_fn  # one object: exhaustive scoring compiles once
         self._mesh_arg = mesh
+        self.index_shards = index_shards  # the "auto" mesh's index axis (`local_mesh`)
         self._sharded: dict = {}
-        self._params_on_mesh, self._trie_on_mesh = _Replicated(), _Replicated()
+        self._params_on_mesh, self._trie_on_mesh = _Placed(), _Placed()
         self.project_fn = project_fn
         self.cache_fn = cache_fn
         self.start_token = start_token
@@ -169,7 +199,7 @@ class Searcher:
         if isinstance(self._mesh_arg, str):
             if self._mesh_arg != "auto":
                 raise ValueError(f"Searcher mesh must be 'auto', None or a jax Mesh, got {self._mesh_arg!r}")
-            self._mesh_arg = local_mesh()
+            self._mesh_arg = local_mesh(index_shards=self.index_shards)
         if self._mesh_arg is not None and "data" not in self._mesh_arg.axis_names:
             raise ValueError(f"the Searcher's mesh has axes {self._mesh_arg.axis_names}; it needs a 'data' axis")
         return self._mesh_arg
@@ -192,14 +222,19 @@ class Searcher:
         query_tokens = grow(jnp.asarray(query_tokens), True)
         query_state = jax.tree_util.tree_map(grow, query_state, per_query)
         state_specs = jax.tree_util.tree_map(lambda rows: P("data") if rows else P(), per_query)
-        spec_key = (key, jax.tree_util.tree_structure(query_state), tuple(jax.tree_util.tree_leaves(per_query)))
+        shards = dict(mesh.shape).get(SHARD_AXIS, 1)
+        prepare = None if trie is None or shards == 1 else functools.partial(split_constraint, shards=shards)
+        placed = None if trie is None else self._trie_on_mesh(trie, mesh, prepare)
+        trie_specs = P() if prepare is None else placed.partition_specs()
+        spec_key = (key, jax.tree_util.tree_structure(query_state), tuple(jax.tree_util.tree_leaves(per_query)),
+                    None if prepare is None else jax.tree_util.tree_structure(placed))
         if spec_key not in self._sharded:
             self._sharded[spec_key] = jax.jit(jax.shard_map(
-                impl, mesh=mesh, in_specs=(P(), P("data"), P(), state_specs), out_specs=P("data"),
+                impl, mesh=mesh, in_specs=(P(), P("data"), trie_specs, state_specs), out_specs=P("data"),
                 check_vma=False))
         out = self._sharded[spec_key](self._params_on_mesh(params, mesh),
                                       jax.device_put(query_tokens, NamedSharding(mesh, P("data"))),
-                                      self._trie_on_mesh(trie, mesh), query_state)
+                                      placed, query_state)
         return jax.tree_util.tree_map(lambda x: x[:B], out) if pad else out
 
     def search_traced(self, params, query_tokens, trie: Constraint, query_state=None) -> bs.BeamResult:

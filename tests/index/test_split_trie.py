@@ -1,0 +1,42 @@
+"""A trie split over the devices of a mesh's "index" axis (`DeviceTrie.split`, the `Searcher` over a data × index
+mesh): on 8 host devices the search gives the docids (tokens, leaves) and scores of the trie kept whole on every
+device, bit for bit — every score mode, scanned and unrolled levels, 8 blocks and 2 data × 4 blocks, a built trie
+and one with inserted docids (the table form) — and a device holds a fraction of the trie's bytes, as
+`nbytes_per_device` says. Runs tests/index/split_trie_check.py in a process of its own (the device count is fixed
+when JAX starts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow  # 24 searches compiled on 8 host devices: about 2.5 minutes on 2 cores
+
+
+def test_a_split_trie_searches_as_the_whole_trie_and_holds_a_block_per_device():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    res = subprocess.run([sys.executable, str(REPO / "tests" / "index" / "split_trie_check.py")], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stderr[-4000:]
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert rows.pop() == {"retriever_mesh": {"data": 2, "index": 4}}
+    searches = [r for r in rows if "same" in r]
+    memory = [r for r in rows if "bytes_split" in r]
+    assert len(searches) == 12 and len(memory) == 3
+    for r in searches:
+        assert all(r["same"].values()), r
+        assert r["found"] == 8 * 12  # every beam of every query holds a docid: the comparison covers them all
+    assert {(r["mode"], r["scan"]) for r in searches} == {("log_softmax", True), ("log_softmax", False),
+                                                          ("renormalized", True), ("raw", True)}
+    for r in memory:
+        assert r["runs"] >= 1  # the scanned run's table is split too
+        assert r["bytes_split"] == r["reported_split"] and r["bytes_whole"] == r["reported_whole"], r
+        # CSR levels and runs in S blocks; the dense first level (48 × 48 ids) stays whole on every device
+        assert r["bytes_split"] < 2 * r["bytes_whole"] / r["shards"], r
