@@ -533,14 +533,15 @@ def infer(model_dir: str = gin.REQUIRED, split: str = "dev", num_beams: Count = 
     cfg = EvalConfig(split=split, num_beams=num_beams, batch_size=batch_size).validate()  # before prepare's
     setup, params, step = restore(model_dir, step)                                       # check of bindings
     model_dir = Path(model_dir)
-    run, qrels, metrics = evaluate_split(setup, params, split, cfg)
+    run, qrels, metrics = evaluate_split(setup, params, split, cfg)  # over several processes: split, gathered
     run_path = model_dir / "runs" / f"{split}.step{step}.run"
-    write_run(run_path, run)
+    if io_utils.writes():  # process 0 of a multi-process run
+        write_run(run_path, run)
     out = {"run": str(run_path), "step": step, "split": split, "queries": len(run), "num_beams": num_beams,
            "model": setup.model.describe(), "ranker": _describe(setup.model.ranker)}
     if evaluate:
         out["metrics"] = metrics
-        write_text(run_path.with_suffix(".metrics.json"), json_text(out, indent=1), keep_previous=True)
+        _write(run_path.with_suffix(".metrics.json"), json_text(out, indent=1))
     return out
 
 

@@ -34,7 +34,7 @@ from typing import Iterator, Optional, Sequence
 import jax
 import numpy as np
 
-from gr_jax import io_utils
+from gr_jax.io_utils import read_only
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def initialize(multiprocess: bool = False, coordinator_address: Optional[str] = 
     log.info("process %d of %d; %d local and %d global devices", index, count, jax.local_device_count(),
              jax.device_count())
     if index:
-        io_utils.read_only(f"process {index} of a {count}-process run (process 0 writes)")
+        read_only(f"process {index} of a {count}-process run (process 0 writes)")
 
 
 def several() -> bool:

@@ -439,7 +439,7 @@ def _run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str], root: Op
         return 2, None
     if processes and not multiprocess:
         sys.stderr.write(f"error: gr_jax {root or 'this command'} runs in one process; the multi-process flags "
-                         f"(--{', --'.join(sorted(processes))}) are for gr_jax.train\n")
+                         f"(--{', --'.join(sorted(processes))}) are for gr_jax.train and gr_jax.infer\n")
         return 2, None
     extra_macros = [b.split("=", 1)[0].strip() for b in extra_bindings]
     try:

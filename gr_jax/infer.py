@@ -3,7 +3,8 @@
 
 Queries of a split → constrained beam search with a trained MODEL_DIR → TREC run file (documents in beam
 order) at MODEL_DIR/runs/<split>.step<N>.run; with runs/eval.gin also the metrics (printed and written as
-JSON next to the run).
+JSON next to the run). With t5x's `--multiprocess` flags (as for gr_jax.train) each process searches a block
+of the queries and process 0 writes the merged run.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import logging
 import sys
 
-from gr_jax import gin_utils
+from gr_jax import distributed, gin_utils
 from gr_jax.cli import setup_logging
 
 log = logging.getLogger("gr_jax.infer")
@@ -30,8 +31,9 @@ def main(argv=None) -> int:
     # passes itself (split, beams, batch), are expected to stay unused here.
     rc, out = gin_utils.run_entry(argv, __doc__, configured, ["TRAIN_STEPS = 1", "BATCH_SIZE = 1"], root="infer",
                                   allow_unused=("train", "make_optimizer", "EvalConfig.split",
-                                                "EvalConfig.num_beams", "EvalConfig.batch_size"))
-    if rc:
+                                                "EvalConfig.num_beams", "EvalConfig.batch_size"),
+                                  multiprocess=True)
+    if rc or not distributed.is_primary():
         return rc
     sys.stdout.write(json.dumps(out, indent=1) + "\n")
     return 0

@@ -40,3 +40,20 @@ def test_a_split_trie_searches_as_the_whole_trie_and_holds_a_block_per_device():
         assert r["bytes_split"] == r["reported_split"] and r["bytes_whole"] == r["reported_whole"], r
         # CSR levels and runs in S blocks; the dense first level (48 × 48 ids) stays whole on every device
         assert r["bytes_split"] < 2 * r["bytes_whole"] / r["shards"], r
+
+
+def test_the_memory_arithmetic_of_the_scale_plan_matches_a_built_trie():
+    """tools/plan_scale.py (docs/scale.md): its arithmetic of a trie's bytes on one device, whole and split in 8,
+    equals what 200k random docids take once built and placed on 8 host devices (the estimate of K per level
+    picks the same dense levels and runs; the byte counts agree to 0.1%)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    res = subprocess.run([sys.executable, str(REPO / "tools" / "plan_scale.py"), "--simulate", "200000", "--plan",
+                          "1000000"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    lines = res.stdout.splitlines()
+    simulated, arithmetic = json.loads(lines[0]), json.loads(lines[1])
+    assert simulated["what"] == "simulated" and arithmetic["what"] == "arithmetic"
+    assert simulated["dense"] == arithmetic["dense"] and simulated["runs"] == arithmetic["runs"]
+    for key in ("whole", "split", "payload"):
+        assert abs(arithmetic[key] - simulated[key]) <= 1e-3 * simulated[key], (key, simulated, arithmetic)
+    assert simulated["split"] < simulated["whole"] / 4

@@ -6,7 +6,7 @@ tiny demo DSI of tests/reliability/test_faults.py (40 documents, 4 steps, checkp
   and the same global batch: the same program over the same mesh, only split over processes; and it is within
   float rounding of a single process on one device (test below for why);
 * their evaluation (each process searches half of the queries, process 0 writes the merged run) equals
-  `gr_jax.infer` of their checkpoint in one process;
+  `gr_jax.infer` of their checkpoint in one process, and in two;
 * one process killed at its second checkpoint save: the other stops with one error line and exit code 2 instead
   of waiting minutes for JAX's shutdown; both started again resume and end with the uninterrupted checkpoint.
 
@@ -146,6 +146,18 @@ def test_their_evaluation_equals_one_process_inferring_from_their_checkpoint(two
     assert (model_dir / "runs" / "test.step4.run").read_bytes() == run
     assert not list((model_dir / "runs").glob("*.prev-*"))  # the same result: nothing kept aside
     assert len(run.decode().splitlines()) == 40 * 3  # every test query, three beams each
+    # gr_jax.infer in two processes: each searches half of the queries, process 0 writes the merged run
+    model_dir = tmp_path / "copy2"
+    subprocess.run(["cp", "-r", str(two), str(model_dir)], check=True)
+    port = _free_port()
+    infer = [sys.executable, "-m", "gr_jax.infer", f"--gin_file={tiny_gin}", "--gin_file=runs/infer.gin",
+             f"--gin.MODEL_DIR='{model_dir}'", "--gin.EVAL_SPLIT='test'", "--gin.NUM_BEAMS=3", "--multiprocess",
+             f"--coordinator_address=localhost:{port}", "--process_count=2"]
+    results = _finish([subprocess.Popen(infer + [f"--process_index={i}"], cwd=REPO, env=_env(1),
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)])
+    _ok(results)
+    assert (model_dir / "runs" / "test.step4.run").read_bytes() == run
+    assert not list((model_dir / "runs").glob("*.prev-*"))
 
 
 def test_a_process_killed_mid_run_stops_the_other_and_both_resume_to_the_same_checkpoint(two, tiny_gin, tmp_path):
@@ -180,7 +192,7 @@ def test_multi_process_flags_are_checked_before_anything_runs(tiny_gin, tmp_path
         assert res.returncode == 2, (flags, res.stderr[-2000:])
         assert message in _one_error_line(res.stderr), flags
         assert not (tmp_path / "model").exists()
-    res = subprocess.run([sys.executable, "-m", "gr_jax.infer", f"--gin_file={tiny_gin}", "--gin_file=runs/infer.gin",
+    res = subprocess.run([sys.executable, "-m", "gr_jax.dynamic", f"--gin_file={tiny_gin}",
                           f"--gin.MODEL_DIR='{tmp_path / 'model'}'", "--multiprocess"],
                          cwd=REPO, env=_env(1), capture_output=True, text=True, timeout=TIMEOUT)
-    assert res.returncode == 2 and "are for gr_jax.train" in _one_error_line(res.stderr)
+    assert res.returncode == 2 and "are for gr_jax.train and gr_jax.infer" in _one_error_line(res.stderr)
