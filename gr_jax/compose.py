@@ -56,7 +56,7 @@ from gr_jax.io_utils import json_text, write_text
 from gr_jax.models import contract, t5
 from gr_jax.models.heads import head_for_space
 from gr_jax.models.retriever import GenerativeRetriever
-from gr_jax.training import initial, trainer
+from gr_jax.training import initial, partitioning, trainer
 from gr_jax.training.objectives import ObjectiveInputs, Objectives, Start
 from gr_jax.training.sam import sam
 from gr_jax.training.trainer import TrainingError, check_provenance
@@ -335,6 +335,7 @@ def train(model_dir: str = gin.REQUIRED, train_steps: Count = gin.REQUIRED, batc
     if model_dir.exists() and not model_dir.is_dir():
         raise ValueError(f"MODEL_DIR {model_dir} is a file, not a directory; choose another MODEL_DIR")
     tx = optimizer if optimizer is not None else trainer.make_optimizer(total_steps=train_steps)
+    rules = partitioning.logical_rules()  # gin's layout of the parameters on the mesh, read before the check
     with distributed.primary_first("prepare"):  # process 0 writes the vocabulary and docid scheme, the others read
         setup = prepare(model_dir=str(model_dir), batch_size=batch_size, feature_lengths=feature_lengths,
                         task=task, seed=seed, initial_checkpoint_path=initial_checkpoint_path, dataset=dataset)
@@ -359,7 +360,7 @@ def train(model_dir: str = gin.REQUIRED, train_steps: Count = gin.REQUIRED, batc
                       num_partitions=num_partitions, progress=progress, evaluate=periodic,
                       step_callback=step_callback, initial_checkpoint_path=initial_checkpoint_path,
                       refresh=redecode if decoded else None, refresh_period=setup.refresh_period,
-                      on_start=lambda: _write(model_dir / "config.gin", gin.config_str()))
+                      on_start=lambda: _write(model_dir / "config.gin", gin.config_str()), rules=rules)
     state, step = out["state"], out["step"]
     params = distributed.local(state["params"])  # the searches run on this process's devices
     summary = {"model_dir": str(model_dir), "steps": step, "checkpoint": out["checkpoint"]}

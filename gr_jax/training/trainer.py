@@ -445,7 +445,7 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
         evaluate: Optional[Callable[[dict], dict]] = None, step_callback: Optional[Callable[[int], None]] = None,
         initial_checkpoint_path: Optional[str] = None, name: str = "train",
         refresh: Optional[Callable[[int, dict], None]] = None, refresh_period: int = 0,
-        on_start: Optional[Callable[[], None]] = None) -> dict:
+        on_start: Optional[Callable[[], None]] = None, rules: Optional[dict] = None) -> dict:
     """Trains `model` from `params` (or from the newest intact checkpoint in `model_dir`) to `train_steps`,
     drawing batches from `iterator` (a resumable `MixtureIterator`). `meta` (what the run was built from) is
     saved in every checkpoint and must match on resume. Returns {"state", "step", "resumed_from",
@@ -460,7 +460,8 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     parameters, such a rewrite must give the same parameters when applied to its own result.
 
     `on_start()` runs once the checkpoints in `model_dir` have been accepted (a run refused for another
-    provenance has written nothing by then): `compose.train` writes the run's config.gin there."""
+    provenance has written nothing by then): `compose.train` writes the run's config.gin there. `rules`: the
+    logical-axis rules that lay the parameters out on the mesh (default `partitioning.logical_rules()`)."""
     validate_loop(train_steps, batch_size, log_period, eval_period, checkpoint_period, keep_checkpoints,
                   num_partitions, seed)
     validation.integer("refresh period", refresh_period, minimum=0)
@@ -473,7 +474,7 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     mesh = partitioning.make_mesh(num_partitions)
     if batch_size % mesh.shape["data"]:
         raise ValueError(f"BATCH_SIZE {batch_size} is not divisible by the {mesh.shape['data']} data-parallel devices")
-    state, state_shardings = _initial_state(model, params, tx, mesh)
+    state, state_shardings = _initial_state(model, params, tx, mesh, rules)
     # restored straight into the run's layout (on every process's devices, with several)
     template = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
                                       state_shardings)
@@ -541,10 +542,10 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
             "checkpoint": str(model_dir / "checkpoints" / str(step))}
 
 
-def _initial_state(model, params, tx: optax.GradientTransformation, mesh) -> tuple[dict, dict]:
+def _initial_state(model, params, tx: optax.GradientTransformation, mesh, rules=None) -> tuple[dict, dict]:
     """The train state {step, params, opt_state, nonfinite} placed by the model's logical axes, and its
     shardings (scalars replicated)."""
-    shardings = partitioning.param_shardings(model.param_axes(params), mesh)
+    shardings = partitioning.param_shardings(model.param_axes(params), mesh, rules)
     params = distributed.put(params, shardings)
     scalar = partitioning.replicated(mesh)
     opt_state = jax.jit(tx.init, out_shardings=_optimizer_shardings(tx, params, shardings, scalar))(params)
