@@ -160,6 +160,18 @@ def put(tree, shardings):
     return jax.tree_util.tree_map(one, tree, shardings)
 
 
+def to_host(x) -> np.ndarray:
+    """One array as numpy on this process: its own copy when it holds it whole, else gathered from every
+    process (every process must call)."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(x)
+    if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def local(tree):
     """`tree` on this process's devices: an array of the global mesh that every process holds whole
     (replicated) is its local copy, one sharded over processes is gathered (every process must call)."""

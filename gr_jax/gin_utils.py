@@ -445,8 +445,8 @@ def _run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str], root: Op
     try:
         with command(root, allow_unused):
             parse(files, [*extra_bindings, *bindings], paths, ignore_unused_macros=extra_macros)
+            cpu_runtime()  # read when JAX makes its CPU client: before `initialize` asks for the devices
             distributed.initialize(**processes)
-            cpu_runtime()
             index = distributed.process_index() if processes.get("multiprocess") else 0
             with contextlib.ExitStack() as held:
                 for path in output_dirs():

@@ -62,12 +62,14 @@ def run_layout(layout: dict, model_dir: Path, steps: int, log_period: int) -> fl
         port = _port()
         commands = [base + ["--multiprocess", f"--coordinator_address=localhost:{port}", f"--process_count={n}",
                             f"--process_index={i}"] for i in range(n)]
-    procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for c in commands]
-    errors = [p.communicate()[1] for p in procs]
-    for p, err in zip(procs, errors):
-        if p.returncode:
-            raise SystemExit(f"{layout}: exit code {p.returncode}\n{err[-3000:]}")
+    logs = [model_dir.parent / f"{model_dir.name}.{i}.log" for i in range(len(commands))]
+    procs = []
+    for command, path in zip(commands, logs):  # logs in files: a full pipe would stall the others' collectives
+        with open(path, "w") as log:
+            procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log))
+    for p, path in zip(procs, logs):
+        if p.wait():
+            raise SystemExit(f"{layout}: exit code {p.returncode}\n{path.read_text()[-3000:]}")
     lines = [json.loads(x) for x in (model_dir / "train_metrics.jsonl").read_text().splitlines() if x.strip()]
     rates = [x["steps_per_s"] for x in lines[1:]]
     if not rates:

@@ -94,14 +94,18 @@ class DeviceTrie:
     def split(self, shards: int) -> "DeviceTrie":
         """This trie with its CSR level and run arrays padded to a multiple of `shards` rows (never read), to be
         placed block by block over a mesh axis named SHARD_AXIS (`partition_specs`) and searched inside a
-        `shard_map` over it. `split(1)` is the whole trie."""
+        `shard_map` over it. `split(1)` is the whole trie. Split a host copy (`TrieIndex.device(on_host=True)`)
+        for a trie larger than a device: a device copy is whole on one device first."""
         if shards < 1:
             raise ValueError(f"a trie splits into ≥ 1 blocks, got {shards}")
         if shards == self.shards:
             return self
         if self.shards != 1:
             raise ValueError(f"this trie is already split into {self.shards} blocks; split the whole trie")
-        pad = lambda x: jnp.pad(x, [(0, -x.shape[0] % shards)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
+        def pad(x):  # numpy stays numpy (`to_device(on_host=True)`): placed block by block, never whole
+            widths = [(0, -x.shape[0] % shards)] + [(0, 0)] * (x.ndim - 1)
+            return np.pad(x, widths) if isinstance(x, np.ndarray) else jnp.pad(x, widths)
+
         levels = tuple(arrays if spec.dense else {k: pad(v) for k, v in arrays.items()}
                        for spec, arrays in zip(self.specs, self.levels))
         runs = tuple({k: pad(v) for k, v in arrays.items()} for arrays in self.runs)
@@ -153,8 +157,9 @@ class _Level(NamedTuple):
     inserted: bool  # nodes were inserted below this depth (the table form, padded capacities)
 
 
-def to_device(index) -> DeviceTrie:
-    """Copies a TrieIndex to the default device.
+def to_device(index, on_host: bool = False) -> DeviceTrie:
+    """Copies a TrieIndex to the default device (`on_host`: the same arrays as numpy, for a caller that places
+    them itself, e.g. block by block over devices: `DeviceTrie.split`, never whole on one device).
 
     A level below which `insert()` added nodes is folded into one table of every child, main and inserted, in
     token order: a dense level's [rows, V] child table gains the inserted children at their tokens' slots, a CSR
@@ -174,6 +179,7 @@ def to_device(index) -> DeviceTrie:
     traced depth (`children_in_run`; `decoding.beam_search`'s `scan_levels`). A run has ≥ RUN_MIN_LEVELS levels."""
     levels, specs, facts, kids = [], [], [], {}
     V = index.vocab_size
+    put = _placer(on_host)
     for d in range(index.depth):
         dense = index.decode_dense[d]
         x = index.extras[d]
@@ -197,30 +203,30 @@ def to_device(index) -> DeviceTrie:
         elif inserted:
             parent, token, child, leaf = kids[d]
             if dense:
-                arrays["dense"] = _scatter(rows, V, parent, token, child)
+                arrays["dense"] = put(_scatter(rows, V, parent, token, child))
                 if has_leaves:
-                    arrays["leaf"] = _scatter(rows, V, parent, token, leaf)
+                    arrays["leaf"] = put(_scatter(rows, V, parent, token, leaf))
             else:
                 order = np.lexsort((token, parent))
                 counts = np.bincount(parent, minlength=rows)
                 offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-                arrays["offsets"] = jnp.asarray(offsets.astype(np.int32 if offsets[-1] < 2**31 else np.int64))
+                arrays["offsets"] = put(offsets.astype(np.int32 if offsets[-1] < 2**31 else np.int64))
                 cap = _capacity(max(len(parent), 2 * len(index.tokens[d + 1])))
                 for name, a in (("tokens", token), ("child", child), ("leaf", leaf)):
-                    arrays[name] = jnp.asarray(np.pad(a[order], (0, cap - len(a)), constant_values=-1))
+                    arrays[name] = put(np.pad(a[order], (0, cap - len(a)), constant_values=-1))
             leaf_mode, leaf_base = ("table" if has_leaves else "none"), 0
         elif dense:
-            arrays["dense"] = jnp.asarray(index.dense[d])
+            arrays["dense"] = put(index.dense[d])
         elif K > 0:
-            arrays["offsets"] = jnp.asarray(index.offsets[d])
-            arrays["tokens"] = jnp.asarray(index.tokens[d + 1])
+            arrays["offsets"] = put(index.offsets[d])
+            arrays["tokens"] = put(index.tokens[d + 1])
         if leaf_mode == "some":
-            arrays["leaf_rank"] = jnp.asarray(index.leaf_rank[d + 1])
+            arrays["leaf_rank"] = put(index.leaf_rank[d + 1])
         run, pos = in_run.get(d, (-1, 0))
         specs.append(LevelSpec(dense=dense, max_children=K, n_main=rows, leaf_mode=leaf_mode,
                                leaf_base=int(leaf_base), has_leaves=has_leaves, vocab_size=V, run=run, run_pos=pos))
         levels.append(arrays)
-    run_arrays = tuple(_run_arrays(index, a, b, [facts[d] for d in range(a, b)], kids) for a, b in runs)
+    run_arrays = tuple(_run_arrays(index, a, b, [facts[d] for d in range(a, b)], kids, put) for a, b in runs)
     run_specs = tuple(RunSpec(start=a, stop=b, slots=max(_capacity(facts[d].K) for d in range(a, b)))
                       for a, b in runs)
     return DeviceTrie(levels=tuple(levels), specs=tuple(specs), vocab_size=V, eos_id=index.eos_id,
@@ -256,7 +262,7 @@ def _plan_runs(levels: list[tuple[bool, int]], min_levels: int = RUN_MIN_LEVELS)
     return runs
 
 
-def _run_arrays(index, start: int, stop: int, facts: list, kids: dict) -> dict:
+def _run_arrays(index, start: int, stop: int, facts: list, kids: dict, put=None) -> dict:
     """The levels [start, stop) in one table: per level its (parent, token)-sorted children with their child ids
     (at depth d + 1) and leaf ids, concatenated; `offsets` holds each level's CSR offsets shifted to the level's
     first child, from `node_base[i]` on, and `rows[i]` its rows. With inserted nodes in a level the arrays are
@@ -277,18 +283,19 @@ def _run_arrays(index, start: int, stop: int, facts: list, kids: dict) -> dict:
         n_offsets += rows + 1
         n_children += len(parent)
         built += len(index.tokens[d + 1]) + index.main_nodes[d] + 1
+    put = put or _placer(False)
     grown = any(f.inserted for f in facts)
     offsets, tokens, child, leaf = (np.concatenate(a) for a in (offsets, tokens, child, leaf))
     cap_o = _capacity(max(len(offsets), 2 * built)) if grown else len(offsets)
     cap_c = _capacity(max(len(tokens), 2 * built)) if grown else len(tokens)
     wide = max(n_offsets, n_children) >= 2**31  # positions in the offsets or the children past int32
-    return {"offsets": jnp.asarray(np.pad(offsets, (0, cap_o - len(offsets)), mode="edge")
+    return {"offsets": put(np.pad(offsets, (0, cap_o - len(offsets)), mode="edge")
                                    .astype(np.int64 if wide else np.int32)),
-            "tokens": jnp.asarray(np.pad(tokens, (0, cap_c - len(tokens)), constant_values=-1).astype(np.int32)),
-            "child": jnp.asarray(np.pad(child, (0, cap_c - len(child)), constant_values=-1)),
-            "leaf": jnp.asarray(np.pad(leaf, (0, cap_c - len(leaf)), constant_values=-1)),
-            "node_base": jnp.asarray(np.asarray(node_base, np.int64 if wide else np.int32)),
-            "rows": jnp.asarray(np.asarray(rows_of, np.int32))}
+            "tokens": put(np.pad(tokens, (0, cap_c - len(tokens)), constant_values=-1).astype(np.int32)),
+            "child": put(np.pad(child, (0, cap_c - len(child)), constant_values=-1)),
+            "leaf": put(np.pad(leaf, (0, cap_c - len(leaf)), constant_values=-1)),
+            "node_base": put(np.asarray(node_base, np.int64 if wide else np.int32)),
+            "rows": put(np.asarray(rows_of, np.int32))}
 
 
 def _run_candidates(arr: dict, i, node: jax.Array, slots: int, take=_taker(1)):
@@ -324,10 +331,29 @@ def _children(index, d: int, leaf_mode: str, x) -> tuple[np.ndarray, ...]:
     return tuple(a.astype(np.int32) for a in out)
 
 
-def _scatter(rows: int, V: int, parent, token, values) -> jax.Array:
+def _scatter(rows: int, V: int, parent, token, values) -> np.ndarray:
     table = np.full((rows, V), -1, np.int32)
     table[parent, token] = values
-    return jnp.asarray(table)
+    return table
+
+
+def _placer(on_host: bool):
+    """`put(array)`: a numpy array as the device trie stores it — on the default device, or on the host
+    (`on_host`) with the dtypes the device copy would have: int64 arrays are int32 unless JAX runs with 64-bit
+    integers, and positions past 2^31 without them are an error (they would wrap)."""
+    x64 = bool(jax.config.jax_enable_x64)
+
+    def put(a):
+        a = np.asarray(a)
+        if a.dtype == np.int64 and not x64:
+            if a.size and (int(a.max()) >= 2**31 or int(a.min()) < -(2**31)):
+                raise ValueError("the trie's positions pass 2^31 (over ~2 billion children): JAX needs 64-bit "
+                                 "integers for it; set JAX_ENABLE_X64=1 (or jax.config.update('jax_enable_x64', "
+                                 "True)) before the first computation")
+            a = a.astype(np.int32)
+        return a if on_host else jnp.asarray(a)
+
+    return put
 
 
 def level_candidates(trie: DeviceTrie, d: int, node: jax.Array):

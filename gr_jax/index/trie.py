@@ -300,6 +300,7 @@ class TrieIndex:
         self.new_leaves = np.zeros(0, np.int64)  # depth of each leaf added by insert()
         self.extra_pairs = np.zeros((0, 2), np.int64)  # (leaf id, doc id) added by insert(), sorted
         self._device = None
+        self._host = None
         self._device_payload = None
 
     # ------------------------------------------------------------------------------------------------------
@@ -410,9 +411,17 @@ class TrieIndex:
     def nodes_at(self, depth: int) -> int:
         return self.main_nodes[depth] + self.new_nodes[depth]
 
-    def device(self):
+    def device(self, on_host: bool = False):
         """The arrays on the default device (`index.device.DeviceTrie`), cached until the next insert(); concrete
-        arrays even when first asked for inside a trace (a caller's jit), so the cache never holds a tracer."""
+        arrays even when first asked for inside a trace (a caller's jit), so the cache never holds a tracer.
+        `on_host`: the same trie as numpy arrays (cached too), for placing it block by block over devices
+        (`DeviceTrie.split`) without a whole copy on one device."""
+        if on_host:
+            if self._host is None:
+                from gr_jax.index.device import to_device
+
+                self._host = to_device(self, on_host=True)
+            return self._host
         if self._device is None:
             import jax
 
@@ -653,7 +662,7 @@ class TrieIndex:
                              f"docid; end lexical docids with EOS")
         n_new_leaves = self._add_leaves(arr, lengths, node, ~exists, leaf, pending, source) if not exists.all() else 0
         added = self._add_pairs(leaf, docs)
-        self._device = self._device_payload = None
+        self._device = self._host = self._device_payload = None
         return {"pairs_added": added, "docids_added": int(n_new_leaves), "nodes_added": int(nodes_added)}
 
     def _walk_inserted(self, arr: np.ndarray, lengths: np.ndarray, pending: list, source: str):

@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 from gr_jax.decoding import rankers
 from gr_jax.decoding.beam_search import BeamResult
 from gr_jax.index.device import leaf_documents
+from gr_jax.index.trie import TrieIndex
 from gr_jax.models.search import Searcher, share_encoder, t5_cache
 from gr_jax.models import t5
 from gr_jax.models.contract import Capabilities
@@ -179,7 +180,9 @@ class GenerativeRetriever:
         """Constrained beam search over `index` (a TrieIndex); every returned docid is in the index. With a
         `bonus_fn`, `query_state_fn` gives it the per-query state."""
         state = None if self.query_state_fn is None else self.query_state_fn(self, params, query_tokens_BxL)
-        return self.searcher(num_beams).search(params, query_tokens_BxL, index.device(), query_state=state)
+        # a trie split over devices is placed block by block from the host copy, never whole on one device
+        trie = index.device(on_host=True) if self.index_shards > 1 and isinstance(index, TrieIndex) else index.device()
+        return self.searcher(num_beams).search(params, query_tokens_BxL, trie, query_state=state)
 
     def predict_arrays(self, params, query_tokens_BxL, index, num_beams: int = 10):
         """The beams' documents as arrays, gathered on the device from the index's leaf → documents payload:

@@ -210,8 +210,8 @@ def array_digests(tree) -> dict[str, str]:
     """{key path: blake2b-12 of dtype, shape and bytes} of every array of `tree` (a checkpoint's state): saved
     beside the state, so that a restore notices an array that changed on disk (a flipped bit is not NaN)."""
     out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(jax.device_get(distributed.local(tree)))[0]:
-        a = np.ascontiguousarray(np.asarray(leaf))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:  # one array on the host at a time
+        a = np.ascontiguousarray(distributed.to_host(leaf))
         h = hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode(), digest_size=12)
         h.update(a.view(np.uint8).reshape(-1) if a.size else b"")
         out[_key(path)] = h.hexdigest()
@@ -245,6 +245,7 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
     """The checkpoint's items (`state`, and `data` with `with_data`), checked: its arrays against the checksums
     recorded at save (checkpoints written before checksums were recorded are read unchecked, with a note) and
     its parameters for finite values. Anything else → `DamagedCheckpoint` naming the checkpoint and the array."""
+    error = None
     try:
         with _abandoned_reads_quiet():
             if template is None:  # onto this process's first device, whatever layout saved it (devices, processes)
@@ -255,8 +256,13 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
             restored = manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # orbax/tensorstore raise many types for unreadable files
         detail = (str(e).splitlines() or [""])[0].split(" See full TensorStore details")[0][:200]
-        raise DamagedCheckpoint(f"{where}: damaged, its arrays cannot be read ({type(e).__name__}: {detail})") \
-            from None
+        error = DamagedCheckpoint(f"{where}: damaged, its arrays cannot be read ({type(e).__name__}: {detail})")
+    # several processes decide together (the checks below are collectives where the state spans processes)
+    failed = [i for i, bad in enumerate(distributed.gather_json(error is not None)) if bad]
+    if failed and error is None:
+        error = DamagedCheckpoint(f"{where}: damaged, process {failed[0]} cannot read its arrays")
+    if error is not None:
+        raise error
     try:
         recorded = manager.restore(step, args=ocp.args.Composite(digests=ocp.args.JsonRestore()))["digests"]
     except Exception:  # no such item: written before checksums were recorded
@@ -387,6 +393,9 @@ def restore_latest_intact(model_dir: Path, keep: int, template, meta: dict):
             saved = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except Exception as e:  # orbax/tensorstore raise many types for unreadable files
             saved, error = None, e
+        unread = [i for i, bad in enumerate(distributed.gather_json(saved is None)) if bad]  # decided together
+        if saved is not None and unread:
+            saved, error = None, DamagedCheckpoint(f"process {unread[0]} cannot read its metadata")
         if saved is not None:
             check_provenance(saved, meta, f"{model_dir / 'checkpoints' / str(step)}")
             try:
@@ -397,6 +406,7 @@ def restore_latest_intact(model_dir: Path, keep: int, template, meta: dict):
                 return manager, step, restored
             except DamagedCheckpoint as e:
                 error = e
+        distributed.barrier(f"damaged {step}")  # every process has done reading it before process 0 moves it
         where = _set_aside(model_dir, step)
         damaged.append(step)
         log.warning("checkpoint %s is damaged (%s: %s); moved to %s", model_dir / "checkpoints" / str(step),

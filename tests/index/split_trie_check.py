@@ -81,10 +81,37 @@ def main() -> int:
                                          "bytes_whole": placed_bytes(trie, split_mesh),
                                          "reported_split": split.nbytes_per_device(),
                                          "reported_whole": trie.nbytes_per_device()}) + "\n")
-    # what gin's GenerativeRetriever.index_shards gives a model's searcher: the "auto" mesh with an index axis
-    mesh = GenerativeRetriever(config, index_shards=4).searcher(12).mesh
-    sys.stdout.write(json.dumps({"retriever_mesh": dict(mesh.shape)}) + "\n")
+    # a shallow trie (docids of 1–3 codes and EOS): no run, leaves among other children in a dense level and in
+    # CSR levels ("some": leaf ranks read through the split), searched from the host copy as a model does
+    shallow = TrieIndex.build(shallow_docids(2500), vocab_size=V, eos_id=EOS)
+    split_mesh = Mesh(devices.reshape(1, 8), ("data", SHARD_AXIS))
+    for mode in ("log_softmax", "raw"):
+        got = T5Searcher(model, 12, score_mode=mode, mesh=split_mesh).search(params, queries,
+                                                                            shallow.device(on_host=True))
+        want = T5Searcher(model, 12, score_mode=mode, mesh=None).search(params, queries, shallow.device())
+        same = {k: bool(np.array_equal(np.asarray(getattr(got, k)), np.asarray(getattr(want, k))))
+                for k in ("tokens", "leaf_ids", "valid", "scores")}
+        sys.stdout.write(json.dumps({"stage": "shallow", "layout": "8 index", "mode": mode, "scan": True,
+                                     "same": same, "found": int(np.asarray(want.valid).sum())}) + "\n")
+    forms = sorted({("dense" if s.dense else "run" if s.run >= 0 else "csr") + " " + s.leaf_mode
+                    for t in (index.device(), shallow.device()) for s in t.specs})
+    sys.stdout.write(json.dumps({"forms": forms}) + "\n")
+    # a model with GenerativeRetriever.index_shards: the "auto" mesh with an index axis, and the trie placed from
+    # its host copy (no whole copy on one device)
+    retriever = GenerativeRetriever(config, index_shards=4)
+    fresh = TrieIndex.build(shallow_docids(2500), vocab_size=V, eos_id=EOS)
+    retriever.predict(retriever.init_params(seed=4), queries, fresh, num_beams=12)
+    sys.stdout.write(json.dumps({"retriever_mesh": dict(retriever.searcher(12).mesh.shape),
+                                 "whole_device_copy": fresh._device is not None}) + "\n")
     return 0
+
+
+def shallow_docids(n: int) -> list[list[int]]:
+    rng = np.random.default_rng(3)
+    out = set()
+    while len(out) < n:
+        out.add(tuple(int(t) for t in rng.integers(2, V, int(rng.integers(1, 4)))) + (EOS,))
+    return [list(s) for s in sorted(out)]
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """A trie split over the devices of a mesh's "index" axis (`DeviceTrie.split`, the `Searcher` over a data × index
 mesh): on 8 host devices the search gives the docids (tokens, leaves) and scores of the trie kept whole on every
-device, bit for bit — every score mode, scanned and unrolled levels, 8 blocks and 2 data × 4 blocks, a built trie
-and one with inserted docids (the table form) — and a device holds a fraction of the trie's bytes, as
-`nbytes_per_device` says. Runs tests/index/split_trie_check.py in a process of its own (the device count is fixed
-when JAX starts)."""
+device, bit for bit — every score mode, scanned and unrolled levels, 8 blocks and 2 data × 4 blocks; a built
+trie, one with inserted docids (the table form), and a shallow one with leaves among other children, split from
+its host copy as a model with `GenerativeRetriever.index_shards` does — and a device holds a fraction of the
+trie's bytes, as `nbytes_per_device` says. Runs tests/index/split_trie_check.py in a process of its own (the
+device count is fixed when JAX starts)."""
 
 from __future__ import annotations
 
@@ -26,15 +27,20 @@ def test_a_split_trie_searches_as_the_whole_trie_and_holds_a_block_per_device():
                          capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stderr[-4000:]
     rows = [json.loads(line) for line in res.stdout.splitlines()]
-    assert rows.pop() == {"retriever_mesh": {"data": 2, "index": 4}}
+    assert rows.pop() == {"retriever_mesh": {"data": 2, "index": 4}, "whole_device_copy": False}
+    # every storage form a split read goes through: dense levels (whole) with and without leaves among the
+    # children, CSR levels with every / some children leaves or their ids stored (inserted), a run
+    forms = set(rows.pop()["forms"])
+    assert {"dense none", "dense some", "csr some", "csr all", "csr table", "run run"} <= forms, forms
     searches = [r for r in rows if "same" in r]
     memory = [r for r in rows if "bytes_split" in r]
-    assert len(searches) == 12 and len(memory) == 3
+    assert len(searches) == 14 and len(memory) == 3
     for r in searches:
         assert all(r["same"].values()), r
         assert r["found"] == 8 * 12  # every beam of every query holds a docid: the comparison covers them all
     assert {(r["mode"], r["scan"]) for r in searches} == {("log_softmax", True), ("log_softmax", False),
                                                           ("renormalized", True), ("raw", True)}
+    assert {r["stage"] for r in searches} == {"built", "inserted", "shallow"}
     for r in memory:
         assert r["runs"] >= 1  # the scanned run's table is split too
         assert r["bytes_split"] == r["reported_split"] and r["bytes_whole"] == r["reported_whole"], r

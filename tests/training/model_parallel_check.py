@@ -11,11 +11,12 @@ import sys
 
 import jax
 import numpy as np
+import optax
 
 from gr_jax.models import llama, t5
 from gr_jax.models.decoder_only import DecoderOnlyRetriever
 from gr_jax.models.retriever import GenerativeRetriever
-from gr_jax.training import partitioning
+from gr_jax.training import partitioning, trainer
 
 
 def _batch(vocab: int, rows: int = 16, inputs: int = 12, targets: int = 5) -> dict:
@@ -37,12 +38,15 @@ def check(name: str, model, partitions: int, rules: dict) -> dict:
                             out_shardings=(partitioning.replicated(mesh), shardings))(placed, jax.device_put(batch, b_shard))
     split = sum(1 for x in jax.tree_util.tree_leaves(placed)
                 if x.addressable_shards[0].data.shape != x.shape)
+    # the trainer's state on that mesh: Adam's two moments laid out as their parameters (split as often)
+    state, _ = trainer._initial_state(model, params, optax.adamw(1e-3), mesh, rules)
+    opt_split = sum(1 for x in jax.tree_util.tree_leaves(state["opt_state"]) if not x.sharding.is_fully_replicated)
     worst = 0.0
     for a, b in zip(jax.tree_util.tree_leaves(grads1), jax.tree_util.tree_leaves(grads8)):
         a, b = np.asarray(a), np.asarray(b)
         worst = max(worst, float(np.abs(a - b).max()) / max(float(np.abs(a).max()), 1e-30))
     return {"name": name, "devices": len(jax.devices()), "mesh": dict(mesh.shape), "split_arrays": split,
-            "arrays": len(jax.tree_util.tree_leaves(placed)), "loss": float(loss1),
+            "arrays": len(jax.tree_util.tree_leaves(placed)), "opt_split": opt_split, "loss": float(loss1),
             "loss_rel": abs(float(loss1) - float(loss8)) / abs(float(loss1)), "grad_rel": worst}
 
 

@@ -31,6 +31,7 @@ def test_a_data_by_model_mesh_gives_one_devices_loss_and_gradients(partitions, m
         # when `embed` goes to `data` too
         assert row["split_arrays"] >= row["arrays"] // 2, row
         assert mode != "fsdp" or row["split_arrays"] == row["arrays"], row
+        assert row["opt_split"] == 2 * row["split_arrays"], row  # the trainer's Adam moments follow their parameters
         # one float32 mean over 16 rows, computed as partial sums over the data shards and the model shards'
         # slices of each matmul: rounding of ~1e-7 per sum (measured 0 and 7e-8 for the loss, ≤ 1.2e-6 of each
         # gradient array's largest entry); a wrong split (a missing psum, a dropped shard) is O(1)

@@ -14,6 +14,7 @@ Only process 0 writes (the others write nothing: `io_utils.read_only`)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import socket
 import subprocess
@@ -63,16 +64,17 @@ def _start_two(gin_file: Path, model_dir: Path, faults=(None, None)) -> list[sub
 
 
 def _finish(procs) -> list[tuple[int, str, str]]:
-    out = []
-    for p in procs:
+    """(exit code, stdout, stderr) of each process, read concurrently: a process blocked on a full pipe would
+    stall the other in a collective."""
+    with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:
+        reads = [pool.submit(p.communicate, timeout=TIMEOUT) for p in procs]
         try:
-            stdout, stderr = p.communicate(timeout=TIMEOUT)
+            outs = [r.result() for r in reads]
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
             raise
-        out.append((p.returncode, stdout, stderr))
-    return out
+    return [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
 
 
 def _ok(results) -> None:
