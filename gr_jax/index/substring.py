@@ -36,8 +36,10 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from gr_jax.errors import UserError
+from gr_jax.index.device import SHARD_AXIS, _taker
 
 log = logging.getLogger(__name__)
 
@@ -233,10 +235,13 @@ class SubstringIndex:
         return self._device[key]
 
 
-def _bounds(text, sa, lo, hi, column: int, targets):
+def _bounds(text, sa, lo, hi, column: int, targets, shards: int = 1):
     """For each target value t ([..., K]), the first i in [lo, hi) with text[sa[i] + column] ≥ t (hi if none):
-    a binary search on the range's sorted column, all targets at once. lo, hi [...]."""
-    n = text.shape[0]
+    a binary search on the range's sorted column, all targets at once. lo, hi [...]. With `shards` > 1 each
+    device holds one block of `text` and `sa` (`DeviceSubstrings.split`): every read goes through the index's
+    split read, so all devices take the same steps."""
+    take = _taker(shards)
+    n = text.shape[0] * shards  # the whole text's positions (its padding repeats the separator)
     l = jnp.broadcast_to(lo[..., None], (*lo.shape, targets.shape[-1]))
     h = jnp.broadcast_to(hi[..., None], l.shape)
 
@@ -244,8 +249,8 @@ def _bounds(text, sa, lo, hi, column: int, targets):
         l, h = lh
         active = l < h
         mid = l + (h - l) // 2  # never l + h: past 2**30 positions that overflows int32
-        pos = jnp.clip(sa[jnp.clip(mid, 0, sa.shape[0] - 1)] + column, 0, n - 1)
-        right = text[pos] < targets
+        pos = jnp.clip(take(sa, jnp.clip(mid, 0, sa.shape[0] * shards - 1)) + column, 0, n - 1)
+        right = take(text, pos) < targets
         return jnp.where(active & right, mid + 1, l), jnp.where(active & ~right, mid, h)
 
     # until every search has converged: a deep level's ranges are narrow, so it takes few rounds (at most the
@@ -270,6 +275,7 @@ class DeviceSubstrings:
     vocab_size: int = flax.struct.field(pytree_node=False)
     offset: int = flax.struct.field(pytree_node=False)  # length of the forced prefix
     end_token: Optional[int] = flax.struct.field(pytree_node=False)
+    shards: int = flax.struct.field(pytree_node=False, default=1)  # texts and suffix arrays in S blocks
 
     def root(self, shape: tuple):
         return tuple((jnp.full(shape, r[0], jnp.int32), jnp.full(shape, r[1], jnp.int32)) for r in self.roots)
@@ -288,7 +294,8 @@ class DeviceSubstrings:
             if d == 0:  # every state is the root (or dead): its children were found once, on the host
                 b = jnp.where(live[..., None], first, 0)
             else:
-                b = _bounds(text, sa, jnp.where(live, lo, 0), jnp.where(live, hi, 0), d + self.offset, targets)
+                b = _bounds(text, sa, jnp.where(live, lo, 0), jnp.where(live, hi, 0), d + self.offset, targets,
+                            self.shards)
             c_lo, c_hi = b[..., :V], b[..., 1:]
             c_valid = c_lo < c_hi
             nxt.append((jnp.where(c_valid, c_lo, -1), jnp.where(c_valid, c_hi, -1)))
@@ -298,6 +305,35 @@ class DeviceSubstrings:
         else:
             leaf = jnp.where(valid & (jnp.arange(V) == self.end_token), 0, -1).astype(jnp.int32)
         return None, tuple(nxt), leaf, valid
+
+    # split over the devices of a mesh axis (`Searcher` with an "index" axis), as `DeviceTrie.split`
+    def split(self, shards: int) -> "DeviceSubstrings":
+        """The texts and suffix arrays padded to a multiple of `shards` positions — the text with the separator,
+        so that a position clipped to the end reads what it read before; the suffix array's padding is never
+        read — to be placed block by block over SHARD_AXIS (`partition_specs`). Every binary-search step then
+        reads them through one integer all-reduce, and the search gives the whole index's n-grams and ranges.
+        The document starts and rows (for `occurrences`, after the search) stay whole."""
+        if shards < 1:
+            raise ValueError(f"a substring index splits into ≥ 1 blocks, got {shards}")
+        if shards == self.shards:
+            return self
+        if self.shards != 1:
+            raise ValueError(f"this substring index is already split into {self.shards} blocks")
+        pad = lambda x, value: jnp.pad(x, (0, -x.shape[0] % shards), constant_values=value)  # noqa: E731
+        return self.replace(texts=tuple(pad(t, self.vocab_size) for t in self.texts),
+                            sas=tuple(pad(a, 0) for a in self.sas), shards=shards)
+
+    def partition_specs(self) -> "DeviceSubstrings":
+        block = P(SHARD_AXIS) if self.shards > 1 else P()
+        whole = lambda xs: jax.tree_util.tree_map(lambda _: P(), xs)  # noqa: E731
+        return self.replace(texts=tuple(block for _ in self.texts), sas=tuple(block for _ in self.sas),
+                            starts=whole(self.starts), rows=whole(self.rows), roots=whole(self.roots),
+                            root_bounds=whole(self.root_bounds))
+
+    def nbytes_per_device(self) -> int:
+        split = sum(x.nbytes for x in (*self.texts, *self.sas)) // self.shards
+        return split + sum(x.nbytes for x in jax.tree_util.tree_leaves((self.starts, self.rows, self.roots,
+                                                                         self.root_bounds)))
 
     def walk(self, ngrams, lengths):
         """The states of given n-grams (after the prefix): ngrams int [..., L], lengths int [...] (tokens past a
@@ -320,7 +356,9 @@ class DeviceSubstrings:
     def occurrences(self, state, max_occurrences: int):
         """Where each n-gram occurs: (rows [..., P], start within the document [..., P], valid [..., P]) with
         P = segments · max_occurrences: the first max_occurrences occurrences of each segment in suffix-array
-        order (all of them where F(n) ≤ max_occurrences)."""
+        order (all of them where F(n) ≤ max_occurrences). On the whole index (not a `split` one)."""
+        if self.shards > 1:
+            raise ValueError("occurrences read the whole suffix arrays: call them on the index before split()")
         rows, local, valid = [], [], []
         slot = jnp.arange(max_occurrences, dtype=jnp.int32)
         for sa, starts, doc_rows, (lo, hi) in zip(self.sas, self.starts, self.rows, state):

@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from gr_jax.index.device import SHARD_AXIS
+from gr_jax.index.substring import SubstringIndex
 from gr_jax.index.trie import TrieIndex
 from gr_jax.models import t5
 from gr_jax.models.retriever import GenerativeRetriever
@@ -93,6 +94,26 @@ def main() -> int:
                 for k in ("tokens", "leaf_ids", "valid", "scores")}
         sys.stdout.write(json.dumps({"stage": "shallow", "layout": "8 index", "mode": mode, "scan": True,
                                      "same": same, "found": int(np.asarray(want.valid).sum())}) + "\n")
+    # the substring index (SEAL's any n-gram of any document), two segments (a build, then an insert), split
+    substrings = SubstringIndex.build(shallow_docids(300), vocab_size=V)
+    substrings.insert(shallow_docids(340)[300:])
+    constraint = substrings.device(max_length=4, prefix=(), end_token=EOS)
+    for mode in ("log_softmax", "raw"):
+        got = T5Searcher(model, 12, score_mode=mode, mesh=split_mesh).search(params, queries, constraint)
+        want = T5Searcher(model, 12, score_mode=mode, mesh=None).search(params, queries, constraint)
+        same = {k: bool(np.array_equal(np.asarray(getattr(got, k)), np.asarray(getattr(want, k))))
+                for k in ("tokens", "leaf_ids", "valid", "scores")}
+        same["states"] = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+                             zip(jax.tree_util.tree_leaves(got.states), jax.tree_util.tree_leaves(want.states)))
+        sys.stdout.write(json.dumps({"stage": "substrings", "layout": "8 index", "mode": mode, "scan": True,
+                                     "same": same, "found": int(np.asarray(want.valid).sum()),
+                                     "segments": len(constraint.texts)}) + "\n")
+    split = constraint.split(8)
+    sys.stdout.write(json.dumps({"stage": "substrings", "layout": "8 index", "shards": 8, "runs": 0,
+                                 "bytes_split": placed_bytes(split, split_mesh),
+                                 "bytes_whole": placed_bytes(constraint, split_mesh),
+                                 "reported_split": split.nbytes_per_device(),
+                                 "reported_whole": constraint.nbytes_per_device()}) + "\n")
     forms = sorted({("dense" if s.dense else "run" if s.run >= 0 else "csr") + " " + s.leaf_mode
                     for t in (index.device(), shallow.device()) for s in t.specs})
     sys.stdout.write(json.dumps({"forms": forms}) + "\n")

@@ -2,7 +2,8 @@
 mesh): on 8 host devices the search gives the docids (tokens, leaves) and scores of the trie kept whole on every
 device, bit for bit — every score mode, scanned and unrolled levels, 8 blocks and 2 data × 4 blocks; a built
 trie, one with inserted docids (the table form), and a shallow one with leaves among other children, split from
-its host copy as a model with `GenerativeRetriever.index_shards` does — and a device holds a fraction of the
+its host copy as a model with `GenerativeRetriever.index_shards` does, and a substring index of two segments
+(its n-grams' suffix-array ranges too) — and a device holds a fraction of the
 trie's bytes, as `nbytes_per_device` says. Runs tests/index/split_trie_check.py in a process of its own (the
 device count is fixed when JAX starts)."""
 
@@ -34,18 +35,24 @@ def test_a_split_trie_searches_as_the_whole_trie_and_holds_a_block_per_device():
     assert {"dense none", "dense some", "csr some", "csr all", "csr table", "run run"} <= forms, forms
     searches = [r for r in rows if "same" in r]
     memory = [r for r in rows if "bytes_split" in r]
-    assert len(searches) == 14 and len(memory) == 3
+    assert len(searches) == 16 and len(memory) == 4
     for r in searches:
         assert all(r["same"].values()), r
         assert r["found"] == 8 * 12  # every beam of every query holds a docid: the comparison covers them all
     assert {(r["mode"], r["scan"]) for r in searches} == {("log_softmax", True), ("log_softmax", False),
                                                           ("renormalized", True), ("raw", True)}
-    assert {r["stage"] for r in searches} == {"built", "inserted", "shallow"}
+    assert {r["stage"] for r in searches} == {"built", "inserted", "shallow", "substrings"}
+    assert all(r["segments"] == 2 for r in searches if r["stage"] == "substrings")
+    assert all(r["same"]["states"] for r in searches if r["stage"] == "substrings")  # the n-grams' ranges too
     for r in memory:
-        assert r["runs"] >= 1  # the scanned run's table is split too
+        assert r["runs"] >= 1 or r["stage"] == "substrings"  # the scanned run's table is split too
         assert r["bytes_split"] == r["reported_split"] and r["bytes_whole"] == r["reported_whole"], r
-        # CSR levels and runs in S blocks; the dense first level (48 × 48 ids) stays whole on every device
-        assert r["bytes_split"] < 2 * r["bytes_whole"] / r["shards"], r
+        # CSR levels and runs (texts and suffix arrays) in S blocks; the dense first level (48 × 48 ids) and the
+        # substring index's per-token root bounds and per-document starts stay whole on every device
+        if r["stage"] == "substrings":  # 1.2k tokens: the whole [V + 1] root bounds weigh as much as the blocks
+            assert r["bytes_split"] < r["bytes_whole"] / 2, r
+        else:
+            assert r["bytes_split"] < 2 * r["bytes_whole"] / r["shards"], r
 
 
 def test_the_memory_arithmetic_of_the_scale_plan_matches_a_built_trie():
