@@ -112,8 +112,9 @@ def main(argv=None) -> int:
     if not args.no_write:
         cmd = "python tools/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
         section = (f"\n## Training over processes and devices ({datetime.date.today()}, `{cmd.strip()}`)\n\n"
-                   f"{EXPERIMENT}, batch {batch}, {args.steps} steps, best of {args.rounds} rounds; {os.cpu_count()} CPU "
-                   f"cores shared by every layout (host devices and processes split them, they do not add to them).\n\n"
+                   f"{EXPERIMENT}, batch {batch}, {args.steps} steps, best of {args.rounds} rounds; "
+                   f"{os.cpu_count()} CPU cores shared by every layout (host devices and processes split them, they "
+                   f"do not add to them).\n\n"
                    f"{table}\n")
         with (ROOT / "BENCHMARKS.md").open("a") as f:
             f.write(section)

@@ -96,12 +96,9 @@ class DeviceTrie:
         placed block by block over a mesh axis named SHARD_AXIS (`partition_specs`) and searched inside a
         `shard_map` over it. `split(1)` is the whole trie. Split a host copy (`TrieIndex.device(on_host=True)`)
         for a trie larger than a device: a device copy is whole on one device first."""
-        if shards < 1:
-            raise ValueError(f"a trie splits into ≥ 1 blocks, got {shards}")
-        if shards == self.shards:
+        if not check_split(shards, self.shards, "trie"):
             return self
-        if self.shards != 1:
-            raise ValueError(f"this trie is already split into {self.shards} blocks; split the whole trie")
+
         def pad(x):  # numpy stays numpy (`to_device(on_host=True)`): placed block by block, never whole
             widths = [(0, -x.shape[0] % shards)] + [(0, 0)] * (x.ndim - 1)
             return np.pad(x, widths) if isinstance(x, np.ndarray) else jnp.pad(x, widths)
@@ -128,6 +125,16 @@ class DeviceTrie:
 
 
 SHARD_AXIS = "index"  # the mesh axis a split trie's blocks lie along
+
+
+def check_split(shards: int, current: int, what: str) -> bool:
+    """Whether an index now in `current` blocks must be split into `shards` (False: it already is); a bad count
+    or a second split is an error."""
+    if shards < 1:
+        raise ValueError(f"a {what} splits into ≥ 1 blocks, got {shards}")
+    if current not in (1, shards):
+        raise ValueError(f"this {what} is already split into {current} blocks; split the whole {what}")
+    return shards != current
 
 
 def _taker(shards: int):

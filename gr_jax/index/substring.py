@@ -39,7 +39,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from gr_jax.errors import UserError
-from gr_jax.index.device import SHARD_AXIS, _taker
+from gr_jax.index.device import SHARD_AXIS, _taker, check_split
 
 log = logging.getLogger(__name__)
 
@@ -313,12 +313,8 @@ class DeviceSubstrings:
         read — to be placed block by block over SHARD_AXIS (`partition_specs`). Every binary-search step then
         reads them through one integer all-reduce, and the search gives the whole index's n-grams and ranges.
         The document starts and rows (for `occurrences`, after the search) stay whole."""
-        if shards < 1:
-            raise ValueError(f"a substring index splits into ≥ 1 blocks, got {shards}")
-        if shards == self.shards:
+        if not check_split(shards, self.shards, "substring index"):
             return self
-        if self.shards != 1:
-            raise ValueError(f"this substring index is already split into {self.shards} blocks")
         pad = lambda x, value: jnp.pad(x, (0, -x.shape[0] % shards), constant_values=value)  # noqa: E731
         return self.replace(texts=tuple(pad(t, self.vocab_size) for t in self.texts),
                             sas=tuple(pad(a, 0) for a in self.sas), shards=shards)

@@ -44,7 +44,8 @@ def make_mesh(num_partitions: Count = 1, devices: Optional[Sequence] = None) -> 
 
 @gin.configurable
 def logical_rules(rules: Sequence[tuple[str, Optional[str]]] = DEFAULT_RULES,
-                  parameter_partitioning_dims: Annotated[int, Range(integer=True, low=1, high=2)] = 1) -> dict[str, Optional[str]]:
+                  parameter_partitioning_dims: Annotated[int, Range(integer=True, low=1, high=2)] = 1
+                  ) -> dict[str, Optional[str]]:
     """{logical axis: mesh axis}. `parameter_partitioning_dims = 2` (t5x's name) also splits every matrix's
     `embed` (d_model) axis over `data`: parameters and optimizer state fully sharded (FSDP / ZeRO-3), each
     device holding 1/(data × model) of them; XLA gathers a layer's weights where the step needs them."""

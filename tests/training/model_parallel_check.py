@@ -1,8 +1,9 @@
 """Run by tests/training/test_model_parallel.py in a process with 8 host devices (XLA_FLAGS): the loss and the
-gradients of a T5 and a Llama retriever on one device, and on the training mesh (`partitioning.make_mesh`)
-of 4 data × 2 model devices with the parameters laid out by the logical-axis rules, the batch split over
-`data` (with `fsdp`, every matrix's d_model axis split over `data` too: fully sharded). Prints one JSON line per backbone: the largest difference of each, relative to its magnitude, and how
-many parameter arrays the mesh actually split over `model`."""
+gradients of a T5 and a Llama retriever on one device, and on the training mesh (`partitioning.make_mesh`) of
+data × model devices with the parameters laid out by the logical-axis rules, the batch split over `data` (with
+`fsdp`, every matrix's d_model axis split over `data` too: fully sharded). Prints one JSON line per backbone: the
+largest difference of each, relative to its magnitude, how many parameter arrays the mesh split, and how many of
+the trainer's optimizer-state arrays are split."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def check(name: str, model, partitions: int, rules: dict) -> dict:
     shardings = partitioning.param_shardings(model.param_axes(params), mesh, rules)
     placed = jax.device_put(params, shardings)
     b_shard = partitioning.batch_sharding(mesh)
-    loss8, grads8 = jax.jit(grad, in_shardings=(shardings, b_shard),
-                            out_shardings=(partitioning.replicated(mesh), shardings))(placed, jax.device_put(batch, b_shard))
+    step = jax.jit(grad, in_shardings=(shardings, b_shard), out_shardings=(partitioning.replicated(mesh), shardings))
+    loss8, grads8 = step(placed, jax.device_put(batch, b_shard))
     split = sum(1 for x in jax.tree_util.tree_leaves(placed)
                 if x.addressable_shards[0].data.shape != x.shape)
     # the trainer's state on that mesh: Adam's two moments laid out as their parameters (split as often)

@@ -27,12 +27,15 @@ import orbax.checkpoint as ocp
 import pytest
 
 from gr_jax.training import trainer
-from tests.reliability.test_faults import TINY_TRAIN, _leftovers, _one_error_line, _steps
+from tests.reliability import test_faults
+from tests.reliability.test_faults import _leftovers, _one_error_line, _steps
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 300
 
 pytestmark = pytest.mark.slow  # two to five trainings of a few seconds each, in subprocesses
+
+tiny_gin = test_faults.tiny_gin  # the fixture: tests/reliability/test_faults.py's tiny DSI (4 steps, checkpoints 2, 4)
 
 
 def _free_port() -> int:
@@ -86,13 +89,6 @@ def _params(model_dir: Path, step: int = 4) -> dict:
     manager = ocp.CheckpointManager((model_dir / "checkpoints").absolute())
     state = trainer.read_checkpoint(manager, step, model_dir)["state"]
     return {trainer._key(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(state)[0]}
-
-
-@pytest.fixture(scope="module")
-def tiny_gin(tmp_path_factory) -> Path:
-    f = tmp_path_factory.mktemp("gin") / "tiny.gin"
-    f.write_text(TINY_TRAIN)
-    return f
 
 
 @pytest.fixture(scope="module")
