@@ -22,6 +22,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     table = "\n".join(rows)
     sys.stdout.write(table + "\n")
     if not args.no_write:
-        cmd = "python tools/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        cmd = shlex.join(["python", "tools/bench_scale.py", *(argv if argv is not None else sys.argv[1:])])
         section = (f"\n## Training over processes and devices ({datetime.date.today()}, `{cmd.strip()}`)\n\n"
                    f"{EXPERIMENT}, batch {batch}, {args.steps} steps, best of {args.rounds} rounds; "
                    f"{os.cpu_count()} CPU cores shared by every layout (host devices and processes split them, they "
