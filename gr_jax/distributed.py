@@ -181,11 +181,7 @@ def local(tree):
     def one(x):
         if not isinstance(x, jax.Array) or x.is_fully_addressable:
             return x
-        if x.is_fully_replicated:
-            return x.addressable_data(0)
-        from jax.experimental import multihost_utils
-
-        return jax.numpy.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return x.addressable_data(0) if x.is_fully_replicated else jax.numpy.asarray(to_host(x))
 
     return jax.tree_util.tree_map(one, tree)
 
