@@ -384,7 +384,8 @@ def cpu_runtime(synchronous_dispatch: bool = True) -> None:
     """How an entry point runs JAX computations on the CPU, set after parsing and before the first computation.
     Synchronous dispatch by default: each step's temporaries then come from the heap that
     `host_memory.reuse_freed_memory` keeps (the demo's train step 60 → 35 ms, t5_small's 1.29 → 1.07 s, on 2
-    cores); `cpu_runtime.synchronous_dispatch = False` gives JAX's asynchronous default back."""
+    cores; `run_entry` holds it around the whole command, so searches and evaluations keep their large
+    temporaries too); `cpu_runtime.synchronous_dispatch = False` gives JAX's asynchronous default back."""
     host_memory.cpu_dispatch(synchronous_dispatch)
 
 
@@ -452,6 +453,7 @@ def _run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str], root: Op
                 for path in output_dirs():
                     held.enter_context(locks.output_lock(path, f"gr_jax {root or 'command'}",
                                                          f".{index}" if index else ""))
+                held.enter_context(host_memory.reuse_freed_memory())  # the heap stays for the next call
                 return 0, call_configured(get_fn())
     except Exception as e:
         if not isinstance(e, expected_errors()) and not no_space(e):

@@ -62,6 +62,9 @@ def test_blocks_nest_and_the_outermost_restores():
             assert host_memory.active() == GLIBC
         assert host_memory.active() == GLIBC  # the inner block left the settings to the outer one
     assert not host_memory.active()
+    with host_memory.as_entry_points():  # the benchmarks' way to run as the entry points do
+        assert host_memory.active() == GLIBC
+    assert not host_memory.active()
 
 
 ENTRY = textwrap.dedent("""
@@ -69,27 +72,29 @@ ENTRY = textwrap.dedent("""
     import jax, jax.numpy as jnp
     from gr_jax import gin_utils, host_memory
 
-    def probe():  # what an entry point's configured function runs: a jitted step inside the kept heap
+    def probe():  # what an entry point's configured function runs (a search, a generation): a jitted step
+        assert host_memory.active()  # run_entry holds the kept heap around the whole command
         f = jax.jit(lambda x: (jnp.cumsum(x)[::-1] * 2.0).sum())
         x = jnp.ones((1 << 24,), jnp.float32)  # a 64 MiB temporary: beyond a thread arena's reach
-        with host_memory.reuse_freed_memory():
+        jax.block_until_ready(f(x))
+        counts = []
+        for _ in range(5):  # the median of five calls, each counted alone (see the test above)
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             jax.block_until_ready(f(x))
-            counts = []
-            for _ in range(5):  # the median of five calls, each counted alone (see the test above)
-                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                jax.block_until_ready(f(x))
-                counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-            return sorted(counts)[2]
+            counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        return sorted(counts)[2]
 
     rc, faults = gin_utils.run_entry(sys.argv[1:], "usage", lambda: probe)
+    assert not host_memory.active()
     print(rc, faults)
 """)
 
 
 @pytest.mark.skipif(not GLIBC, reason="the settings are glibc's; elsewhere reuse_freed_memory is a no-op")
 def test_entry_points_dispatch_on_the_calling_thread(tmp_path):
-    """run_entry sets synchronous CPU dispatch before the first computation (gin_utils.cpu_runtime), so even a
-    temporary too large for a dispatch thread's arena comes from the kept heap; the binding turns it off."""
+    """run_entry sets synchronous CPU dispatch before the first computation (gin_utils.cpu_runtime) and keeps
+    freed memory for the whole command, so even a temporary too large for a dispatch thread's arena comes from
+    the kept heap in any configured function (not only in training); the binding turns the dispatch off."""
     (tmp_path / "empty.gin").write_text("# nothing to bind\n")
     got = {}
     for name, extra in (("sync", []), ("async", ["--gin.cpu_runtime.synchronous_dispatch=False"])):

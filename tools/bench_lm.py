@@ -9,6 +9,9 @@ torch pinned to the same number of threads as the machine's cores:
 * with `--paper_index`, ours in the paper's mode (10 sampled pseudo-queries per document, then a greedy docid
   from each), the pseudo-query phase timed on its own as well.
 
+Ours runs as the entry points run JAX (`--runtime entry`, the default: synchronous CPU dispatch, freed memory
+kept, `host_memory.as_entry_points`) or with JAX's defaults (`--runtime jax`, the rows before 2026-11-27).
+
     python tools/bench_lm.py                 # appends a section to BENCHMARKS.md
     python tools/bench_lm.py --no_write --quick
     python tools/bench_lm.py --no_generation --no_index --paper_index --index_docs 64
@@ -17,6 +20,7 @@ torch pinned to the same number of threads as the machine's cores:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -27,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax import cli
+from gr_jax import cli, host_memory
 from gr_jax.cli import setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,8 +66,16 @@ def main(argv=None) -> int:
     parser.add_argument("--no_generation", action="store_true", help="no generation figures")
     parser.add_argument("--paper_index", action="store_true", help="the paper-mode indexing figure (ours only)")
     parser.add_argument("--no_write", action="store_true")
+    parser.add_argument("--runtime", choices=("entry", "jax"), default="entry",
+                        help="ours as the entry points run JAX (synchronous CPU dispatch, freed memory kept: "
+                             "`python -m gr_jax.fewshot`), or with JAX's defaults")
     args = parser.parse_args(argv)
     setup_logging()
+    with host_memory.as_entry_points() if args.runtime == "entry" else contextlib.nullcontext():
+        return _main(args, argv)
+
+
+def _main(args, argv) -> int:
     import torch
     import transformers
 
@@ -173,7 +185,8 @@ def main(argv=None) -> int:
         command = "python tools/bench_lm.py " + " ".join(argv if argv is not None else sys.argv[1:])
         from gr_jax.evaluation.report import benchmark_section
 
-        header = (f"device: {jax.devices()[0].platform.upper()}, {threads} CPU threads for both; command: "
+        header = (f"device: {jax.devices()[0].platform.upper()}, {threads} CPU threads for both; runtime: "
+                  f"{'as the entry points' if args.runtime == 'entry' else 'JAX defaults'}; command: "
                   f"`{command.strip()}`")
         with (ROOT / "BENCHMARKS.md").open("a") as fh:
             fh.write(benchmark_section("bench_lm", header, ROWS))

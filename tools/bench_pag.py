@@ -22,12 +22,15 @@ appends a section to BENCHMARKS.md.
     beside the dense product's on the same queries and whether both planned the same sets with the same scores,
     Seq-only and PAG ms/query at k 10 and 100, and their ratio (target ≤ 1.3).
 Latencies are CPU figures of this machine, 8 queries a batch, every contender warmed up; only ratios carry
-over to other hardware.
+over to other hardware. `--runtime entry` (default) runs JAX as the entry points do (`python -m gr_jax.infer`:
+synchronous CPU dispatch, freed memory kept: `host_memory.as_entry_points`); `--runtime jax` with
+JAX's defaults (the rows before 2026-11-27).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -37,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax import cli
+from gr_jax import cli, host_memory
 from gr_jax.cli import setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,10 +252,12 @@ def _search_errors(model, params, tokens, index, k) -> dict:
             "search_error_pag": round(sum(out["guided"]) / n, 4)}
 
 
-def _write(command: str, path: Path):
+def _write(command: str, path: Path, runtime: str):
     from gr_jax.evaluation.report import benchmark_section
 
-    header = f"device: {jax.devices()[0].platform.upper()}, {jax.device_count()} device(s); command: `{command}`"
+    how = "as the entry points (synchronous dispatch, freed memory kept)" if runtime == "entry" else "JAX defaults"
+    header = (f"device: {jax.devices()[0].platform.upper()}, {jax.device_count()} device(s); runtime: {how}; "
+              f"command: `{command}`")
     with path.open("a") as f:
         f.write(benchmark_section("bench_pag", header, ROWS))
 
@@ -269,8 +274,16 @@ def main(argv=None) -> int:
     parser.add_argument("--latency_only", action="store_true",
                         help="demo part: memory and latency only (no effectiveness, no search error)")
     parser.add_argument("--no_write", action="store_true", help="print JSON lines only, do not touch BENCHMARKS.md")
+    parser.add_argument("--runtime", choices=("entry", "jax"), default="entry",
+                        help="entry: as the entry points run JAX (synchronous CPU dispatch, freed memory kept); "
+                             "jax: JAX's defaults")
     args = parser.parse_args(argv)
     setup_logging()
+    with host_memory.as_entry_points() if args.runtime == "entry" else contextlib.nullcontext():
+        return _main(parser, args, argv)
+
+
+def _main(parser, args, argv) -> int:
     if not args.model_dir and not args.synthetic:
         parser.error("give --model_dir, --synthetic N, or both")
     if args.model_dir and not (Path(args.model_dir) / "checkpoints").is_dir():
@@ -282,7 +295,7 @@ def main(argv=None) -> int:
         bench_synthetic(args.synthetic, query_terms=tuple(args.query_terms), ms=tuple(args.m))
     if not args.no_write:
         _write("python tools/bench_pag.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               ROOT / "BENCHMARKS.md")
+               ROOT / "BENCHMARKS.md", args.runtime)
     return 0
 
 

@@ -145,6 +145,16 @@ class Budgets:
     postings: int
     rescored: int
 
+    @property
+    def rescored_documents(self) -> int:
+        """Places for the distinct documents of the R rescored postings: each is on two tokens or more."""
+        return max(1, self.rescored // 2)
+
+    @property
+    def candidates(self) -> int:
+        """What the planning set is chosen from: the postings and the rescored documents (must be ≥ n)."""
+        return self.postings + self.rescored_documents
+
 
 def budgets_for(postings: int, vocab: int) -> Budgets:
     """The budgets of a postings budget P: at most min(V, 1024) fired tokens, P / 32 postings rescored (4096 at
@@ -275,12 +285,29 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
     # the R best postings on documents on several, by posting score: those documents are rescored; any other
     # scores at most the R-th posting score + δ, below the n-th place when that is ≥ 2δ above it (checked below)
     approx = jnp.where(several, got, -jnp.inf)
-    cut, at = _top_k(approx, R)
     taken_all = several.sum(axis=1) <= R
-    at = jnp.where(cut > -jnp.inf, at, P)
+
+    def all_of_them():  # every query's postings on several fit in R: their places in posting order, no top-k
+        slot = jnp.where(several, jnp.cumsum(several, axis=1, dtype=jnp.int32) - 1, R)
+        at = jnp.full((B, R), P, jnp.int32).at[rows, slot].set(jnp.broadcast_to(pos, (B, P)), mode="drop")
+        return at, approx.max(axis=1), jnp.full((B,), -jnp.inf)
+
+    def the_best():
+        cut, at = _top_k(approx, R)
+        return jnp.where(cut > -jnp.inf, at, P), cut[:, 0], cut[:, R - 1]
+
+    at, cut_first, cut_last = jax.lax.cond(taken_all.all(), all_of_them, the_best)
     redo = jnp.sort(jnp.where(at < P, jnp.take_along_axis(rank, jnp.minimum(at, P - 1), axis=1), D), axis=1)
     fresh = jnp.concatenate([jnp.ones((B, 1), bool), redo[:, 1:] != redo[:, :-1]], axis=1) & (redo < D)
-    redo_s = rescore(rep_BxV, set_ids_DxM, jnp.where(fresh, by_key_D[jnp.minimum(redo, D - 1)], -1))  # repeats: −inf
+    # the distinct documents first, in rank order: each has two or more of the R postings, so R / 2 places hold
+    # them (more only when the R-th posting's score cuts through equal ones: the dense product then, below)
+    R2 = budgets.rescored_documents
+    redo = jnp.full((B, R2), D, jnp.int32).at[rows, jnp.where(fresh, jnp.cumsum(fresh, axis=1) - 1, R2)].set(
+        redo, mode="drop")
+    distinct_fit = fresh.sum(axis=1) <= R2
+    # (the rows made once, behind a barrier: fused into the rescoring, they were gathered again for each of m ids)
+    redo_rows = jax.lax.optimization_barrier(jnp.where(redo < D, by_key_D[jnp.minimum(redo, D - 1)], -1))
+    redo_s = rescore(rep_BxV, set_ids_DxM, redo_rows)  # padding: −inf
     single = jnp.where(used & ~several, weight, -jnp.inf)  # its document's s_simul, bit for bit
     top_s, at = _top_k(jnp.concatenate([single, redo_s], axis=1), n)
     theta = top_s[:, n - 1:n]
@@ -297,7 +324,7 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
 
     def by_rank():  # the first n + R of the scores laid out by rank (zeros included), then the tie rule
         first_s, first_r = _top_k(total, min(n + R, D))
-        on_several = jnp.take_along_axis(redo, jnp.minimum(jax.vmap(jnp.searchsorted)(redo, first_r), R - 1),
+        on_several = jnp.take_along_axis(redo, jnp.minimum(jax.vmap(jnp.searchsorted)(redo, first_r), R2 - 1),
                                          axis=1) == first_r
         cand_s = jnp.concatenate([jnp.where(on_several, -jnp.inf, first_s), redo_s], axis=1)
         cand_r = jnp.concatenate([first_r, redo], axis=1)
@@ -305,8 +332,8 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
         return jnp.take_along_axis(cand_r, at, axis=1), vals
 
     ranks, scores = jax.lax.cond(quick, by_postings, by_rank)
-    delta = rounding_margin(jnp.maximum(cut[:, 0], 0.0), set_ids_DxM.shape[1])
-    fits = spread & (taken_all | (cut[:, R - 1] + 2 * delta < scores[:, n - 1]))
+    delta = rounding_margin(jnp.maximum(cut_first, 0.0), set_ids_DxM.shape[1])
+    fits = spread & distinct_fit & (taken_all | (cut_last + 2 * delta < scores[:, n - 1]))
     return by_key_D[jnp.minimum(ranks, D - 1)], scores, fits.all(), quick
 
 
@@ -329,11 +356,11 @@ def plan_from_rep(rep_BxV, set_ids_DxM, keys_D, n: int, chunk: int, postings=Non
             tie = jnp.zeros((), bool)
         return rows, scores, tie
 
-    if postings is None or postings[0].shape[0] == 0 or budgets.postings + budgets.rescored < n:
+    if postings is None or postings[0].shape[0] == 0 or budgets.candidates < n:
         # no index, an empty one (every set docid padding) or budgets below n postings: the dense product
         return dense()
     B = rep_BxV.shape[0]
-    rungs = tuple(b for b in ladder(budgets) if b.postings + b.rescored >= n)
+    rungs = tuple(b for b in ladder(budgets) if b.candidates >= n)
 
     def none():
         return jnp.zeros((B, n), jnp.int32), jnp.zeros((B, n), jnp.float32), jnp.zeros((), bool)

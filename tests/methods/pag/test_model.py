@@ -88,8 +88,86 @@ def test_bonus_table_by_hand_on_a_six_document_trie():
     planned = jnp.asarray([[2, 0, 4]])  # query 0 plans rows 2 (s 5.0), 0 (s 3.0) and 4 (s 1.5)
     s = jnp.asarray([[5.0, 3.0, 1.5]])
     sizes = tuple(int(x) + 1 for x in np.append(np.asarray(paths).max(axis=0), np.asarray(leaves).max()))
+    assert pag.paths_in_leaf_order(np.asarray(paths), np.asarray(leaves))
     for dense in ((), sizes):  # sorted keys + binary search, and dense rows per level: the same bonuses
-        _check_bonus_by_hand(index, pag.bonus_tables(paths, leaves, planned, s, dense))
+        for ordered in (False, True):  # one sort per level, or one sort by leaf for all levels
+            _check_bonus_by_hand(index, pag.bonus_tables(paths, leaves, planned, s, dense, ordered))
+
+
+@pytest.mark.parametrize("same_length", [True, False])
+def test_bonus_tables_in_every_layout_equal_a_brute_force_max(same_length):
+    """Docids of one length (the index numbers every level in leaf order: one sort serves all levels) and of
+    several (paths with −1 past the end; leaves numbered length by length, so not in that order), shared
+    docids, repeated and tied scores: every layout gives each node the max s_simul of the planned rows through
+    it, computed here row by row."""
+    rng = np.random.default_rng(3)
+    lengths = np.full(80, 3) if same_length else rng.integers(2, 5, 80)
+    docids = [rng.integers(1, 5, n - 1).tolist() + [5] for n in lengths]  # 5 ends a docid: none is a prefix
+    index = TrieIndex.build(docids, np.arange(80), vocab_size=6)
+    width = int(lengths.max())
+    arr = np.zeros((80, width), np.int32)
+    for i, d in enumerate(docids):
+        arr[i, :len(d)] = d
+    nodes = index.path_nodes(arr, lengths)[:, 1:]
+    leaves = index.lookup(docids)
+    ordered = pag.paths_in_leaf_order(nodes, leaves)
+    assert ordered == same_length
+    paths, leaf_d = jnp.asarray(nodes.astype(np.int32)), jnp.asarray(leaves.astype(np.int32))
+    planned = rng.integers(0, 80, (3, 12))
+    scores = rng.choice([0.5, 1.0, 2.0, 3.25], (3, 12)).astype(np.float32)
+    sizes = tuple(int(x) + 1 for x in np.append(nodes.max(axis=0), leaves.max()))
+    layouts = [((), False), (sizes, False)] + ([((), True), (sizes[:1], True)] if ordered else [])
+    for level in range(width + 1):
+        column = leaves if level == width else nodes[:, level]
+        ask = np.append(np.unique(column[column >= 0]), [column.max() + 7, -1]).astype(np.int32)
+        want = np.full((3, len(ask)), -np.inf, np.float32)
+        for b in range(3):
+            for row, sc in zip(planned[b], scores[b]):
+                hit = (ask == column[row]) & (ask >= 0)
+                want[b, hit] = np.maximum(want[b, hit], sc)
+        assert np.isfinite(want).any() and not np.isfinite(want).all()  # the planned rows reach some nodes only
+        for layout in layouts:
+            state = pag.bonus_tables(paths, leaf_d, jnp.asarray(planned), jnp.asarray(scores), *layout)
+            ids = jnp.asarray(np.broadcast_to(ask, (3, len(ask))))
+            got = pag.leaf_bonus(ids, state) if level == width else pag.node_bonus(level, ids, state)
+            expect = np.where(np.isfinite(want), want, 0.0) if level == width else want
+            np.testing.assert_array_equal(np.asarray(got), expect, err_msg=f"level {level}, layout {layout}")
+
+
+def test_one_sort_by_leaf_with_docids_that_end_early():
+    # rows 1 and 3 end at depth 1 (−1 below): level 1 ascends where it has nodes, as `paths_in_leaf_order` asks
+    paths, leaves = np.array([[0, 3], [1, -1], [1, 4], [2, -1]]), np.array([0, 1, 2, 3])
+    assert pag.paths_in_leaf_order(paths, leaves)
+    state = pag.bonus_tables(jnp.asarray(paths, jnp.int32), jnp.asarray(leaves, jnp.int32),
+                             jnp.asarray([[3, 1, 2, 0]]), jnp.asarray([[1.0, 2.0, 0.5, 4.0]]), (), True)
+    ask = lambda *ids: jnp.asarray([list(ids)], jnp.int32)  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(pag.node_bonus(0, ask(0, 1, 2), state))[0], [4.0, 2.0, 1.0])
+    np.testing.assert_array_equal(np.asarray(pag.node_bonus(1, ask(3, 4, 5), state))[0], [4.0, 0.5, -np.inf])
+    np.testing.assert_array_equal(np.asarray(pag.leaf_bonus(ask(0, 1, 2, 3, 9), state))[0], [4.0, 2.0, 0.5, 1.0, 0.0])
+
+
+def test_paths_out_of_leaf_order_are_found():
+    # leaf 0 lies under node 5 and leaf 1 under node 3: one sort by leaf would not order that level
+    assert not pag.paths_in_leaf_order(np.array([[5, 9], [3, 10]]), np.array([0, 1]))
+    assert pag.paths_in_leaf_order(np.array([[3, 9], [5, -1], [5, 10]]), np.array([0, 1, 2]))
+
+
+def test_the_pooled_planner_rep_has_the_bits_of_the_paper_formula():
+    """rep = max_i log(1 + ReLU(logit_i)) · mask_i (training's form) and log(1 + ReLU(max_i unmasked logit_i)) (the
+    planner's): the same floats, padding inside and at the end of queries and a query of padding only."""
+    from gr_jax.models import t5
+
+    config = t5.get_config("tiny", dropout_rate=0.0)
+    net = t5.T5(config)
+    q = np.random.default_rng(0).integers(3, config.vocab_size, (4, 9)).astype(np.int32)
+    q[1, 5:] = config.pad_token_id
+    q[2, 2] = config.pad_token_id
+    q[3] = config.pad_token_id
+    params = pag.PagRetriever(config).init_params(0)["network"]
+    plain = np.asarray(pag.lexical_rep(net, params, jnp.asarray(q)))
+    pooled = np.asarray(pag.lexical_rep(net, params, jnp.asarray(q), pooled=True))
+    assert (plain[:3] > 0).any(axis=1).all() and not plain[3].any()
+    np.testing.assert_array_equal(pooled, plain)
 
 
 def _check_bonus_by_hand(index, state):

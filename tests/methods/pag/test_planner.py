@@ -106,6 +106,26 @@ def test_documents_on_several_tokens_beyond_the_rescored_budget(corpus, n, exact
             sorted(zip(want[0][b].tolist(), want[1][b].view(np.uint32).tolist()))
 
 
+def test_room_for_exactly_the_postings_on_several_tokens(corpus):
+    """R = the most postings on documents on several fired tokens of any query of the batch: every query's fit
+    (no top-k over the postings: they are gathered in posting order), their documents fill up to R / 2 places,
+    and the plan is exact, bit for bit the dense product's."""
+    ids, keys, post = corpus
+    rep = _queries(2, 12)
+    fired = np.asarray(rep) > 0
+    on = fired[:, np.maximum(np.asarray(ids), 0)] & (np.asarray(ids) >= 0)[None]  # [B, D, M]
+    count = on.sum(axis=2)
+    R = int(np.where(count >= 2, count, 0).sum(axis=1).max())
+    assert R >= 8 and (np.where(count >= 2, count, 0).sum(axis=1) > R // 2).all()  # over half of the room used
+    budgets = planner.Budgets(active=V, postings=1 << 13, rescored=R)
+    rows, scores, exact, _ = jax.device_get(planner.inverted_plan(rep, ids, post.device(), 400, budgets))
+    assert exact
+    want_rows, want_s, _ = jax.device_get(planner.plan_from_rep(rep, ids, keys, 400, 512, exact=True))
+    for b in range(rep.shape[0]):
+        assert sorted(zip(rows[b].tolist(), scores[b].view(np.uint32).tolist())) == \
+            sorted(zip(want_rows[b].tolist(), want_s[b].view(np.uint32).tolist()))
+
+
 def test_a_batch_over_the_budgets_takes_the_dense_product(corpus):
     ids, keys, post = corpus
     rep = _queries(1, 12)
@@ -153,7 +173,7 @@ def test_every_rung_plans_what_the_largest_plans(corpus, fired, values, n, quick
     ids, keys, post = corpus
     rep = _queries(5, fired, values)
     budgets = planner.budgets_for(1 << 12, V)
-    rungs = tuple(b for b in planner.ladder(budgets) if b.postings + b.rescored >= n)  # as plan_from_rep keeps
+    rungs = tuple(b for b in planner.ladder(budgets) if b.candidates >= n)  # as plan_from_rep keeps
     assert len(rungs) == (3 if n == 700 else 4)
     chosen = int(planner.rung_of(rep, post.device()[1], rungs))
     assert chosen < len(rungs) - 1  # the batch runs below the largest rung
