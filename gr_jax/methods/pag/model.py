@@ -71,8 +71,8 @@ def lexical_rep_from_hidden(network: t5.T5, net_params, hidden_BxLxD, mask_BxL, 
 
     `pooled`: the same bits with the max taken first, log(1 + ReLU(max_i over the unmasked logits)) — the map is
     non-decreasing and ≥ 0, so it commutes with the max, and V · L logarithms become V (the planner's query
-    side: 2.5× faster on a CPU at L 16). Not for training: where two logits round to one log its gradient goes to
-    the larger logit instead of being shared."""
+    side: about 2× faster on a CPU at L 16). Not for training: where two logits round to one log, its gradient
+    goes to the larger logit instead of being shared."""
     logits = network.apply({"params": net_params}, hidden_BxLxD, True, method=t5.T5.logits)
     if pooled:
         return jnp.log1p(jax.nn.relu(jnp.where(mask_BxL[..., None], logits, -jnp.inf).max(axis=1)))
@@ -203,8 +203,9 @@ def bonus_tables(doc_paths_DxM, doc_leaf_D, planned_BxN, planned_s_BxN, dense_si
     level's node ids (`dense_sizes[d]` > 0, static; the last entry is for the leaves) — one gather per lookup,
     for the small top levels where every beam has many children — or as sorted ids with the max of each at its
     first place (looked up by binary search). `leaf_ordered` (static): the index numbers the nodes of every
-    level in the order of the leaves under them (`paths_in_leaf_order`, checked by `PagRetriever._doc_paths`), so one sort of the
-    planned documents by leaf orders every level and each takes a segment-max; otherwise one sort per level."""
+    level in the order of the leaves under them (`paths_in_leaf_order`, checked by `PagRetriever._doc_paths`),
+    so one sort of the planned documents by leaf orders every level and each takes a segment-max; otherwise one
+    sort per level."""
     M = doc_paths_DxM.shape[1]
     state = {"planned": planned_BxN, "planned_scores": planned_s_BxN}
     leaf, scores = doc_leaf_D[planned_BxN], planned_s_BxN
