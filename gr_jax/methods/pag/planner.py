@@ -305,7 +305,7 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
     redo = jnp.full((B, R2), D, jnp.int32).at[rows, jnp.where(fresh, jnp.cumsum(fresh, axis=1) - 1, R2)].set(
         redo, mode="drop")
     distinct_fit = fresh.sum(axis=1) <= R2
-    # (the rows made once, behind a barrier: fused into the rescoring, they were gathered again for each of m ids)
+    # (the rows made once, behind a barrier: XLA does not fuse their gather into the rescoring's m-fold one)
     redo_rows = jax.lax.optimization_barrier(jnp.where(redo < D, by_key_D[jnp.minimum(redo, D - 1)], -1))
     redo_s = rescore(rep_BxV, set_ids_DxM, redo_rows)  # padding: −inf
     single = jnp.where(used & ~several, weight, -jnp.inf)  # its document's s_simul, bit for bit
