@@ -23,7 +23,8 @@ Score modes (`score_mode`):
   "renormalized"  log-softmax over the allowed children only;
   "raw"           raw logits, summed (PAG's additive score).
 A finished docid of n tokens scores sum / n**length_penalty (HF's convention: n counts every generated
-token, EOS included). `bonus_fn(level, child_node_ids, query_state) -> bonus` is added to the *pruning* score
+token, EOS included). `bonus_fn(level, child_node_ids, query_state) -> bonus` (child ids [B, n, C], −1 in a slot
+that holds no child of a live beam) is added to the *pruning* score
 only (PAG's look-ahead; −inf removes a child); `scores` stays the model's score and `prune_scores` carries the
 sum with bonuses (all levels', or with `accumulate_bonus=False` the last token's only).
 """
@@ -358,7 +359,7 @@ def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: i
         score = src.score[..., None] + step
         prune = (src.prune if accumulate_bonus else src.score)[..., None] + step
         if bonus_fn is not None:
-            prune = prune + jnp.where(valid, bonus_fn(d, child, query_state), 0.0)
+            prune = prune + jnp.where(valid, bonus_fn(d, jnp.where(valid, child, -1), query_state), 0.0)
         C = step.shape[-1]
         if tokens is None:
             tokens = jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), step.shape)

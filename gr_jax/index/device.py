@@ -40,6 +40,7 @@ class LevelSpec:
     vocab_size: int
     run: int = -1  # the level's arrays sit in `DeviceTrie.runs[run]` at position `run_pos` (-1: in `levels[d]`)
     run_pos: int = 0
+    consecutive: bool = False  # a node's children are ids first, first + 1, ... in slot order (CSR, none inserted)
 
     @property
     def num_slots(self) -> int:
@@ -79,6 +80,12 @@ class DeviceTrie:
 
     def has_leaves(self, d: int) -> bool:
         return self.specs[d].has_leaves
+
+    def consecutive_children(self, d: int) -> bool:
+        """Whether at depth d a beam's valid child slots hold consecutive node ids in slot order (the compact CSR
+        form, where a child's id is its CSR position: a level in which no node was inserted), so slot s of a beam
+        holds its first child's id + s. Static: lets a bonus place a depth-(d + 1) node by arithmetic."""
+        return self.specs[d].consecutive
 
     def level_runs(self) -> tuple:
         """(start, stop) of each run of levels that `children_in_run` serves with a traced depth."""
@@ -231,7 +238,8 @@ def to_device(index, on_host: bool = False) -> DeviceTrie:
             arrays["leaf_rank"] = put(index.leaf_rank[d + 1])
         run, pos = in_run.get(d, (-1, 0))
         specs.append(LevelSpec(dense=dense, max_children=K, n_main=rows, leaf_mode=leaf_mode,
-                               leaf_base=int(leaf_base), has_leaves=has_leaves, vocab_size=V, run=run, run_pos=pos))
+                               leaf_base=int(leaf_base), has_leaves=has_leaves, vocab_size=V, run=run, run_pos=pos,
+                               consecutive=not dense and K > 0 and not inserted))
         levels.append(arrays)
     run_arrays = tuple(_run_arrays(index, a, b, [facts[d] for d in range(a, b)], kids, put) for a, b in runs)
     run_specs = tuple(RunSpec(start=a, stop=b, slots=max(_capacity(facts[d].K) for d in range(a, b)))

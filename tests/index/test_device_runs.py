@@ -56,7 +56,9 @@ def _slots(children, d, nodes):
 def test_a_traced_depth_reads_each_levels_own_children(inserted):
     """The slots of a run's level read at a traced depth are the level's children read at a static one (and the
     padding slots invalid); every child's token follows its parent's prefix and its leaf names the document of
-    that docid (checked against the host trie's lookup)."""
+    that docid (checked against the host trie's lookup). Where a level claims consecutive children
+    (`consecutive_children`), every node's child ids are its first child's + slot; a trie with inserts has a level
+    where they are not, which must not claim it."""
     docids = _docids(0, 120)
     index = TrieIndex.build([list(d) for d in docids[:80]], list(range(80)), vocab_size=V, eos_id=EOS,
                             dense_budget_bytes=0)
@@ -68,10 +70,17 @@ def test_a_traced_depth_reads_each_levels_own_children(inserted):
     trie = index.device()
     assert trie.level_runs(), "the trie has no run: nothing is tested"
     by_prefix = {(): 0}  # prefix → node id at its depth, followed down the static reads
+    claimed, broken = 0, 0
     for d in range(trie.depth):
         prefixes = sorted(p for p in by_prefix if len(p) == d)
         nodes = [by_prefix[p] for p in prefixes]
         static = _slots(trie.children, d, nodes)
+        ids = [[c for _, c, _ in row] for row in static if row]
+        holds = all(r == list(range(r[0], r[0] + len(r))) for r in ids)
+        if trie.consecutive_children(d):
+            assert holds, f"depth {d} claims consecutive children: {ids}"
+            claimed += 1
+        broken += not holds
         run = next((r for r, (a, b) in enumerate(trie.level_runs()) if a <= d < b), None)
         if run is not None:
             traced = jax.jit(lambda dd, n, t, r=run: t.children_in_run(r, dd, n))
@@ -88,6 +97,10 @@ def test_a_traced_depth_reads_each_levels_own_children(inserted):
                     assert list(q) in docids and index.documents(leaf).tolist() == [docids.index(list(q))]
                 else:
                     assert list(q) not in docids
+    if inserted:
+        assert broken > 0  # the inserted children follow their level's main ones: a claim there would be wrong
+    else:
+        assert claimed >= 2 and broken == 0  # every CSR level of a built trie claims it
 
 
 def _flat_step(cache, tokens):
