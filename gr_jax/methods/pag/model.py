@@ -197,7 +197,7 @@ def _segment_max_ordered(keys_BxN, vals_BxN):
 
 
 def bonus_tables(doc_paths_DxM, doc_leaf_D, planned_BxN, planned_s_BxN, dense_sizes=(),
-                 leaf_ordered: bool = False):
+                 leaf_ordered: bool = False, placed=()):
     """The look-ahead state of a batch: for every level d, the nodes at depth d + 1 under the planned documents
     with the max s_simul under each, and the same per leaf. Stored per level either as a dense row over the
     level's node ids (`dense_sizes[d]` > 0, static; the last entry is for the leaves) — one gather per lookup,
@@ -205,7 +205,9 @@ def bonus_tables(doc_paths_DxM, doc_leaf_D, planned_BxN, planned_s_BxN, dense_si
     first place (looked up by binary search). `leaf_ordered` (static): the index numbers the nodes of every
     level in the order of the leaves under them (`paths_in_leaf_order`, checked by `PagRetriever._doc_paths`),
     so one sort of the planned documents by leaf orders every level and each takes a segment-max; otherwise one
-    sort per level."""
+    sort per level. `placed[d]` (static): the search's trie gives each beam consecutive child ids at level d
+    (`DeviceTrie.consecutive_children`), so `node_bonus` may place the table's nodes among a search's child slots
+    (`_placed_bonus`) instead of looking every slot up."""
     M = doc_paths_DxM.shape[1]
     state = {"planned": planned_BxN, "planned_scores": planned_s_BxN}
     leaf, scores = doc_leaf_D[planned_BxN], planned_s_BxN
@@ -215,14 +217,15 @@ def bonus_tables(doc_paths_DxM, doc_leaf_D, planned_BxN, planned_s_BxN, dense_si
         planned_BxN = jnp.take_along_axis(planned_BxN, at, axis=1)
     paths = doc_paths_DxM[planned_BxN]  # [B, n, M]
     sizes = tuple(dense_sizes) + (0,) * (M + 1 - len(dense_sizes))
+    by_slot = tuple(placed) + (False,) * (M + 1 - len(placed))
     ids = [paths[:, :, d] for d in range(M)] + [leaf]
-    for name, x, size in zip([f"level_{d}" for d in range(M)] + ["leaf"], ids, sizes):
+    for name, x, size, slots in zip([f"level_{d}" for d in range(M)] + ["leaf"], ids, sizes, by_slot):
         if size:
             state[f"{name}_dense"] = _dense_row(x, scores, size)
-        elif leaf_ordered:
-            state[f"{name}_keys"], state[f"{name}_vals"] = _segment_max_ordered(x, scores)
-        else:
-            state[f"{name}_keys"], state[f"{name}_vals"] = _segment_max_table(x, scores)
+            continue
+        table = _segment_max_ordered(x, scores) if leaf_ordered else _segment_max_table(x, scores)
+        kind = "placed" if slots and name != "leaf" else "sorted"
+        state[f"{name}_{kind}_keys"], state[f"{name}_{kind}_vals"] = table
     return state
 
 
@@ -237,10 +240,39 @@ def _lookup(keys_BxN, vals_BxN, ids, miss: float):
     return out.reshape(ids.shape)
 
 
+def _placed_bonus(keys_BxN, vals_BxN, child_BxnxC, miss: float):
+    """`_lookup` for a search's child slots at a level of consecutive children (`DeviceTrie.consecutive_children`:
+    slot s of a beam holds its first child's id + s; −1 where no child): each table entry finds its slot instead
+    of each slot its entry. The children of distinct beams are disjoint runs of ids, so a node lies under the beam
+    whose first child is the largest id ≤ its own (a binary search over the n beams per table entry, not one over
+    the table per child slot: n · C ≫ N at the wide levels), at slot id − first, which must hold that id. The
+    first place of an id holds its max (both table forms); the rest of the slots get `miss`."""
+    B, n, C = child_BxnxC.shape
+    first = child_BxnxC[:, :, 0]  # −1: the beam has no child (or is dead)
+    beams = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None], (B, n))
+    first, beams = jax.lax.sort((first, beams), dimension=1, num_keys=1)
+    at = jax.vmap(functools.partial(jnp.searchsorted, side="right"))(first, keys_BxN) - 1
+    at = jnp.clip(at, 0, n - 1)
+    start = jnp.take_along_axis(first, at, axis=1)
+    slot = keys_BxN - start
+    lead = jnp.concatenate([jnp.ones((B, 1), bool), keys_BxN[:, 1:] != keys_BxN[:, :-1]], axis=1)
+    flat = jnp.take_along_axis(beams, at, axis=1) * C + jnp.clip(slot, 0, C - 1)
+    slots = child_BxnxC.reshape(B, n * C)
+    ok = lead & (keys_BxN >= 0) & (start >= 0) & (slot < C) & (jnp.take_along_axis(slots, flat, axis=1) == keys_BxN)
+    rows = jnp.broadcast_to(jnp.arange(B)[:, None], keys_BxN.shape)
+    out = jnp.full((B, n * C), miss, jnp.float32).at[rows, jnp.where(ok, flat, n * C)].set(vals_BxN, mode="drop")
+    return out.reshape(B, n, C)
+
+
 def _bonus(state, name: str, ids, miss: float):
     dense = state.get(f"{name}_dense")
     if dense is None:
-        return _lookup(state[f"{name}_keys"], state[f"{name}_vals"], ids, miss)
+        if f"{name}_placed_keys" in state:
+            keys, vals = state[f"{name}_placed_keys"], state[f"{name}_placed_vals"]
+            if ids.ndim == 3 and ids.shape[1] * ids.shape[2] > keys.shape[1]:  # static: the cheaper way
+                return _placed_bonus(keys, vals, ids, miss)
+            return _lookup(keys, vals, ids, miss)
+        return _lookup(state[f"{name}_sorted_keys"], state[f"{name}_sorted_vals"], ids, miss)
     B, size = dense.shape
     flat = ids.reshape(B, -1)
     got = jnp.take_along_axis(dense, jnp.clip(flat, 0, size - 1), axis=1)
@@ -249,7 +281,8 @@ def _bonus(state, name: str, ids, miss: float):
 
 def node_bonus(level: int, child_ids, state, restrict: bool = True):
     """`bonus_fn` of the search: max s_simul over planned documents under each child node; a node under none
-    gets −inf (removed: the trie of the planning set) or, with restrict False, 0."""
+    gets −inf (removed: the trie of the planning set) or, with restrict False, 0. Where the tables were built
+    `placed` at this level, `child_ids` must be a search's child slots [B, n, C] (`bonus_tables`)."""
     return _bonus(state, f"level_{level}", child_ids, -jnp.inf if restrict else 0.0)
 
 
@@ -319,7 +352,7 @@ class PagRetriever(GenerativeRetriever):
         self._keys = None  # device [rows] order keys
         self._paths_for = None  # (index, num_nodes, num_leaves) the paths were computed from
         self._paths = None
-        self._tables_layout: tuple = ((), False)  # bonus_tables' static (dense_sizes, leaf_ordered)
+        self._tables_layout: tuple = ((), False, ())  # bonus_tables' static (dense_sizes, leaf_ordered, placed)
         self._jits: dict = {}
 
     # the model contract's Planner (models/contract.py): the modes by role
@@ -410,7 +443,9 @@ class PagRetriever(GenerativeRetriever):
                 self._paths = (jnp.asarray(paths.astype(np.int32)), jnp.asarray(leaves.astype(np.int32)))
             sizes = np.append(paths.max(axis=0), leaves.max()) + 1 if len(paths) else np.zeros(1, np.int64)
             dense = tuple(int(x) if 0 < x <= DENSE_BONUS_NODES else 0 for x in sizes)
-            self._tables_layout = (dense, paths_in_leaf_order(paths, leaves))
+            trie = index.device()
+            placed = tuple(d < trie.depth and trie.consecutive_children(d) for d in range(paths.shape[1]))
+            self._tables_layout = (dense, paths_in_leaf_order(paths, leaves), placed)
             self._paths_for = stamp
         return self._paths
 
@@ -500,7 +535,7 @@ class PagRetriever(GenerativeRetriever):
     def query_state(self, params, query_tokens_BxL, index, n: Optional[int] = None):
         rows, s = self.plan(params, query_tokens_BxL, n)
         paths, leaves = self._doc_paths(index)
-        fn = self._jits.setdefault("tables", jax.jit(bonus_tables, static_argnums=(4, 5)))
+        fn = self._jits.setdefault("tables", jax.jit(bonus_tables, static_argnums=(4, 5, 6)))
         return fn(paths, leaves, rows, s, *self._tables_layout)
 
     def predict(self, params, query_tokens_BxL, index, num_beams: int = 10, guided: Optional[bool] = None):

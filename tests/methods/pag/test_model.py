@@ -134,6 +134,51 @@ def test_bonus_tables_in_every_layout_equal_a_brute_force_max(same_length):
             np.testing.assert_array_equal(np.asarray(got), expect, err_msg=f"level {level}, layout {layout}")
 
 
+@pytest.mark.parametrize("ordered", [False, True])
+def test_a_searchs_child_slots_get_a_brute_force_max_where_the_tables_are_placed(ordered):
+    """Tables built `placed` (each planned node finds its beam and slot, `_placed_bonus`) at every CSR level of a
+    trie with consecutive children: the child slots of beams as the search hands them (−1 where no child, a dead
+    beam's too, which repeats a live beam's node), each slot's max s_simul over the planned rows through it,
+    computed here row by row; a slot under none gets −inf."""
+    rng = np.random.default_rng(5)
+    docids = sorted({tuple(rng.integers(1, 5, 3).tolist()) + (5,) for _ in range(90)})
+    index = TrieIndex.build([list(d) for d in docids], np.arange(len(docids)), vocab_size=6, dense_budget_bytes=0)
+    trie = index.device()
+    arr = np.asarray(docids, np.int32)
+    nodes = index.path_nodes(arr, np.full(len(arr), arr.shape[1]))[:, 1:]
+    leaves = index.lookup([list(d) for d in docids])
+    assert pag.paths_in_leaf_order(nodes, leaves)
+    B, P = 3, 4  # P planned rows a query: fewer than a level's n · C slots, so the placed path is the one taken
+    planned = rng.integers(0, len(docids), (B, P))
+    scores = rng.choice([0.5, 1.0, 2.0, 3.25], (B, P)).astype(np.float32)
+    placed = tuple(trie.consecutive_children(d) for d in range(nodes.shape[1]))
+    state = pag.bonus_tables(jnp.asarray(nodes.astype(np.int32)), jnp.asarray(leaves.astype(np.int32)),
+                             jnp.asarray(planned), jnp.asarray(scores), (), ordered, placed)
+    checked = 0
+    for d in range(1, nodes.shape[1]):
+        assert placed[d], f"level {d} of a built CSR trie has consecutive children"
+        at_depth = np.unique(nodes[:, d - 1])  # the beams: nodes at depth d, some of them, in random order
+        beams = rng.permutation(at_depth)[:6]
+        beams = np.concatenate([beams, beams[:2]])  # two dead beams on live beams' nodes
+        alive = np.arange(len(beams)) < len(beams) - 2
+        _, child, _, valid = trie.children(d, jnp.asarray(np.broadcast_to(beams, (B, len(beams))), jnp.int32))
+        child = jnp.where(jnp.asarray(valid) & jnp.asarray(alive)[None, :, None], child, -1)
+        assert child.shape[1] * child.shape[2] > P  # `_bonus` takes the placed path (n · C > N)
+        got = np.asarray(pag.node_bonus(d, child, state))
+        want = np.full(child.shape, -np.inf, np.float32)
+        ids = np.asarray(child)
+        for b in range(B):
+            for row, sc in zip(planned[b], scores[b]):
+                hit = (ids[b] == nodes[row, d]) & (ids[b] >= 0)
+                want[b][hit] = np.maximum(want[b][hit], sc)
+        assert np.isfinite(want).any() and not np.isfinite(want[:, alive]).all()
+        np.testing.assert_array_equal(got, want, err_msg=f"level {d}")
+        np.testing.assert_array_equal(np.asarray(pag.node_bonus(d, child, state, restrict=False)),
+                                      np.where(np.isfinite(want), want, 0.0), err_msg=f"level {d}")
+        checked += 1
+    assert checked == nodes.shape[1] - 1
+
+
 def test_one_sort_by_leaf_with_docids_that_end_early():
     # rows 1 and 3 end at depth 1 (−1 below): level 1 ascends where it has nodes, as `paths_in_leaf_order` asks
     paths, leaves = np.array([[0, 3], [1, -1], [1, 4], [2, -1]]), np.array([0, 1, 2, 3])
