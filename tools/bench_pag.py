@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -44,6 +45,7 @@ from gr_jax import cli, host_memory
 from gr_jax.cli import setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
+LOG = logging.getLogger("gr_jax.bench_pag")
 ROWS: list[dict] = []
 MS = (16, 32, 64, 128)
 BEAMS = (10, 100)
@@ -56,14 +58,65 @@ def emit(**row):
     sys.stdout.flush()
 
 
-def timed(fn, repeats: int = 3) -> float:
+def timed(fn, repeats: int = 3, what: str = "") -> float:
+    """The best of `repeats` warm calls (seconds); the first call, compilation included, is logged."""
+    t0 = time.perf_counter()
     jax.block_until_ready(fn())
+    if what:
+        LOG.info("%s: first call (compilation included) %.1f s", what, time.perf_counter() - t0)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         jax.block_until_ready(fn())
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def timed_in_turns(fns: dict, repeats: int = 5, what: str = "") -> dict:
+    """Per contender the best of `repeats` warm calls (seconds), the contenders taking turns in every round, so
+    that a shared machine's drift reaches them alike; each first call, compilation included, is logged."""
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        LOG.info("%s%s: first call (compilation included) %.1f s", what, name, time.perf_counter() - t0)
+    best = {name: float("inf") for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
+@contextlib.contextmanager
+def _tables_by_binary_search(model, index):
+    """PAG with its bonus tables looked up by a binary search per child slot at every level, as before they were
+    placed among the search's slots (`methods.pag.model._placed_bonus`): the same results, timed beside it."""
+    model._doc_paths(index)
+    layout = model._tables_layout
+    model._tables_layout = layout[:2] + ((),)
+    try:
+        yield
+    finally:
+        model._tables_layout = layout
+
+
+def _search_looked_up(model, params, q, index, k):
+    with _tables_by_binary_search(model, index):
+        return _search(model, params, q, index, k, "pag")
+
+
+def _same_both_ways(model, params, q, index, k) -> bool:
+    """Whether PAG returns the same docids and final scores, bit for bit, with either form of its tables."""
+    def run():
+        model.mode = "pag"
+        res, state = model.beams_and_state(params, q, index, k)
+        return jax.device_get((res.leaf_ids, res.valid, model.final_scores(res, state)))
+
+    placed = run()
+    with _tables_by_binary_search(model, index):
+        looked_up = run()
+    return all(np.array_equal(a, b) for a, b in zip(placed, looked_up))
 
 
 def _index_mb(model, index, table) -> dict:
@@ -86,7 +139,8 @@ def _search(model, params, q, index, k, mode):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_terms=QUERY_TERMS, ms=MS):
+def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_terms=QUERY_TERMS, ms=MS,
+                    beams=BEAMS):
     from gr_jax.docids.base import DocidTable
     from gr_jax.methods.pag.docids import order_keys
     from gr_jax.methods.pag import planner
@@ -129,26 +183,30 @@ def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_term
             took = bool(planner.inverted_fits(rep, postings[1], budgets)) and bool(
                 planner.inverted_plan(rep, model.set_ids, postings, planning, budgets)[2])  # exact: no fallback
             fired = np.asarray((rep[:, :base] > 0).sum(axis=1))
-            simul = timed(lambda: model.plan(params, q)) / n_queries * 1e3
+            tag = f"m {m}, query_terms {terms}"
+            simul = timed(lambda: model.plan(params, q), what=f"{tag}: planner") / n_queries * 1e3
             got = jax.device_get(model.plan(params, q))
             model.planner_postings = 0
             model.use_docids(table)
-            dense = timed(lambda: model.plan(params, q)) / n_queries * 1e3
+            dense = timed(lambda: model.plan(params, q), what=f"{tag}: dense product") / n_queries * 1e3
             want = jax.device_get(model.plan(params, q))
             same = all(set(a.tolist()) == set(b.tolist()) for a, b in zip(got[0], want[0]))
             same_scores = all(np.array_equal(np.sort(a), np.sort(b)) for a, b in zip(got[1], want[1]))
             model.planner_postings = 1 << 17
             model.use_docids(table)
-            for k in BEAMS:
-                if k not in seq:  # Seq-only reads no planner: the same at every query_terms
-                    seq[k] = timed(lambda: _search(model, params, q, index, k, "seq_only")) / n_queries * 1e3
-                full = timed(lambda: _search(model, params, q, index, k, "pag")) / n_queries * 1e3
+            for k in beams:
+                t = timed_in_turns({"Seq-only": lambda: _search(model, params, q, index, k, "seq_only"),
+                                    "PAG": lambda: _search(model, params, q, index, k, "pag"),
+                                    "PAG, tables by binary search": lambda: _search_looked_up(
+                                        model, params, q, index, k)}, what=f"{tag}, beam {k}: ")
+                seq[k], full, looked_up = (t[x] / n_queries * 1e3 for x in t)
                 emit(figure="synthetic", docs=n, m=m, query_terms=terms, fired_per_query=int(fired.mean()), k=k,
                      n=planning, **mem, trie_build_s=round(build_s, 1), postings_build_s=round(postings_s, 1),
                      planner="inverted" if took else "dense", dense_planner_ms_per_query=round(dense, 2),
                      simul_ms_per_query=round(simul, 2), same_planning_sets=same and same_scores,
                      seq_only_ms_per_query=round(seq[k], 2), pag_ms_per_query=round(full, 2),
-                     pag_over_seq_only=round(full / seq[k], 3))
+                     pag_over_seq_only=round(full / seq[k], 3), pag_tables_by_binary_search_ms=round(looked_up, 2),
+                     same_results_both_tables=_same_both_ways(model, params, q, index, k))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -269,6 +327,8 @@ def main(argv=None) -> int:
     parser.add_argument("--m", type=cli.count, nargs="+", default=list(MS), help="set-docid sizes of the rows")
     parser.add_argument("--query_terms", type=cli.natural, nargs="+", default=list(QUERY_TERMS),
                         help="planner_query_terms of the synthetic rows (0: every weight of the random network)")
+    parser.add_argument("--beams", type=cli.count, nargs="+", default=list(BEAMS),
+                        help="beam sizes k of the synthetic rows")
     parser.add_argument("--eval_queries", type=cli.count, default=2000)
     parser.add_argument("--search_error_queries", type=cli.count, default=200)
     parser.add_argument("--latency_only", action="store_true",
@@ -292,7 +352,7 @@ def _main(parser, args, argv) -> int:
     if args.model_dir:
         bench_demo(args.model_dir, args.eval_queries, args.search_error_queries, args.latency_only)
     if args.synthetic:
-        bench_synthetic(args.synthetic, query_terms=tuple(args.query_terms), ms=tuple(args.m))
+        bench_synthetic(args.synthetic, query_terms=tuple(args.query_terms), ms=tuple(args.m), beams=tuple(args.beams))
     if not args.no_write:
         _write("python tools/bench_pag.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                ROOT / "BENCHMARKS.md", args.runtime)
