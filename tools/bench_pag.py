@@ -58,18 +58,9 @@ def emit(**row):
     sys.stdout.flush()
 
 
-def timed(fn, repeats: int = 3, what: str = "") -> float:
+def timed(fn, repeats: int = 3, what: str = "call") -> float:
     """The best of `repeats` warm calls (seconds); the first call, compilation included, is logged."""
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    if what:
-        LOG.info("%s: first call (compilation included) %.1f s", what, time.perf_counter() - t0)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return timed_in_turns({what: fn}, repeats)[what]
 
 
 def timed_in_turns(fns: dict, repeats: int = 5, what: str = "") -> dict:
@@ -168,7 +159,6 @@ def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_term
             t0 = time.perf_counter()
             index = table.index(vocab_size=config.vocab_size)
             build_s = time.perf_counter() - t0
-        seq = {}
         for terms in query_terms:
             model = pag.PagRetriever(config, planning_size=planning, planner_query_terms=terms)
             params = model.init_params(0)
@@ -199,13 +189,13 @@ def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_term
                                     "PAG": lambda: _search(model, params, q, index, k, "pag"),
                                     "PAG, tables by binary search": lambda: _search_looked_up(
                                         model, params, q, index, k)}, what=f"{tag}, beam {k}: ")
-                seq[k], full, looked_up = (t[x] / n_queries * 1e3 for x in t)
+                seq, full, looked_up = (t[x] / n_queries * 1e3 for x in t)
                 emit(figure="synthetic", docs=n, m=m, query_terms=terms, fired_per_query=int(fired.mean()), k=k,
                      n=planning, **mem, trie_build_s=round(build_s, 1), postings_build_s=round(postings_s, 1),
                      planner="inverted" if took else "dense", dense_planner_ms_per_query=round(dense, 2),
                      simul_ms_per_query=round(simul, 2), same_planning_sets=same and same_scores,
-                     seq_only_ms_per_query=round(seq[k], 2), pag_ms_per_query=round(full, 2),
-                     pag_over_seq_only=round(full / seq[k], 3), pag_tables_by_binary_search_ms=round(looked_up, 2),
+                     seq_only_ms_per_query=round(seq, 2), pag_ms_per_query=round(full, 2),
+                     pag_over_seq_only=round(full / seq, 3), pag_tables_by_binary_search_ms=round(looked_up, 2),
                      same_results_both_tables=_same_both_ways(model, params, q, index, k))
 
 
