@@ -20,6 +20,21 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
+# The suite compiles hundreds of small programs, each run a few times: LLVM's optimisation passes are most of each
+# compile and buy nothing at these sizes (2026-11-27, a T5 search oracle test: 56 s -> 38 s on 2 cores). XLA keeps
+# IEEE float semantics at every level (no reassociation without its fast-math flag, off by default), so every
+# result, bit-for-bit comparisons included, is the one the default level gives. The tests and the commands they
+# start inherit the flags; a test that sets XLA_FLAGS for host devices appends to them (`xla_flags`).
+# GR_JAX_TEST_FULL_OPT=1 runs the suite at XLA's default optimisation instead.
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if os.environ.get("GR_JAX_TEST_FULL_OPT", "") not in ("1", "true") and FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+
+
+def xla_flags(*flags: str) -> str:
+    """XLA_FLAGS for a subprocess: the session's flags plus `flags` (e.g. a host device count)."""
+    return " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
+
 
 @pytest.fixture(autouse=True)
 def clean_gin():

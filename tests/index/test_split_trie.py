@@ -17,13 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import xla_flags
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow  # 24 searches compiled on 8 host devices: about 2.5 minutes on 2 cores
 
 
 def test_a_split_trie_searches_as_the_whole_trie_and_holds_a_block_per_device():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
     res = subprocess.run([sys.executable, str(REPO / "tests" / "index" / "split_trie_check.py")], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stderr[-4000:]
@@ -59,7 +61,7 @@ def test_the_memory_arithmetic_of_the_scale_plan_matches_a_built_trie():
     """tools/plan_scale.py (docs/scale.md): its arithmetic of a trie's bytes on one device, whole and split in 8,
     equals what 200k random docids take once built and placed on 8 host devices (the estimate of K per level
     picks the same dense levels and runs; the byte counts agree to 0.1%)."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
     res = subprocess.run([sys.executable, str(REPO / "tools" / "plan_scale.py"), "--simulate", "200000", "--plan",
                           "1000000"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]

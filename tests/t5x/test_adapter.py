@@ -15,6 +15,8 @@ import jax
 import numpy as np
 import pytest
 
+from tests.conftest import xla_flags
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "gr_jax/t5x/configs/dsi_demo.gin"
 # a small, fast run: 60 documents, batch 8, no warm-up (the parameters move from the first step)
@@ -169,7 +171,7 @@ def test_t5x_trains_pag_and_a_decoder_only_model_as_gr_jax_does(tmp_path, experi
     t5x_train(tmp_path / "t5x", 3, config=str(config), extra=extra)
     gr_train(tmp_path / "gr", 3, experiment=experiment, extra=extra)
     assert_same_params(t5x_params(tmp_path / "t5x", 3), gr_params(tmp_path / "gr", 3), experiment)
-    two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"} if "pag" in experiment else None
+    two = {"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2")} if "pag" in experiment else None
     infer = t5x_infer(tmp_path / "t5x", 3, tmp_path / "infer", config=str(config), extra=extra, env=two)
     run("gr_jax.t5x.checkpoints", f"--gin_file={experiment}", *flags(tmp_path / "t5x", 3, extra))
     run("gr_jax.infer", f"--gin_file={experiment}", "--gin_file=runs/eval.gin", *flags(tmp_path / "t5x", 3, extra))
@@ -262,7 +264,7 @@ def test_a_checkpoint_of_a_run_over_two_devices_converts_on_one(tmp_path):
     arrays onto the devices that wrote them): the conversion and gr_jax.infer work. One step of Adam from the same
     start: the two programs reduce the gradient in another order, so a parameter whose gradient is within rounding
     of 0 may step the other way (Adam's first step is ±lr): a few elements, never more."""
-    two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    two = {"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2")}
     run("t5x.train", f"--gin_file={CONFIG}", *flags(tmp_path / "two", 1), env=two)
     t5x_train(tmp_path / "one", 1)
     a, b = t5x_params(tmp_path / "two", 1), t5x_params(tmp_path / "one", 1)

@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import xla_flags
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("partitions,mode", [(2, ""), (4, ""), (2, "fsdp")])
 def test_a_data_by_model_mesh_gives_one_devices_loss_and_gradients(partitions, mode):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
     res = subprocess.run([sys.executable, str(REPO / "tests" / "training" / "model_parallel_check.py"),
                           str(partitions), mode], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]

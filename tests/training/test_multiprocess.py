@@ -26,6 +26,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from tests.conftest import xla_flags
+
 from gr_jax.training import trainer
 from tests.reliability import test_faults
 from tests.reliability.test_faults import _leftovers, _one_error_line, _steps
@@ -47,7 +49,7 @@ def _free_port() -> int:
 def _env(devices: int = 1, fault: str | None = None) -> dict:
     env = dict(os.environ)
     env.pop("GR_JAX_FAULT", None)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = xla_flags(f"--xla_force_host_platform_device_count={devices}")
     if fault:
         env["GR_JAX_FAULT"] = fault
     return env

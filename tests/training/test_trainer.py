@@ -16,6 +16,7 @@ import pytest
 
 from gr_jax import gin_utils
 from gr_jax import compose
+from tests.conftest import xla_flags
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -190,7 +191,7 @@ def test_data_parallel_step_matches_single_device(tmp_path):
         print(json.dumps({"loss8": loss8, "loss1": loss1, "param_diff": diff,
                           "shards": len(sh8.device_set)}))
         """))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"), JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, env=env,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
