@@ -180,8 +180,7 @@ def test_a_searchs_child_slots_get_a_brute_force_max_where_the_tables_are_placed
     assert checked == nodes.shape[1] - 1
 
 
-@pytest.mark.parametrize("mode", ["pag", "pag_unguided"])
-@pytest.mark.parametrize("M, K", [(6, 4), (4, 8)])
+@pytest.mark.parametrize("M, K, mode", [(6, 4, "pag_unguided"), (4, 8, "pag")])  # each mode on one trie shape
 def test_the_search_ranks_the_same_with_placed_tables_and_with_binary_searches(M, K, mode, monkeypatch):
     """A random tiny PAG over 1500 docids of depth 6 (a run of CSR levels stored together among them) or 4 (CSR
     levels whose invalid slots read child id 0), no dense bonus rows, 16 beams of ≤ K children against 40 planned
