@@ -21,10 +21,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 # The suite compiles hundreds of small programs, each run a few times: LLVM's optimisation passes are most of each
-# compile and buy nothing at these sizes (2026-11-27, a T5 search oracle test: 56 s -> 38 s on 2 cores). XLA keeps
-# IEEE float semantics at every level (no reassociation without its fast-math flag, off by default), so every
-# result, bit-for-bit comparisons included, is the one the default level gives. The tests and the commands they
-# start inherit the flags; a test that sets XLA_FLAGS for host devices appends to them (`xla_flags`).
+# compile and buy nothing at these sizes (2026-11-27, a T5 search oracle test: 56 s -> 38 s on 2 cores). XLA does
+# not reassociate float arithmetic at any level (its fast-math flag is off by default); a result may still differ
+# from the default level's in the last bit where the backend contracts a multiply-add, so bit-for-bit comparisons
+# are between programs of one session, and comparisons with recorded references carry tolerances. The tests and
+# the commands they start inherit the flags; a test that sets XLA_FLAGS for host devices appends to them.
 # GR_JAX_TEST_FULL_OPT=1 runs the suite at XLA's default optimisation instead.
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 if os.environ.get("GR_JAX_TEST_FULL_OPT", "") not in ("1", "true") and FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):

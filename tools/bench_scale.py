@@ -55,7 +55,8 @@ def run_layout(layout: dict, model_dir: Path, steps: int, log_period: int) -> fl
             f"--gin.TRAIN_STEPS={steps}", f"--gin.train.log_period={log_period}",
             f"--gin.train.checkpoint_period={steps}", "--gin.train.final_eval=False", "--gin.train.progress=False",
             f"--gin.train.num_partitions={layout['partitions']}"]
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={layout['devices']}"}
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
+                                          f"--xla_force_host_platform_device_count={layout['devices']}".strip()}
     n = layout["processes"]
     if n == 1:
         commands = [base]

@@ -129,7 +129,8 @@ def bench_search() -> None:
     row = dict(figure="search", batch=32, beams=15, levels=10)
     _row(**row, devices=1, constrained_ms=round(1e3 * t_c, 1), unconstrained_ms=round(1e3 * t_u, 1),
          ratio=round(t_c / t_u, 2), speedup_vs_1_device=1.0)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()  # kept with others
+    env = {**os.environ, "XLA_FLAGS": flags}
     out = subprocess.run([sys.executable, __file__, "--_two_devices"], env=env, capture_output=True, text=True,
                          timeout=1800)
     if out.returncode != 0:
