@@ -173,7 +173,10 @@ def test_full_beam_equals_the_oracles_exhaustive_ranking(ragged, mode, candidate
             scores = oracle.exhaustive(b, mode, lp)
             exact = sorted(scores.items(), key=lambda x: -x[1])
             assert len(got[b]) == len(docids)
-            np.testing.assert_allclose([s for _, s in got[b]], [scores[d] for d, _ in got[b]], rtol=1e-5, atol=1e-6)
+            # float32 sums of per-step scores: the slack follows the largest score's size (see `_canonical`)
+            scale = max(1.0, max(abs(s) for s in scores.values()))
+            np.testing.assert_allclose([s for _, s in got[b]], [scores[d] for d, _ in got[b]], rtol=1e-5,
+                                       atol=1e-6 * scale)
             if (np.abs(np.diff([s for _, s in exact])) < NEAR).any():
                 continue
             assert [d for d, _ in got[b]] == [d for d, _ in exact], (seed, lp, b)
