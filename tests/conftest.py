@@ -28,7 +28,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # the commands they start inherit the flags; a test that sets XLA_FLAGS for host devices appends to them.
 # GR_JAX_TEST_FULL_OPT=1 runs the suite at XLA's default optimisation instead.
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-if os.environ.get("GR_JAX_TEST_FULL_OPT", "") not in ("1", "true") and FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
+FULL_OPT = os.environ.get("GR_JAX_TEST_FULL_OPT", "") in ("1", "true")
+if not FULL_OPT and FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
 
 

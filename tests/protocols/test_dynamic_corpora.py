@@ -465,7 +465,8 @@ def test_ltrgr_starts_from_the_minder_trained_on_d0(tmp_path):
     res = dynamic(minder, tmp_path / "minder")
     assert res.returncode == 0, res.stderr[-3000:]
     ltrgr = tmp_path / "ltrgr.gin"
-    ltrgr.write_text("include 'experiments/demo/dynamic_ltrgr.gin'\n" + textwrap.dedent(short) + SMALL + TWO_PARTS + f"""
+    ltrgr.write_text("include 'experiments/demo/dynamic_ltrgr.gin'\n" + textwrap.dedent(short) + SMALL + TWO_PARTS
+                     + f"""
 INITIAL_CHECKPOINT_PATH = '{tmp_path / 'minder' / 'model'}'
 LtrgrPairs.max_queries = 12
 LtrgrPairs.num_beams = 4

@@ -26,9 +26,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from tests.conftest import xla_flags
-
 from gr_jax.training import trainer
+from tests.conftest import xla_flags
 from tests.reliability import test_faults
 from tests.reliability.test_faults import _leftovers, _one_error_line, _steps
 
