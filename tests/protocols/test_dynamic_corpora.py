@@ -32,7 +32,7 @@ train.checkpoint_period = 100
 EvalConfig.batch_size = 32
 """
 # The commands of whole methods run D0 and two increments (15 documents each): every step kind, each method's
-# insertion twice, in a third of the compiles of the paper's five.
+# insertion twice, in 3 protocol steps instead of the paper's 6.
 TWO_PARTS = "run_dynamic.n_parts = 2\n"
 
 GR = {  # a text-docid DSI, MDGR, a numeric-docid DSI with DSI++ (replay, SAM and the generative memory; covers the
