@@ -651,19 +651,24 @@ class T5(nn.Module):
             encoder_mask = encoder_input_tokens != self.config.pad_token_id
         return self.encoder(self.embed(encoder_input_tokens), encoder_mask.astype(bool), deterministic)
 
-    def logits(self, hidden_BxTxD: Array, scale: Optional[bool] = None) -> Array:
+    def logits(self, hidden_BxTxD: Array, scale: Optional[bool] = None, vocab_limit: Optional[int] = None) -> Array:
         """Output projection in float32 (decoder hidden states → vocabulary logits). `scale`: multiply by
         d_model^-0.5 first (default: the config's `scale_decoder_outputs`; PAG's sequential scores are
-        the unscaled projection of a v1.0 model)."""
+        the unscaled projection of a v1.0 model). `vocab_limit` (static): the logits of ids below it only
+        (a reader of a sub-vocabulary: PAG's planner), [..., vocab_limit]."""
         c = self.config
         h = hidden_BxTxD
         if c.scale_decoder_outputs if scale is None else scale:
             h = h * (c.d_model ** -0.5)
         if c.tie_word_embeddings:
-            out = jnp.dot(h.astype(c.compute_dtype), self.embedding.T.astype(c.compute_dtype),
+            rows = self.embedding if vocab_limit is None else self.embedding[:vocab_limit]
+            out = jnp.dot(h.astype(c.compute_dtype), rows.T.astype(c.compute_dtype),
                           preferred_element_type=jnp.float32)
-        else:
+        elif vocab_limit is None:
             out = self.lm_head(h)
+        else:
+            kernel = self.lm_head.variables["params"]["kernel"][:, :vocab_limit]  # as `Dense` computes it
+            out = jnp.dot(h.astype(c.compute_dtype), kernel.astype(c.compute_dtype))
         return out.astype(jnp.float32)
 
     def token_logits(self, hidden_BxNxD: Array, tokens_BxNxC: Optional[Array] = None,

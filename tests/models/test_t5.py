@@ -198,3 +198,18 @@ def test_token_logits_are_the_columns_of_the_full_projection(tiny, scale):
     # the same d_model products summed in another order: float32 rounding relative to the largest logit
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(full).max())
     assert not np.allclose(want, want[..., :1])  # the columns differ, so a wrong gather would show
+
+
+@pytest.mark.parametrize("scale", [None, False])
+def test_logits_below_a_vocabulary_limit_are_the_first_columns(tiny, scale):
+    """`logits(vocab_limit=k)` (PAG's planner reads the ids below its docid tokens) equals the first k columns of
+    the full projection, tied or untied."""
+    config, model, params = tiny
+    hidden = jax.random.normal(jax.random.PRNGKey(6), (2, 3, config.d_model))
+    k = config.vocab_size // 3
+    full = np.asarray(model.apply({"params": params}, hidden, scale, method=t5.T5.logits))
+    got = np.asarray(model.apply({"params": params}, hidden, scale, k, method=t5.T5.logits))
+    assert got.shape == (2, 3, k)
+    # each logit is the same d_model products; only a matmul blocked differently could reorder their sum
+    np.testing.assert_allclose(got, full[..., :k], rtol=0, atol=1e-6 * np.abs(full).max())
+    assert np.abs(got - full[..., 1:k + 1]).max() > 1e-3  # the columns differ: a shifted slice would show
