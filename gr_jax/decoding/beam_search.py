@@ -157,10 +157,15 @@ def _empty(B, N, T, node_like) -> _State:
 def _extend(alive: _State, flat_idx, C: int, d: int, tokens_BxNxC, score, prune, node, leaf, length: int) -> _State:
     """The states reached by taking slot flat_idx % C of beam flat_idx // C; flat_idx [B, k]. `node` (the
     constraint's states of the slots, leaves [B, n, C]) and `leaf` ([B, n, C]) may be None."""
-    parent = flat_idx // C
+    return _extend_from(alive, flat_idx // C, flat_idx, d, tokens_BxNxC, score, prune, node, leaf, length)
+
+
+def _extend_from(alive: _State, parent, flat_idx, d: int, tokens, score, prune, node, leaf, length: int) -> _State:
+    """`_extend` with the parent beam of each taken candidate given ([B, k]): candidates in any layout whose
+    flattened positions per query are `flat_idx`."""
     take = lambda x: jnp.take_along_axis(x.reshape(x.shape[0], -1), flat_idx, axis=1)  # noqa: E731
     seq = jnp.take_along_axis(alive.tokens, parent[..., None], axis=1)
-    seq = seq.at[:, :, d].set(take(tokens_BxNxC))
+    seq = seq.at[:, :, d].set(take(tokens))
     s, p = take(score), take(prune)
     none = jnp.full(s.shape, -1, jnp.int32)
     node = jax.tree_util.tree_map(lambda _: none, alive.node) if node is None else jax.tree_util.tree_map(take, node)
@@ -380,6 +385,89 @@ def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: i
                 cache, last = _reorder(alive, idx, C, d, cache, N, start_token)
         d += 1
     return _result(finished, _history(levels) if keep_history else None)
+
+
+@flax.struct.dataclass
+class Candidates:
+    """One level's candidates of all the alive beams of each query, flat: F places per query, each naming the beam
+    it extends (`beam_search_flat`). For a constraint with few candidates in all though one beam may have many (a
+    planning set's trie: n documents under N beams), where [B, N, C] slots would pad every beam to the largest C."""
+
+    parent: jax.Array  # int32 [B, F] the beam a candidate extends (any value where not valid)
+    tokens: jax.Array  # int32 [B, F] its token
+    state: Any  # the constraint's state after it, leaves [B, F]
+    leaf: jax.Array  # int32 [B, F] leaf id where it completes an identifier, else -1
+    valid: jax.Array  # bool [B, F]
+    bonus: Optional[jax.Array] = None  # float32 [B, F] added to the pruning score only (as `bonus_fn`'s)
+
+
+def _flat_scores(out, parent, tokens, valid, score_mode: str, project_fn: Optional[ProjectFn]):
+    """Step scores [B, F] of flat candidates (-inf where not valid): `out` is the step's logits [B, n, V] or, with
+    `project_fn`, its hidden states [B, n, D]; each candidate reads its parent's row."""
+    if score_mode == "renormalized":
+        raise ValueError("beam_search_flat: score_mode 'renormalized' normalises over a beam's candidates, "
+                         "which the flat layout does not group; use 'raw' or 'log_softmax'")
+    if score_mode not in SCORE_MODES:
+        raise ValueError(f"score_mode must be one of {SCORE_MODES}, got {score_mode!r}")
+    row = lambda x: jnp.take_along_axis(x, parent[..., None], axis=1)  # noqa: E731  [B, F, ·]
+    if project_fn is not None and score_mode == "raw":
+        s = project_fn(row(out), tokens[..., None])[..., 0]
+    else:
+        logits = out if project_fn is None else project_fn(out, None)
+        s = jnp.take_along_axis(row(logits), tokens[..., None], axis=-1)[..., 0]
+        if score_mode == "log_softmax":
+            s = s - row(jax.nn.logsumexp(logits, axis=-1, keepdims=True))[..., 0]
+    return jnp.where(valid, s, NEG_INF)
+
+
+def beam_search_flat(step_fn: StepFn, cache, constraint, *, batch_size: int, num_beams: int,
+                     score_mode: str = "raw", length_penalty: float = 0.0, start_token: int = 0, tile_fn=None,
+                     accumulate_bonus: bool = True, project_fn: Optional[ProjectFn] = None) -> BeamResult:
+    """`beam_search` over a constraint that gives each level's candidates flat (`Candidates`), through
+    `constraint.candidates(d, state [B, n], valid [B, n])` (n = 1 at step 0, the root beam; then N), besides
+    `root`, `has_leaves`, `depth`: per level the beams' F candidates are scored, the N best (by pruning score)
+    that complete an identifier join the finished pool and the N best of the others stay alive, as in
+    `beam_search`. Equal pruning scores are taken in the candidates' order (the constraint documents it).
+    Score modes "raw" and "log_softmax"; `project_fn` as in `beam_search` (with "raw" only the candidates'
+    logits are computed: F per query, whatever the beams)."""
+    B, N, T = batch_size, num_beams, constraint.depth
+    alive = _root(B, N, T, constraint.root((B, N)))
+    finished = _empty(B, N, T, alive.node)
+    last = None
+    for d in range(T):
+        out, cache, src = _step(step_fn, cache, last, alive, tile_fn, d, B, N, start_token)
+        c = constraint.candidates(d, src.node, src.valid)
+        parent = jnp.clip(c.parent, 0, src.score.shape[1] - 1)
+        beam = lambda x: jnp.take_along_axis(x, parent, axis=1)  # noqa: E731
+        valid = c.valid & beam(src.valid)
+        step = _flat_scores(out, parent, c.tokens, valid, score_mode, project_fn)
+        score = beam(src.score) + step
+        prune = beam(src.prune if accumulate_bonus else src.score) + step
+        if c.bonus is not None:
+            prune = prune + jnp.where(valid, c.bonus, 0.0)
+        F = step.shape[1]
+        is_leaf = c.leaf >= 0
+        if constraint.has_leaves(d):
+            inv = _inverse_penalty(d, length_penalty)
+            _, idx = jax.lax.top_k(jnp.where(is_leaf, prune, NEG_INF), min(N, F))
+            new = _extend_from(src, beam_of(parent, idx), idx, d, c.tokens, score * inv,
+                               jnp.where(is_leaf, prune, NEG_INF) * inv, c.state, c.leaf, d + 1)
+            finished = _merge_finished(finished, new, N)
+        if d + 1 < T:
+            _, idx = jax.lax.top_k(jnp.where(is_leaf, NEG_INF, prune), min(N, F))
+            chosen = beam_of(parent, idx)
+            alive = _extend_from(src, chosen, idx, d, c.tokens, score, jnp.where(is_leaf, NEG_INF, prune), c.state,
+                                 None, d + 1)
+            alive, chosen = _pad_beams(alive, chosen, N)
+            if d > 0:  # after step 0 every row of a query holds the same state: nothing to reorder
+                cache = gather_rows(cache, (jnp.arange(B)[:, None] * N + chosen).reshape(-1), B * N)
+            last = jnp.where(alive.valid, alive.tokens[:, :, d], start_token).reshape(-1)
+    return _result(finished)
+
+
+def beam_of(parent, idx):
+    """The parent beams [B, k] of the candidates at flat places idx [B, k]."""
+    return jnp.take_along_axis(parent, idx, axis=1)
 
 
 def beam_search_unconstrained(step_fn: StepFn, cache, *, batch_size: int, num_beams: int, max_length: int,

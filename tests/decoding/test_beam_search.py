@@ -284,3 +284,106 @@ def test_scanned_levels_equal_the_unrolled_search_bit_for_bit(mode):
         for check, x, y in ((exact, a.history.tokens, b.history.tokens), (close, a.history.scores, b.history.scores),
                             (exact, a.history.states, b.history.states)):
             check(np.asarray(x)[hv], np.asarray(y)[hv])
+
+
+@flax.struct.dataclass
+class _FlatPrefixes:
+    """Every prefix of a docid list as flat candidates (test-only, built from Python lists): state = a prefix's
+    number; level d lists every prefix of d + 1 tokens with its parent's number, whichever beams hold them."""
+
+    parent_id: jax.Array  # [T, F] number of each candidate's d-token prefix (-1: padding)
+    token: jax.Array  # [T, F]
+    own_id: jax.Array  # [T, F]
+    leaf: jax.Array  # [T, F]
+    bonus: jax.Array  # [T, F]
+    depth: int = flax.struct.field(pytree_node=False)
+    vocab_size: int = flax.struct.field(pytree_node=False)
+    leaf_levels: tuple = flax.struct.field(pytree_node=False)
+
+    def root(self, shape):
+        return jnp.zeros(shape, jnp.int32)  # the empty prefix is number 0
+
+    def has_leaves(self, d):
+        return d in self.leaf_levels
+
+    def candidates(self, d, state, valid):
+        from gr_jax.decoding.beam_search import Candidates
+
+        held = (state[:, None, :] == self.parent_id[d][None, :, None]) & valid[:, None, :]  # [B, F, n]
+        parent = jnp.where(held.any(-1), jnp.argmax(held, axis=-1), -1)
+        shape = parent.shape
+        return Candidates(parent=parent, tokens=jnp.broadcast_to(self.token[d], shape),
+                          state=jnp.broadcast_to(self.own_id[d], shape), leaf=jnp.broadcast_to(self.leaf[d], shape),
+                          valid=(parent >= 0) & (self.parent_id[d] >= 0), bonus=jnp.broadcast_to(self.bonus[d], shape))
+
+
+def _flat_prefixes(seqs, index, bonus_of):
+    number = {(): 0}
+    for s in seqs:
+        for d in range(1, len(s) + 1):
+            number.setdefault(tuple(s[:d]), len(number))
+    T = max(len(s) for s in seqs)
+    by_level = [sorted(p for p in number if len(p) == d + 1) for d in range(T)]
+    F = max(len(x) for x in by_level)
+    arr = np.full((5, T, F), -1, np.int64)
+    bonus = np.zeros((T, F), np.float32)
+    whole = {tuple(s) for s in seqs}
+    for d, prefixes in enumerate(by_level):
+        for i, p in enumerate(prefixes):
+            leaf = index.lookup([list(p)])[0] if p in whole else -1
+            arr[:, d, i] = (number[p[:-1]], p[-1], number[p], leaf, 0)
+            bonus[d, i] = bonus_of(p)
+    leaf_levels = tuple(sorted({len(s) - 1 for s in seqs}))
+    return _FlatPrefixes(*(jnp.asarray(a, jnp.int32) for a in arr[:4]), bonus=jnp.asarray(bonus), depth=T,
+                         vocab_size=V, leaf_levels=leaf_levels)
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+@pytest.mark.parametrize("mode", ["raw", "log_softmax"])
+@pytest.mark.parametrize("guided", [False, True])
+def test_flat_candidates_search_as_the_trie_search_does(ragged, mode, guided):
+    """`beam_search_flat` over every prefix of a docid list, given flat (each candidate naming its beam), finds
+    what `beam_search` finds over the trie of the same docids — docids, scores and order, at every beam size —
+    with a look-ahead bonus on the pruning score (from the docid prefix; PAG's form: not accumulated) or none."""
+    from gr_jax.decoding.beam_search import beam_search_flat
+
+    rng = np.random.default_rng(3)
+    if ragged:
+        seqs = sorted({tuple(rng.integers(2, 6, rng.integers(1, 4)).tolist()) + (EOS,) for _ in range(30)})
+    else:
+        seqs = sorted({tuple(rng.integers(2, 6, 3).tolist()) for _ in range(30)})
+    index = _build([list(s) for s in seqs], ragged, 0)
+    bonus_of = (lambda p: float(np.sin(7.0 * sum((i + 1) * t for i, t in enumerate(p))))) if guided else (
+        lambda p: 0.0)
+    flat = _flat_prefixes([list(s) for s in seqs], index, bonus_of)
+    trie = index.device()
+    paths = index.path_nodes(np.array([list(s) + [0] * (flat.depth - len(s)) for s in seqs]),
+                             np.array([len(s) for s in seqs]))
+    node_bonus = np.zeros((flat.depth, index.num_nodes + 1), np.float32)  # node ids are numbered per depth
+    for s, nodes in zip(seqs, paths):
+        for d in range(1, len(s) + 1):
+            node_bonus[d - 1, nodes[d]] = bonus_of(s[:d])
+    table = jnp.asarray(node_bonus)
+    bonus_fn = lambda d, child, _: table[d, jnp.maximum(child, 0)]  # noqa: E731
+    for N in (1, 3, len(seqs)):
+        kw = dict(batch_size=B, num_beams=N, score_mode=mode, accumulate_bonus=False)
+        want = jax.jit(lambda c: beam_search(toy_step, c, trie, bonus_fn=bonus_fn, **kw))(toy_cache())
+        got = jax.jit(lambda c: beam_search_flat(toy_step, c, flat, **kw))(toy_cache())
+        np.testing.assert_array_equal(np.asarray(got.valid), np.asarray(want.valid))
+        v = np.asarray(want.valid)
+        np.testing.assert_array_equal(np.asarray(got.leaf_ids)[v], np.asarray(want.leaf_ids)[v])
+        np.testing.assert_array_equal(np.asarray(got.tokens)[v], np.asarray(want.tokens)[v])
+        # the same float ops on each candidate's row, gathered in another layout: equal to rounding
+        for name in ("scores", "prune_scores"):
+            a, b = np.asarray(getattr(got, name))[v], np.asarray(getattr(want, name))[v]
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(1.0, np.abs(b).max()))
+    assert int(v.sum()) == B * len(seqs)  # at the full beam every docid is found
+
+
+def test_flat_search_refuses_renormalized_scores():
+    from gr_jax.decoding.beam_search import beam_search_flat
+
+    index = _build([[2, 3], [2, 4]], False, 0)
+    flat = _flat_prefixes([[2, 3], [2, 4]], index, lambda p: 0.0)
+    with pytest.raises(ValueError, match="renormalized"):
+        beam_search_flat(toy_step, toy_cache(), flat, batch_size=B, num_beams=2, score_mode="renormalized")
