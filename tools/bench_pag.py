@@ -18,9 +18,11 @@ appends a section to BENCHMARKS.md.
 (synthetic) a tiny random T5, N random sequential docids (M 8 × K 2048 above T5's 32000-id text vocabulary) and
     random set docids of m distinct ids, at query_terms 0 (every positive weight of the random network: the dense
     product) and 32 (query-term pruning, the sparse queries of a trained planner: the inverted index): index
-    memory (trie; set docids + order keys; inverted index; per-document trie paths), the planner's ms/query
-    beside the dense product's on the same queries and whether both planned the same sets with the same scores,
-    Seq-only and PAG ms/query at k 10 and 100, and their ratio (target ≤ 1.3).
+    memory (trie; set docids + order keys; inverted index; per-document trie paths; per-document docids and docid
+    order, which the planning sets' trie reads), the planner's ms/query beside the dense product's on the same
+    queries and whether both planned the same sets with the same scores, Seq-only and PAG ms/query at k 10 and
+    100, and their ratio (target ≤ 1.3); beside them PAG over the corpus trie with bonus tables (the search
+    before `methods.pag.planned`) and whether it returns the same docids (`--no_corpus_trie` leaves it out).
 Latencies are CPU figures of this machine, 8 queries a batch, every contender warmed up; only ratios carry
 over to other hardware. `--runtime entry` (default) runs JAX as the entry points do (`python -m gr_jax.infer`:
 synchronous CPU dispatch, freed memory kept: `host_memory.as_entry_points`); `--runtime jax` with
@@ -79,35 +81,26 @@ def timed_in_turns(fns: dict, repeats: int = 5, what: str = "") -> dict:
     return best
 
 
-@contextlib.contextmanager
-def _tables_by_binary_search(model, index):
-    """PAG with its bonus tables looked up by a binary search per child slot at every level, as before they were
-    placed among the search's slots (`methods.pag.model._placed_bonus`): the same results, timed beside it."""
-    model._doc_paths(index)
-    layout = model._tables_layout
-    model._tables_layout = layout[:2] + ((),)
-    try:
-        yield
-    finally:
-        model._tables_layout = layout
+def _search_corpus_trie(model, params, q, index, k):
+    """PAG as it searched before the planning sets' own trie (`methods.pag.planned`): the planner, the bonus
+    tables, then the corpus trie with every unplanned node at −inf (`searcher(...).search(query_state=...)`)."""
+    model.mode = "pag"
+    state = model.query_state(params, q, index)
+    res = model.searcher(k, True).search(params, model._queries(q), index.device(), query_state=state)
+    return res, state
 
 
-def _search_looked_up(model, params, q, index, k):
-    with _tables_by_binary_search(model, index):
-        return _search(model, params, q, index, k, "pag")
-
-
-def _same_both_ways(model, params, q, index, k) -> bool:
-    """Whether PAG returns the same docids and final scores, bit for bit, with either form of its tables."""
-    def run():
-        model.mode = "pag"
-        res, state = model.beams_and_state(params, q, index, k)
-        return jax.device_get((res.leaf_ids, res.valid, model.final_scores(res, state)))
-
-    placed = run()
-    with _tables_by_binary_search(model, index):
-        looked_up = run()
-    return all(np.array_equal(a, b) for a, b in zip(placed, looked_up))
+def _same_as_corpus_trie(model, params, q, index, k) -> bool:
+    """Whether PAG returns the same docids in the same order as over the corpus trie, with final scores equal to
+    float32 rounding (the same logits from dots of another shape)."""
+    model.mode = "pag"
+    res, state = model.beams_and_state(params, q, index, k)
+    got = jax.device_get((res.leaf_ids, res.valid, model.final_scores(res, state)))
+    res, state = _search_corpus_trie(model, params, q, index, k)
+    want = jax.device_get((res.leaf_ids, res.valid, model.final_scores(res, state)))
+    v = want[1]
+    return bool(np.array_equal(got[1], v) and np.array_equal(got[0][v], want[0][v]) and np.allclose(
+        got[2][v], want[2][v], rtol=0, atol=1e-5 * max(1.0, float(np.abs(want[2][v]).max(initial=0.0)))))
 
 
 def _index_mb(model, index, table) -> dict:
@@ -116,7 +109,8 @@ def _index_mb(model, index, table) -> dict:
     return {"trie_MB": round(index.nbytes / 1e6, 1),
             "set_index_MB": round((set_ids.nbytes + table.extras["order_key"].nbytes) / 1e6, 1),
             "postings_MB": round(model._postings.nbytes / 1e6, 1) if model._postings is not None else 0.0,
-            "paths_MB": round(sum(int(np.prod(p.shape)) * 4 for p in paths) / 1e6, 1)}
+            "paths_MB": round(sum(int(np.prod(p.shape)) * 4 for p in paths) / 1e6, 1),
+            "docids_MB": round(sum(int(np.prod(a.shape)) * 4 for a in model._docids) / 1e6, 1)}
 
 
 def _search(model, params, q, index, k, mode):
@@ -131,7 +125,7 @@ def _search(model, params, q, index, k, mode):
 
 
 def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_terms=QUERY_TERMS, ms=MS,
-                    beams=BEAMS):
+                    beams=BEAMS, corpus_trie: bool = True):
     from gr_jax.docids.base import DocidTable
     from gr_jax.methods.pag.docids import order_keys
     from gr_jax.methods.pag import planner
@@ -185,18 +179,22 @@ def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_term
             model.planner_postings = 1 << 17
             model.use_docids(table)
             for k in beams:
-                t = timed_in_turns({"Seq-only": lambda: _search(model, params, q, index, k, "seq_only"),
-                                    "PAG": lambda: _search(model, params, q, index, k, "pag"),
-                                    "PAG, tables by binary search": lambda: _search_looked_up(
-                                        model, params, q, index, k)}, what=f"{tag}, beam {k}: ")
-                seq, full, looked_up = (t[x] / n_queries * 1e3 for x in t)
+                fns = {"Seq-only": lambda: _search(model, params, q, index, k, "seq_only"),
+                       "PAG": lambda: _search(model, params, q, index, k, "pag")}
+                if corpus_trie:
+                    fns["PAG over the corpus trie"] = lambda: model.final_scores(
+                        *_search_corpus_trie(model, params, q, index, k))
+                t = timed_in_turns(fns, what=f"{tag}, beam {k}: ")
+                seq, full = t["Seq-only"] / n_queries * 1e3, t["PAG"] / n_queries * 1e3
+                extra = {} if not corpus_trie else dict(
+                    pag_over_corpus_trie_ms=round(t["PAG over the corpus trie"] / n_queries * 1e3, 2),
+                    same_docids_as_corpus_trie=_same_as_corpus_trie(model, params, q, index, k))
                 emit(figure="synthetic", docs=n, m=m, query_terms=terms, fired_per_query=int(fired.mean()), k=k,
                      n=planning, **mem, trie_build_s=round(build_s, 1), postings_build_s=round(postings_s, 1),
                      planner="inverted" if took else "dense", dense_planner_ms_per_query=round(dense, 2),
                      simul_ms_per_query=round(simul, 2), same_planning_sets=same and same_scores,
                      seq_only_ms_per_query=round(seq, 2), pag_ms_per_query=round(full, 2),
-                     pag_over_seq_only=round(full / seq, 3), pag_tables_by_binary_search_ms=round(looked_up, 2),
-                     same_results_both_tables=_same_both_ways(model, params, q, index, k))
+                     pag_over_seq_only=round(full / seq, 3), **extra)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -323,6 +321,9 @@ def main(argv=None) -> int:
     parser.add_argument("--search_error_queries", type=cli.count, default=200)
     parser.add_argument("--latency_only", action="store_true",
                         help="demo part: memory and latency only (no effectiveness, no search error)")
+    parser.add_argument("--no_corpus_trie", action="store_true",
+                        help="synthetic part: leave out PAG over the corpus trie (the search before the planning "
+                             "sets' own trie), which compiles a third search per row")
     parser.add_argument("--no_write", action="store_true", help="print JSON lines only, do not touch BENCHMARKS.md")
     parser.add_argument("--runtime", choices=("entry", "jax"), default="entry",
                         help="entry: as the entry points run JAX (synchronous CPU dispatch, freed memory kept); "
@@ -342,7 +343,8 @@ def _main(parser, args, argv) -> int:
     if args.model_dir:
         bench_demo(args.model_dir, args.eval_queries, args.search_error_queries, args.latency_only)
     if args.synthetic:
-        bench_synthetic(args.synthetic, query_terms=tuple(args.query_terms), ms=tuple(args.m), beams=tuple(args.beams))
+        bench_synthetic(args.synthetic, query_terms=tuple(args.query_terms), ms=tuple(args.m), beams=tuple(args.beams),
+                        corpus_trie=not args.no_corpus_trie)
     if not args.no_write:
         _write("python tools/bench_pag.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                ROOT / "BENCHMARKS.md", args.runtime)

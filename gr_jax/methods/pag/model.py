@@ -12,11 +12,14 @@ lexical head and decodes sequential docids under that plan.
   decoder input [query ids, 0, c_1, …] (no decoder mask: padding inside the query is attended, so queries are
   always padded to the same TASK_FEATURE_LENGTHS['inputs'] here, in training and in inference alike).
 * **Look-ahead** — per query, the bonus of a trie node is the max s_simul over the planned documents whose
-  docid passes through it (`bonus_tables`: a sort and a segment-max over the n planned paths, on the
-  device); beams are *selected* by raw score + bonus of their last token and *keep* the raw score
-  (`beam_search(..., accumulate_bonus=False)`); nodes under no planned document are removed (PAG's trie holds
-  only the planning set). The final score of a docid = raw sum + max s_simul of the planned documents with
-  that docid, given to every document with that docid.
+  docid passes through it; beams are *selected* by raw score + bonus of their last token and *keep* the raw
+  score (`accumulate_bonus=False`); nodes under no planned document are removed (PAG's trie holds only the
+  planning set). The search runs over that trie itself (`methods.pag.planned`: the planned docids sorted, each
+  level's candidates flat, `beam_search_flat`), not over the corpus trie: at most n candidates a level, however
+  many children a beam's node has in the corpus. The corpus trie with the bonus as tables (`bonus_tables`,
+  `node_bonus`: `searcher(...).search(query_state=query_state(...))`) finds the same docids and stays for
+  comparison. The final score of a docid = raw sum + max s_simul of the planned documents with that docid,
+  given to every document with that docid.
 
 Query padding (`PagRetriever.query_padding`): "fixed" (default) keeps TASK_FEATURE_LENGTHS['inputs'] — a query's
 scores never depend on the other queries of its batch, and training saw the same padding; "batch_longest" trims
@@ -46,6 +49,7 @@ import numpy as np
 
 from gr_jax.decoding import beam_search as bs
 from gr_jax.index.device import leaf_documents
+from gr_jax.methods.pag.planned import docid_order, planning_trie
 from gr_jax.methods.pag.planner import (  # noqa: F401  (the planner's names, re-exported)
     Postings, _top_k, budgets_for, plan_from_rep, simul_scores, top_n_by_key, top_n_exact, top_n_fast, top_set_ids)
 from gr_jax.models import convert, t5
@@ -66,21 +70,25 @@ QUERY_PADDINGS = ("fixed", "batch_longest")
 # ----------------------------------------------------------------------------------------------------------
 
 
-def lexical_rep_from_hidden(network: t5.T5, net_params, hidden_BxLxD, mask_BxL, pooled: bool = False):
-    """rep [B, V] = max_i log(1 + ReLU(lm_head(h_i · d^-0.5))) · mask_i (float32, ≥ 0).
+def lexical_rep_from_hidden(network: t5.T5, net_params, hidden_BxLxD, mask_BxL, pooled: bool = False,
+                            vocab_limit: Optional[int] = None):
+    """rep [B, V] = max_i log(1 + ReLU(lm_head(h_i · d^-0.5))) · mask_i (float32, ≥ 0); with `vocab_limit` (static)
+    the ids below it only, [B, vocab_limit] (the planner's: its set docids and query terms are below the docid
+    tokens).
 
     `pooled`: the same bits with the max taken first, log(1 + ReLU(max_i over the unmasked logits)) — the map is
     non-decreasing and ≥ 0, so it commutes with the max, and V · L logarithms become V (the planner's query
     side: about 2× faster on a CPU at L 16). Not for training: where two logits round to one log, its gradient
     goes to the larger logit instead of being shared."""
-    logits = network.apply({"params": net_params}, hidden_BxLxD, True, method=t5.T5.logits)
+    logits = network.apply({"params": net_params}, hidden_BxLxD, True, vocab_limit, method=t5.T5.logits)
     if pooled:
         return jnp.log1p(jax.nn.relu(jnp.where(mask_BxL[..., None], logits, -jnp.inf).max(axis=1)))
     act = jnp.log1p(jax.nn.relu(logits)) * mask_BxL[..., None].astype(jnp.float32)
     return act.max(axis=1)
 
 
-def lexical_rep(network: t5.T5, net_params, tokens_BxL, dropout_rng=None, pooled: bool = False):
+def lexical_rep(network: t5.T5, net_params, tokens_BxL, dropout_rng=None, pooled: bool = False,
+                vocab_limit: Optional[int] = None):
     """The planner's representation of queries (or documents) [B, V]: the decoder reads the text itself
     (`pooled`: see `lexical_rep_from_hidden`)."""
     deterministic = dropout_rng is None
@@ -90,7 +98,7 @@ def lexical_rep(network: t5.T5, net_params, tokens_BxL, dropout_rng=None, pooled
     encoded = network.apply(variables, tokens_BxL, mask, deterministic, method=t5.T5.encode, rngs=rngs)
     hidden = network.apply(variables, encoded, mask, tokens_BxL, deterministic, method=t5.T5.decode_hidden,
                            rngs=rngs)
-    return lexical_rep_from_hidden(network, net_params, hidden, mask, pooled)
+    return lexical_rep_from_hidden(network, net_params, hidden, mask, pooled, vocab_limit)
 
 
 def sequential_hidden(network: t5.T5, net_params, query_BxL, prefix_BxT, dropout_rng=None):
@@ -291,6 +299,12 @@ def pruning_only(level: int, child_ids, state):
     return jnp.where(jnp.isfinite(node_bonus(level, child_ids, state)), 0.0, -jnp.inf)
 
 
+@jax.jit
+def _final_at_places(scores_BxN, valid_BxN, places_BxN, docid_max_BxP):
+    bonus = jnp.take_along_axis(docid_max_BxP, jnp.clip(places_BxN, 0, docid_max_BxP.shape[1] - 1), axis=1)
+    return jnp.where(valid_BxN, scores_BxN + bonus, -jnp.inf)
+
+
 def leaf_bonus(leaf_ids, state):
     """Max s_simul of the planned documents with each leaf's docid (0 when none)."""
     return _bonus(state, "leaf", leaf_ids, 0.0)
@@ -352,7 +366,8 @@ class PagRetriever(GenerativeRetriever):
         self._keys = None  # device [rows] order keys
         self._paths_for = None  # (index, num_nodes, num_leaves) the paths were computed from
         self._paths = None
-        self._tables_layout: tuple = ((), False, ())  # bonus_tables' static (dense_sizes, leaf_ordered, placed)
+        # static facts of the index: bonus_tables' (dense_sizes, leaf_ordered, placed), then planning_trie's leaf levels
+        self._tables_layout: tuple = ((), False, (), ())
         self._jits: dict = {}
 
     # the model contract's Planner (models/contract.py): the modes by role
@@ -439,13 +454,19 @@ class PagRetriever(GenerativeRetriever):
             paths[rows] = nodes
             leaves = np.full(R, -1, np.int64)
             leaves[rows] = leaf
+            depth = index.device().depth
+            tokens = np.full((R, depth), -1, np.int32)  # the docids by row (−1 past the end), for `planning_trie`
+            width = min(seqs.shape[1], depth)
+            tokens[rows, :width] = np.where(np.arange(width)[None] < lengths[:, None], seqs[:, :width], -1)
             with jax.ensure_compile_time_eval():  # concrete even when first asked for inside a caller's trace
                 self._paths = (jnp.asarray(paths.astype(np.int32)), jnp.asarray(leaves.astype(np.int32)))
+                self._docids = (jnp.asarray(tokens), jnp.asarray(docid_order(tokens)))
             sizes = np.append(paths.max(axis=0), leaves.max()) + 1 if len(paths) else np.zeros(1, np.int64)
             dense = tuple(int(x) if 0 < x <= DENSE_BONUS_NODES else 0 for x in sizes)
             trie = index.device()
             placed = tuple(d < trie.depth and trie.consecutive_children(d) for d in range(paths.shape[1]))
-            self._tables_layout = (dense, paths_in_leaf_order(paths, leaves), placed)
+            leaf_levels = tuple(sorted({int(x) - 1 for x in lengths}))  # where a docid ends (`planning_trie`)
+            self._tables_layout = (dense, paths_in_leaf_order(paths, leaves), placed, leaf_levels)
             self._paths_for = stamp
         return self._paths
 
@@ -468,9 +489,13 @@ class PagRetriever(GenerativeRetriever):
         kth = _top_k(rep_BxV[:, :limit], T)[0][:, T - 1:]  # behind the barrier: a full sort otherwise
         return jnp.where(rep_BxV >= kth, rep_BxV, 0.0)
 
+    def _planning_vocab(self) -> int:
+        """The planning vocabulary: the ids below the docid tokens (set docids and query terms live there)."""
+        return int(self.docid_base)
+
     def _planner_settings(self) -> tuple:
         """What a compiled planner reads from the model besides its arguments (part of its cache key)."""
-        return self.planner_query_terms, self.planner_postings, self.simul_chunk
+        return self.planner_query_terms, self.planner_postings, self.simul_chunk, self._planning_vocab()
 
     def _planner_arrays(self):
         """(set ids, keys, postings on the device or None): the arrays a planning call reads. The inverted index is
@@ -491,8 +516,8 @@ class PagRetriever(GenerativeRetriever):
         (`methods.pag.planner.plan_from_rep`)."""
         n = min(int(n or self.planning_size), int(self.set_ids.shape[0]))
         fn = self._jits.setdefault(("plan", *self._planner_settings()), jax.jit(
-            lambda p, q, arrays, n: self._plan_rep(lexical_rep(self.network, p["network"], q, pooled=True), arrays,
-                                                   n, True)[:2],
+            lambda p, q, arrays, n: self._plan_rep(lexical_rep(
+                self.network, p["network"], q, pooled=True, vocab_limit=self._planning_vocab()), arrays, n, True)[:2],
             static_argnums=3))
         return fn(params, jnp.asarray(query_tokens_BxL), self._planner_arrays(), n)
 
@@ -536,14 +561,14 @@ class PagRetriever(GenerativeRetriever):
         rows, s = self.plan(params, query_tokens_BxL, n)
         paths, leaves = self._doc_paths(index)
         fn = self._jits.setdefault("tables", jax.jit(bonus_tables, static_argnums=(4, 5, 6)))
-        return fn(paths, leaves, rows, s, *self._tables_layout)
+        return fn(paths, leaves, rows, s, *self._tables_layout[:3])
 
     def predict(self, params, query_tokens_BxL, index, num_beams: int = 10, guided: Optional[bool] = None):
         if self.mode == "simul_only":
             raise ValueError("PagRetriever mode 'simul_only' ranks by s_simul and decodes nothing")
         return self.beams_and_state(params, query_tokens_BxL, index, num_beams, guided)[0]
 
-    def _planned_search(self, params, q, arrays, paths, leaves, trie, n: int, num_beams: int, guided: bool,
+    def _planned_search(self, params, q, arrays, docids, leaves, trie, n: int, num_beams: int, guided: bool,
                         layout: tuple, exact: bool = False):
         """Planner and guided search under one jit, the query read once (`pag_prefill`): → (BeamResult, state,
         whether a tie crossed the n-th planning place). With `exact`, a tie at the n-th place is planned exactly
@@ -551,15 +576,31 @@ class PagRetriever(GenerativeRetriever):
         (`beam_documents`); without, the caller redoes such a batch (`beams_and_state`)."""
         net = params["network"]
         cache, hidden, mask = pag_prefill(self.network, net, q, trie.depth)
-        rep = lexical_rep_from_hidden(self.network, net, hidden, mask, pooled=True)
+        rep = lexical_rep_from_hidden(self.network, net, hidden, mask, pooled=True, vocab_limit=self._planning_vocab())
         rows, scores, tie = self._plan_rep(rep, arrays, n, exact)
-        state = bonus_tables(paths, leaves, rows, scores, *layout)
-        res = bs.beam_search(functools.partial(pag_step_hidden, self.network, net), cache, trie,
-                             batch_size=q.shape[0], num_beams=num_beams, score_mode="raw",
-                             bonus_fn=node_bonus if guided else pruning_only, query_state=state,
-                             start_token=self.config.decoder_start_token_id, tile_fn=share_encoder,
-                             accumulate_bonus=False, project_fn=functools.partial(pag_project, self.network, net))
+        res, state = self._search_plan(net, cache, q.shape[0], rows, scores, docids, leaves, trie.vocab_size,
+                                       num_beams, guided, layout)
         return res, state, tie
+
+    def _search_plan(self, net, cache, B: int, rows, scores, docids, leaves, vocab_size: int, num_beams: int,
+                     guided: bool, layout: tuple):
+        """The search over the planning sets' trie (`methods.pag.planned`) from a prefilled cache → (BeamResult,
+        the final scores' state: the planning set and, per place of the trie, the max s_simul of its docid)."""
+        leaf_levels = layout[3]
+        plan = planning_trie(*docids, leaves, rows, scores, vocab_size=vocab_size, guided=guided,
+                             leaf_levels=leaf_levels)
+        res = bs.beam_search_flat(functools.partial(pag_step_hidden, self.network, net), cache, plan,
+                                  batch_size=B, num_beams=num_beams, score_mode="raw",
+                                  start_token=self.config.decoder_start_token_id, tile_fn=share_encoder,
+                                  accumulate_bonus=False, project_fn=functools.partial(pag_project, self.network, net))
+        return res, {"planned": rows, "planned_scores": scores, "docid_max": plan.docid_max()}
+
+    def _swapped_search(self, params, q, rows, scores, docids, leaves, trie, num_beams: int, layout: tuple):
+        """The guided search of queries q under given planning sets (`rank_with_plan`)."""
+        net = params["network"]
+        cache = pag_cache(self.network, net, q, trie.depth)
+        return self._search_plan(net, cache, q.shape[0], rows, scores, docids, leaves, trie.vocab_size, num_beams,
+                                 True, layout)
 
     def beams_and_state(self, params, query_tokens_BxL, index, num_beams: int, guided: Optional[bool] = None):
         """(BeamResult, look-ahead state or None in mode "seq_only")."""
@@ -568,14 +609,14 @@ class PagRetriever(GenerativeRetriever):
             return self.searcher(num_beams).search(params, q, index.device()), None
         guided = (self.mode == "pag") if guided is None else guided
         n = min(self.planning_size, int(self.set_ids.shape[0]))
-        paths, leaves = self._doc_paths(index)
+        leaves = self._doc_paths(index)[1]
         fused = self._jits.setdefault(("search", *self._planner_settings()),
-                                      jax.jit(self._planned_search, static_argnums=(6, 7, 8, 9)))
-        res, state, tie = fused(params, q, self._planner_arrays(), paths, leaves, index.device(), n, num_beams,
-                                guided, self._tables_layout)
-        if bool(tie):  # the planning set needs the tie rule: plan exactly, then search with that plan
-            state = self.query_state(params, q, index)
-            res = self.searcher(num_beams, guided).search(params, q, index.device(), query_state=state)
+                                      jax.jit(self._planned_search, static_argnums=(6, 7, 8, 9, 10)))
+        args = (params, q, self._planner_arrays(), self._docids, leaves, index.device(), n, num_beams, guided,
+                self._tables_layout)
+        res, state, tie = fused(*args, False)
+        if bool(tie):  # the planning set needs the tie rule: plan it exactly (on the device), search with that plan
+            res, state, _ = fused(*args, True)
         return res, state
 
     def beam_documents(self, params, query_tokens_BxL, index, num_beams: int = 10):
@@ -591,10 +632,11 @@ class PagRetriever(GenerativeRetriever):
         if self.mode == "seq_only":
             res, state = self.searcher(num_beams).search_traced(params, q, index.device()), None
         else:
-            paths, leaves = self._doc_paths(index)
+            leaves = self._doc_paths(index)[1]
             n = min(self.planning_size, int(self.set_ids.shape[0]))
-            res, state, _ = self._planned_search(params, q, self._planner_arrays(), paths, leaves, index.device(), n,
-                                                 num_beams, self.mode == "pag", self._tables_layout, exact=True)
+            res, state, _ = self._planned_search(params, q, self._planner_arrays(), self._docids, leaves,
+                                                 index.device(), n, num_beams, self.mode == "pag",
+                                                 self._tables_layout, exact=True)
         final = self.final_scores(res, state)
         docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
         return docs, valid, final
@@ -603,6 +645,8 @@ class PagRetriever(GenerativeRetriever):
         """PAG's final score of each returned docid: raw sum + max s_simul of the planned documents with it."""
         if state is None:
             return res.scores
+        if "docid_max" in state:  # a search over the planning sets' trie: a finished beam's state is its place
+            return _final_at_places(res.scores, res.valid, res.states, state["docid_max"])
         return jnp.where(res.valid, res.scores + leaf_bonus(jnp.where(res.valid, res.leaf_ids, -1), state), -jnp.inf)
 
     def rank(self, params, query_tokens_BxL, index, num_beams: int = 10):
@@ -632,8 +676,10 @@ class PagRetriever(GenerativeRetriever):
         swap of 004 Eq. 10 (PlanSwapDrop decodes q̃ with the clean query's plan). The final scores add the
         look-ahead of that plan, as `rank` adds the query's own."""
         q, pq = self._queries(query_tokens_BxL), self._queries(plan_tokens_BxL)
-        state = self.query_state(params, pq, index)
-        res = self.searcher(num_beams, guided=True).search(params, q, index.device(), query_state=state)
+        rows, s = self.plan(params, pq)
+        leaves = self._doc_paths(index)[1]
+        fn = self._jits.setdefault("swap", jax.jit(self._swapped_search, static_argnums=(7, 8)))
+        res, state = fn(params, q, rows, s, self._docids, leaves, index.device(), num_beams, self._tables_layout)
         final = self.final_scores(res, state)
         docs, valid = leaf_documents(index.device_payload(), jnp.where(res.valid, res.leaf_ids, -1))
         docs, valid, final = jax.device_get((docs, valid, final))

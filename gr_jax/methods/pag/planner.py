@@ -245,17 +245,15 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
     whether it is exact for every query, whether the top-k over the postings decided). Call only when
     `inverted_fits`.
 
-    Every posting of a fired token adds its weight to its document's score (a scatter-add over key ranks). A
-    document on one fired token then holds exactly its s_simul (the dense sum adds that weight to zeros), and an
-    unlisted one 0; one on several holds a sum in posting order, which can differ from the dense order in the last
-    bits: such documents (found where a posting's weight differs from its document's total) are rescored in the
-    dense order. The planning set is the first n of the single-token postings and the rescored documents, by
+    Every posting of a fired token counts one for its document (a scatter-add over key ranks). A document on one
+    fired token has exactly that token's weight as its s_simul (the dense sum adds that weight to zeros), and an
+    unlisted one 0; the documents on several (a count ≥ 2) are rescored in the dense order.
+    The planning set is the first n of the single-token postings and the rescored documents, by
     score and, among equals, by rank — which a top-k over the postings gives when the tied ones are all on one
     token; otherwise (two fired tokens weigh the same, a rescored document ties the n-th score, fewer than n
     score) a top-k over the scores laid out by rank and the tie rule over those candidates. Not exact (the caller
     takes the dense product) when a document on several tokens outside the R rescored ones could reach the n-th
-    place (its posting score within the rounding margin δ of it, `rounding_margin`), or when the query's fired
-    weights span 2^22 or more (a weight could vanish in a document's sum and hide that it is on several)."""
+    place (its sum in posting order within the rounding margin δ of it, `rounding_margin`)."""
     docs_P, start_V1, by_key_D = postings
     B = rep_BxV.shape[0]
     D = set_ids_DxM.shape[0]
@@ -275,24 +273,24 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
     offset = pos - (jnp.take_along_axis(a_end, slot, axis=1) - jnp.take_along_axis(a_len, slot, axis=1))
     rank = jnp.where(used, docs_P[jnp.clip(start_V1[tok] + offset, 0, docs_P.shape[0] - 1)], D)
     weight = jnp.where(used, jnp.take_along_axis(a_val, slot, axis=1), 0.0)
-    total = jnp.zeros((B, D), jnp.float32).at[rows, rank].add(weight, mode="drop")  # rank D: dropped
-    got = jnp.take_along_axis(total, rank, axis=1, mode="clip")
-    # the posting's document is on several fired tokens: its total is above every one of its weights — unless a
-    # weight below 2^-24 of another is absorbed in the sum, which cannot happen when the query's fired weights
-    # span less than 2^22 (`spread`, checked below: a query with a wider spread takes the dense product)
-    several = used & (got != weight)
-    spread = jnp.where(a_val > 0, a_val, jnp.inf).min(axis=1) >= a_val[:, 0] * 2.0 ** -22
-    # the R best postings on documents on several, by posting score: those documents are rescored; any other
-    # scores at most the R-th posting score + δ, below the n-th place when that is ≥ 2δ above it (checked below)
-    approx = jnp.where(several, got, -jnp.inf)
-    taken_all = several.sum(axis=1) <= R
+    # how many fired tokens each posting's document is on (a scatter-add of ones over key ranks; rank D: dropped).
+    # A document is on at most m postings (one per set-docid entry), so bytes count it when m < 256: a quarter
+    # of the float32 row's memory, which the scatter and the gather back reach at random (~3× faster at 1M)
+    count_dtype = jnp.uint8 if set_ids_DxM.shape[1] < 256 else jnp.int32
+    count = jnp.zeros((B, D), count_dtype).at[rows, rank].add(jnp.ones((B, P), count_dtype), mode="drop")
+    several = used & (jnp.take_along_axis(count, rank, axis=1, mode="clip") >= 2)
+    on_several = jnp.cumsum(several, axis=1, dtype=jnp.int32)  # [B, P]: postings on several up to p
+    taken_all = on_several[:, -1] <= R
 
     def all_of_them():  # every query's postings on several fit in R: their places in posting order, no top-k
-        slot = jnp.where(several, jnp.cumsum(several, axis=1, dtype=jnp.int32) - 1, R)
-        at = jnp.full((B, R), P, jnp.int32).at[rows, slot].set(jnp.broadcast_to(pos, (B, P)), mode="drop")
-        return at, approx.max(axis=1), jnp.full((B,), -jnp.inf)
+        return _first_places(on_several, R), jnp.zeros((B,), jnp.float32), jnp.full((B,), -jnp.inf)  # no δ
 
     def the_best():
+        # the R best postings on documents on several, by the posting's document's sum in posting order: those
+        # documents are rescored; any other scores at most the R-th such sum + δ, below the n-th place when that
+        # is ≥ 2δ above it (checked below)
+        total = jnp.zeros((B, D), jnp.float32).at[rows, rank].add(weight, mode="drop")
+        approx = jnp.where(several, jnp.take_along_axis(total, rank, axis=1, mode="clip"), -jnp.inf)
         cut, at = _top_k(approx, R)
         return jnp.where(cut > -jnp.inf, at, P), cut[:, 0], cut[:, R - 1]
 
@@ -309,7 +307,14 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
     redo_rows = jax.lax.optimization_barrier(jnp.where(redo < D, by_key_D[jnp.minimum(redo, D - 1)], -1))
     redo_s = rescore(rep_BxV, set_ids_DxM, redo_rows)  # padding: −inf
     single = jnp.where(used & ~several, weight, -jnp.inf)  # its document's s_simul, bit for bit
-    top_s, at = _top_k(jnp.concatenate([single, redo_s], axis=1), n)
+    # the postings come token by token, heaviest first, and all of a token's weigh the same: the singles never
+    # increase along them, so their n best (equal ones: the earlier) are the first n, and a top-k over those and
+    # the rescored documents picks what one over all the postings would, at the same places
+    first = _first_places(jnp.minimum(pos + 1, a_end[:, -1:]) - on_several, n)  # P: fewer than n singles
+    top_s, at = _top_k(jnp.concatenate(
+        [jnp.where(first < P, jnp.take_along_axis(single, jnp.minimum(first, P - 1), axis=1), -jnp.inf), redo_s],
+        axis=1), n)
+    at = jnp.where(at < n, jnp.take_along_axis(first, jnp.minimum(at, n - 1), axis=1), P + at - n)
     theta = top_s[:, n - 1:n]
     # among equal scores the top-k takes the earlier posting: the earlier rank when the ones tied at the n-th
     # score are all postings of one token or all rescored documents (both ascend by rank) — or there is no tie
@@ -323,6 +328,7 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
         return jnp.take_along_axis(jnp.concatenate([rank, redo], axis=1), at, axis=1), top_s
 
     def by_rank():  # the first n + R of the scores laid out by rank (zeros included), then the tie rule
+        total = jnp.zeros((B, D), jnp.float32).at[rows, rank].add(weight, mode="drop")  # several: rescored below
         first_s, first_r = _top_k(total, min(n + R, D))
         on_several = jnp.take_along_axis(redo, jnp.minimum(jax.vmap(jnp.searchsorted)(redo, first_r), R2 - 1),
                                          axis=1) == first_r
@@ -333,8 +339,15 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
 
     ranks, scores = jax.lax.cond(quick, by_postings, by_rank)
     delta = rounding_margin(jnp.maximum(cut_first, 0.0), set_ids_DxM.shape[1])
-    fits = spread & distinct_fit & (taken_all | (cut_last + 2 * delta < scores[:, n - 1]))
+    fits = distinct_fit & (taken_all | (cut_last + 2 * delta < scores[:, n - 1]))
     return by_key_D[jnp.minimum(ranks, D - 1)], scores, fits.all(), quick
+
+
+def _first_places(counts_BxP, k: int):
+    """Per row, the places of the first k counted entries, given their running count (non-decreasing): the j-th
+    is the first place where the count reaches j; P where fewer than k are counted. [B, k] int32."""
+    want = jnp.arange(1, k + 1, dtype=counts_BxP.dtype)
+    return jax.vmap(lambda c: jnp.searchsorted(c, want, side="left"))(counts_BxP).astype(jnp.int32)
 
 
 def plan_from_rep(rep_BxV, set_ids_DxM, keys_D, n: int, chunk: int, postings=None, budgets: Optional[Budgets] = None,

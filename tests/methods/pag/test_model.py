@@ -181,12 +181,14 @@ def test_a_searchs_child_slots_get_a_brute_force_max_where_the_tables_are_placed
 
 
 @pytest.mark.parametrize("M, K, mode", [(6, 4, "pag_unguided"), (4, 8, "pag")])  # each mode on one trie shape
-def test_the_search_ranks_the_same_with_placed_tables_and_with_binary_searches(M, K, mode, monkeypatch):
+def test_the_planning_sets_trie_finds_what_the_corpus_trie_with_tables_finds(M, K, mode, monkeypatch):
     """A random tiny PAG over 1500 docids of depth 6 (a run of CSR levels stored together among them) or 4 (CSR
     levels whose invalid slots read child id 0), no dense bonus rows, 16 beams of ≤ K children against 40 planned
-    documents: the wide levels take the placed tables, and the search returns what it returns with every level
-    looked up by binary search, bit for bit — dead beams and beams at a level's first node included (the search
-    hands −1 where a slot holds no child)."""
+    documents. (1) The corpus trie searched with the bonus tables (`searcher(...).search(query_state=...)`): the
+    wide levels take the placed tables, and it returns what it returns with every level looked up by binary
+    search, bit for bit — dead beams and beams at a level's first node included (the search hands −1 where a slot
+    holds no child). (2) The search PAG runs (`beams_and_state`: the planning sets' own trie, flat candidates)
+    returns the same docids in the same order, with final scores equal to rounding."""
     from gr_jax.docids.base import DocidTable
     from gr_jax.methods.pag.docids import order_keys
     from gr_jax.models import t5
@@ -196,6 +198,7 @@ def test_the_search_ranks_the_same_with_placed_tables_and_with_binary_searches(M
     rng = np.random.default_rng(0)
     base, n = 512, 1500
     codes = np.unique(rng.integers(0, K, (2 * n, M), dtype=np.int32), axis=0)[rng.permutation(n)]
+    codes[7] = codes[3]  # two documents with one docid: the final bonus is the max of both
     seqs = (base + K * np.arange(M)[None] + codes).astype(np.int32)
     ids = np.sort(rng.integers(3, base, (n, 8)), axis=1).astype(np.int32)
     ids[:, 1:][ids[:, 1:] == ids[:, :-1]] = -1
@@ -208,17 +211,30 @@ def test_the_search_ranks_the_same_with_placed_tables_and_with_binary_searches(M
     model.mode = mode
     index = table.index(vocab_size=config.vocab_size, dense_budget_bytes=0)
     q = jnp.asarray(rng.integers(3, base, (4, 12)), jnp.int32)
-    _, state = model.beams_and_state(params, q, index, 16)
-    placed = [k for k in state if k.endswith("_placed_keys")]
-    assert len(placed) >= 3 and bool(index.device().level_runs()) == (M == 6)  # the wide levels
-    got = jax.device_get(model.rank(params, q, index, num_beams=16))
+
+    def corpus_trie():
+        state = model.query_state(params, q, index)
+        res = model.searcher(16, mode == "pag").search(params, q, index.device(), query_state=state)
+        return state, jax.device_get((res.leaf_ids, res.valid, model.final_scores(res, state)))
+
+    state, placed = corpus_trie()
+    assert len([k for k in state if k.endswith("_placed_keys")]) >= 3
+    assert bool(index.device().level_runs()) == (M == 6)  # the wide levels
     layout = model._tables_layout
-    model._tables_layout = layout[:2] + ((),)
-    want = jax.device_get(model.rank(params, q, index, num_beams=16))
+    model._tables_layout = layout[:2] + ((),) + layout[3:]
+    looked_up = corpus_trie()[1]
     model._tables_layout = layout
-    assert len(got[1]) > 0
-    for a, b in zip(got, want):
+    for a, b in zip(placed, looked_up):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    res, state = model.beams_and_state(params, q, index, 16)
+    got = jax.device_get((res.leaf_ids, res.valid, model.final_scores(res, state)))
+    valid = placed[1]
+    assert valid.sum() == 4 * 16
+    np.testing.assert_array_equal(got[1], valid)
+    np.testing.assert_array_equal(got[0][valid], placed[0][valid])
+    # the same candidates' logits from a dot of another shape: float32 rounding of the raw sums' size
+    np.testing.assert_allclose(got[2][valid], placed[2][valid], rtol=0, atol=1e-5 * np.abs(placed[2][valid]).max())
+    assert len(jax.device_get(model.rank(params, q, index, num_beams=16))[1]) == 4 * 16
 
 
 def test_one_sort_by_leaf_with_docids_that_end_early():
