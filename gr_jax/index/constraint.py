@@ -17,6 +17,12 @@ Optionally, for a search that runs several steps as one compiled body (`beam_sea
     children_in_run(r, d, state) `children` at step d of run r, with d a traced int32 scalar and the same
                                  slot count C at every step of the run (slots past a step's own are invalid).
 
+Instead of `children`, a constraint whose beams' candidates are few in all though one beam may have many (a
+planning set's trie) may give them flat, for `decoding.beam_search.beam_search_flat`:
+
+    candidates(d, state, valid)  for the states [B, n] of the beams (valid [B, n]) at step d: a `Candidates`
+                                 (parent beam, token, next state, leaf id, valid, optional bonus; each [B, F]).
+
 Optionally, for a constraint larger than one device (a `Searcher` over a mesh with an "index" axis):
 
     split(S)                     the constraint with its large arrays padded to S blocks, read inside a

@@ -301,6 +301,8 @@ def pruning_only(level: int, child_ids, state):
 
 @jax.jit
 def _final_at_places(scores_BxN, valid_BxN, places_BxN, docid_max_BxP):
+    """PAG's final scores of finished beams over a `PlanningTrie`: raw sum + the max s_simul read at each beam's
+    place (its state)."""
     bonus = jnp.take_along_axis(docid_max_BxP, jnp.clip(places_BxN, 0, docid_max_BxP.shape[1] - 1), axis=1)
     return jnp.where(valid_BxN, scores_BxN + bonus, -jnp.inf)
 
