@@ -282,6 +282,9 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
     on_several = jnp.cumsum(several, axis=1, dtype=jnp.int32)  # [B, P]: postings on several up to p
     taken_all = on_several[:, -1] <= R
 
+    def sums():  # [B, D] the postings' weights summed per document in posting order (only the rare branches)
+        return jnp.zeros((B, D), jnp.float32).at[rows, rank].add(weight, mode="drop")
+
     def all_of_them():  # every query's postings on several fit in R: their places in posting order, no top-k
         return _first_places(on_several, R), jnp.zeros((B,), jnp.float32), jnp.full((B,), -jnp.inf)  # no δ
 
@@ -289,8 +292,7 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
         # the R best postings on documents on several, by the posting's document's sum in posting order: those
         # documents are rescored; any other scores at most the R-th such sum + δ, below the n-th place when that
         # is ≥ 2δ above it (checked below)
-        total = jnp.zeros((B, D), jnp.float32).at[rows, rank].add(weight, mode="drop")
-        approx = jnp.where(several, jnp.take_along_axis(total, rank, axis=1, mode="clip"), -jnp.inf)
+        approx = jnp.where(several, jnp.take_along_axis(sums(), rank, axis=1, mode="clip"), -jnp.inf)
         cut, at = _top_k(approx, R)
         return jnp.where(cut > -jnp.inf, at, P), cut[:, 0], cut[:, R - 1]
 
@@ -328,8 +330,7 @@ def inverted_plan(rep_BxV, set_ids_DxM, postings, n: int, budgets: Budgets):
         return jnp.take_along_axis(jnp.concatenate([rank, redo], axis=1), at, axis=1), top_s
 
     def by_rank():  # the first n + R of the scores laid out by rank (zeros included), then the tie rule
-        total = jnp.zeros((B, D), jnp.float32).at[rows, rank].add(weight, mode="drop")  # several: rescored below
-        first_s, first_r = _top_k(total, min(n + R, D))
+        first_s, first_r = _top_k(sums(), min(n + R, D))  # the documents on several: rescored below
         on_several = jnp.take_along_axis(redo, jnp.minimum(jax.vmap(jnp.searchsorted)(redo, first_r), R2 - 1),
                                          axis=1) == first_r
         cand_s = jnp.concatenate([jnp.where(on_several, -jnp.inf, first_s), redo_s], axis=1)
