@@ -78,7 +78,8 @@ def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temp
 
     def cond(state, rows_left: int = 0):
         step, _, _, _, done, _ = state
-        return (step < max_new_tokens) & (jnp.sum(~done) > rows_left)
+        # the last token needs no network step after it (`finish` chooses it): max_new_tokens − 1 steps at most
+        return (step < max_new_tokens - 1) & (jnp.sum(~done) > rows_left)
 
     def body(state):
         step, cache, last, out, done, key = state
@@ -90,21 +91,31 @@ def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temp
         logits, cache = model.apply(variables, cache, jnp.maximum(token, 0), method=llama.Llama.decode_step)
         return step + 1, cache, logits, out, done, key
 
+    def finish(state):
+        """At the last step, its token from the logits so far (the random draw `body` would make), and every
+        row done; otherwise the state as it is."""
+        step, cache, last, out, done, key = state
+        final = step == max_new_tokens - 1
+        drawn_key, sub = jax.random.split(key)
+        token = jnp.where(done, -1, choose(last, step, sub))
+        out = jnp.where(final, out.at[:, jnp.minimum(step, max_new_tokens - 1)].set(token), out)
+        return (step + final, cache, last, out, done | final, jnp.where(final, drawn_key, key))
+
     state = (jnp.zeros((), jnp.int32), cache, last, out, done, key)
-    return _tail_loop(state, tail_rows, cond, body)
+    return _tail_loop(state, tail_rows, cond, body, finish)
 
 
-def _tail_loop(state, tail_rows: tuple, cond, body):
+def _tail_loop(state, tail_rows: tuple, cond, body, finish):
     """Steps all rows until at most `tail_rows[0]` still run; those go on as a batch of that many rows (the
     running ones first, then ended ones, each in row order), and so on: rows that have ended stop costing a
-    step. Returns the rows' tokens."""
+    step. `finish` takes the last step, which needs no network step after it. Returns the rows' tokens."""
     if not tail_rows:
-        return jax.lax.while_loop(cond, body, state)[3]
-    step, cache, last, out, done, key = jax.lax.while_loop(functools.partial(cond, rows_left=tail_rows[0]), body,
-                                                           state)
+        return finish(jax.lax.while_loop(cond, body, state))[3]
+    step, cache, last, out, done, key = finish(
+        jax.lax.while_loop(functools.partial(cond, rows_left=tail_rows[0]), body, state))
     rows = jnp.argsort(done, stable=True)[:tail_rows[0]]
     tail = (step, cache.select_rows(rows), last[rows], out[rows], done[rows], key)
-    return out.at[rows].set(_tail_loop(tail, tail_rows[1:], cond, body))
+    return out.at[rows].set(_tail_loop(tail, tail_rows[1:], cond, body, finish))
 
 
 def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,

@@ -174,6 +174,9 @@ def test_greedy_generation_follows_the_argmax_and_stops(tiny):
     model, params = tiny
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
     out = lm_generate.generate(model, params, prompts, max_new_tokens=6, stop_ids=[95])
+    # rows that run to the limit: their last token is chosen after the loop, with no network step after it
+    assert [len(c) for c in out] == [6, 6]
+    assert lm_generate.generate(model, params, prompts, max_new_tokens=1, stop_ids=[95]) == [c[:1] for c in out]
     for prompt, cont in zip(prompts, out):  # oracle: re-run the whole forward pass for every token
         seq = list(prompt)
         for tok in cont:
