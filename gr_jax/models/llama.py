@@ -230,6 +230,40 @@ class LMCache:
         return self.gather(index) if self.rows == rows else self
 
 
+@flax.struct.dataclass
+class Packing:
+    """Where the real (unmasked) tokens of a left-padded [B, T] prefill sit: `index` [Tp] the flat position
+    (b · T + t) of each real token in row-major order, then B · T for the unused places up to Tp; `place`
+    [B, T] each position's place among them, Tp at masked positions. Tp, a static shape, is the caller's
+    choice (at least the number of real tokens): `Packing.of` builds it on the host."""
+
+    index: Array
+    place: Array
+
+    @classmethod
+    def of(cls, token_mask_BxT: np.ndarray, size: int) -> "Packing":
+        mask = np.asarray(token_mask_BxT, bool)
+        flat = np.flatnonzero(mask.reshape(-1))
+        if size < flat.size:
+            raise ValueError(f"Packing.of: {flat.size} real tokens do not fit in {size} places")
+        index = np.full((size,), mask.size, np.int32)
+        index[:flat.size] = flat
+        place = np.full(mask.size, size, np.int32)
+        place[flat] = np.arange(flat.size, dtype=np.int32)
+        return cls(index=jnp.asarray(index), place=jnp.asarray(place.reshape(mask.shape)))
+
+    def pack(self, x_BxTx: Array) -> Array:
+        """[B, T, …] → [1, Tp, …]: the real positions (zero in the unused places)."""
+        flat = x_BxTx.reshape((-1,) + x_BxTx.shape[2:])
+        flat = jnp.concatenate([flat, jnp.zeros((1,) + flat.shape[1:], flat.dtype)])
+        return jnp.take(flat, self.index, axis=0)[None]
+
+    def unpack(self, x_1xTpx: Array) -> Array:
+        """[1, Tp, …] → [B, T, …]: back in place (zero at masked positions)."""
+        flat = jnp.concatenate([x_1xTpx[0], jnp.zeros((1,) + x_1xTpx.shape[2:], x_1xTpx.dtype)])
+        return jnp.take(flat, self.place, axis=0)
+
+
 class Attention(nn.Module):
     config: LlamaConfig
 
@@ -250,10 +284,12 @@ class Attention(nn.Module):
         return q, k, v
 
     def attend(self, q_BxTxHxQ: Array, k_BxSxKxQ: Array, v_BxSxKxQ: Array, mask_BxTxS: Array,
-               prefix: Optional[tuple[Array, Array]], group: Optional[tuple[Array, Array, Array]] = None) -> Array:
+               prefix: Optional[tuple[Array, Array]], group: Optional[tuple[Array, Array, Array]] = None,
+               packing: Optional[Packing] = None) -> Array:
         """Softmax attention in float32 over the shared prefix (all of it), the row's group (`LMCache.share_rows`:
         keys [H, R, K, Q] shared by B / H consecutive rows, where its mask [H, R] allows) and the row's own slots
-        (where `mask` allows), without repeating keys for the G query heads of a key/value head."""
+        (where `mask` allows), without repeating keys for the G query heads of a key/value head. With `packing`,
+        the output projection runs on the real positions only and returns them packed ([1, Tp, D])."""
         c = self.config
         B, T = q_BxTxHxQ.shape[:2]
         G = c.num_heads // c.num_kv_heads
@@ -279,7 +315,8 @@ class Attention(nn.Module):
             out = out + jnp.einsum("hnkgtr,hrkq->hntkgq", ph, group[1]).reshape(out.shape)
         if P:
             out = out + jnp.einsum("bkgts,skq->btkgq", probs[..., :P], prefix[1][0])
-        return self.o(out.reshape(B, T, c.num_heads * c.q_dim))
+        out = out.reshape(B, T, c.num_heads * c.q_dim)
+        return self.o(out if packing is None else packing.pack(out))
 
 
 class MLP(nn.Module):
@@ -307,18 +344,21 @@ class Layer(nn.Module):
 
     def __call__(self, x: Array, cos: Array, sin: Array, kv: tuple[Array, Array], write_index: Array,
                  mask_BxTxS: Array, prefix: Optional[tuple[Array, Array]], layer: Array | int,
-                 group: Optional[tuple[Array, Array, Array]] = None):
+                 group: Optional[tuple[Array, Array, Array]] = None, packing: Optional[Packing] = None):
         """Writes this call's keys/values into the cache slots from `write_index` of layer `layer` of the stacked
         caches `kv` ([N, B, S, K, Q] each: one in-place update of the caches the stack carries, never a copy of
-        them) and attends over that layer's slots."""
+        them) and attends over that layer's slots. With `packing`, x, cos and sin hold the real positions only
+        ([1, Tp, ·]): the projections and the MLP run on those, attention on the padded [B, T] layout."""
         h = self.attention_norm(x)
         q, k_new, v_new = self.attention.project(h, cos, sin)
+        if packing is not None:
+            q, k_new, v_new = packing.unpack(q), packing.unpack(k_new), packing.unpack(v_new)
         start = (layer, 0, write_index, 0, 0)
         k_all = jax.lax.dynamic_update_slice(kv[0], k_new[None].astype(kv[0].dtype), start)
         v_all = jax.lax.dynamic_update_slice(kv[1], v_new[None].astype(kv[1].dtype), start)
         k = jax.lax.dynamic_index_in_dim(k_all, layer, keepdims=False)
         v = jax.lax.dynamic_index_in_dim(v_all, layer, keepdims=False)
-        x = x + self.attention.attend(q, k, v, mask_BxTxS, prefix, group)
+        x = x + self.attention.attend(q, k, v, mask_BxTxS, prefix, group, packing)
         x = x + self.mlp(self.mlp_norm(x))
         return nn.with_logical_constraint(x, ("batch", "length", "embed")), (k_all, v_all)
 
@@ -373,14 +413,17 @@ class Llama(nn.Module):
                        key_mask=jnp.zeros((batch_size, max_length), bool), k=zeros, v=zeros, prefix_k=pk,
                        prefix_v=pv, origin=jnp.zeros((), jnp.int32))
 
-    def prefill_hidden(self, cache: LMCache, tokens_BxT: Array, token_mask_BxT: Optional[Array] = None):
-        return self.prefill_embedded(cache, self.embed(tokens_BxT), token_mask_BxT)
+    def prefill_hidden(self, cache: LMCache, tokens_BxT: Array, token_mask_BxT: Optional[Array] = None,
+                       packing: Optional[Packing] = None):
+        return self.prefill_embedded(cache, self.embed(tokens_BxT), token_mask_BxT, packing)
 
-    def prefill_embedded(self, cache: LMCache, x_BxTxD: Array, token_mask_BxT: Optional[Array] = None):
-        """Feeds T tokens (as input embeddings) per row at cache slots index … index + T − 1 (causal among themselves, over the
-        row's earlier slots and the shared prefix). Masked tokens (left padding) take a slot but are never
-        attended to and do not advance the row's position. Returns hidden [B, T, D] (final norm applied)
-        and the cache advanced by T slots."""
+    def prefill_embedded(self, cache: LMCache, x_BxTxD: Array, token_mask_BxT: Optional[Array] = None,
+                         packing: Optional[Packing] = None):
+        """Feeds T tokens (as input embeddings) per row at cache slots index … index + T − 1 (causal among
+        themselves, over the row's earlier slots and the shared prefix). Masked tokens (left padding) take a
+        slot but are never attended to and do not advance the row's position. Returns hidden [B, T, D] (final
+        norm applied) and the cache advanced by T slots. With `packing` (`Packing.of(token_mask)`), the
+        projections and MLPs run on the real tokens only; hidden is zero at masked positions."""
         c = self.config
         B, T = x_BxTxD.shape[:2]
         if token_mask_BxT is None:
@@ -395,6 +438,8 @@ class Llama(nn.Module):
         causal = slots[None, :] <= (index + jnp.arange(T))[:, None]  # [T, S]
         mask = causal[None] & key_mask[:, None, :]
         x = x_BxTxD.astype(c.compute_dtype)
+        if packing is not None:
+            x, cos, sin = packing.pack(x), packing.pack(cos), packing.pack(sin)
         if self.scan_layers and not self.is_initializing():
             layer = Layer(c, parent=None)
 
@@ -403,7 +448,8 @@ class Llama(nn.Module):
                 x, k, v = carry
                 i, pk, pv, gk, gv = xs
                 group = None if gk is None else (gk, gv, cache.group_mask)
-                x, (k, v) = layer.apply({"params": params}, x, cos, sin, (k, v), index, mask, (pk, pv), i, group)
+                x, (k, v) = layer.apply({"params": params}, x, cos, sin, (k, v), index, mask, (pk, pv), i, group,
+                                        packing)
                 return (x, k, v), None
 
             stacked = layer_stack.stacked_params(self.variables["params"], layer_stack.layer_names(c.num_layers))
@@ -414,8 +460,10 @@ class Llama(nn.Module):
             for i, layer in enumerate(self.layers):
                 prefix = (cache.prefix_k[i], cache.prefix_v[i])
                 group = None if cache.group_k is None else (cache.group_k[i], cache.group_v[i], cache.group_mask)
-                x, (new_k, new_v) = layer(x, cos, sin, (new_k, new_v), index, mask, prefix, i, group)
+                x, (new_k, new_v) = layer(x, cos, sin, (new_k, new_v), index, mask, prefix, i, group, packing)
         hidden = self.final_norm(x)
+        if packing is not None:
+            hidden = packing.unpack(hidden)
         cache = cache.replace(index=index + T, positions=cache.positions + token_mask_BxT.sum(axis=1),
                               key_mask=key_mask, k=new_k, v=new_v)
         return hidden, cache

@@ -44,7 +44,7 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, length: Optional[i
 
 @functools.partial(jax.jit, static_argnames=("model", "num_samples", "max_new_tokens", "min_new_tokens", "greedy",
                                              "top_k", "tail_rows"))
-def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temperature, top_p, *,
+def _generate(model: llama.Llama, params, ids, mask, packing, prefix, stop_ids, key, temperature, top_p, *,
               num_samples: int, max_new_tokens: int, min_new_tokens: int, greedy: bool, top_k: int,
               tail_rows: tuple):
     variables = {"params": params}
@@ -52,7 +52,7 @@ def _generate(model: llama.Llama, params, ids, mask, prefix, stop_ids, key, temp
     # n samples of a prompt share its keys/values (`share_rows`): the prompt is prefilled into exactly its width
     width = T if num_samples > 1 else T + max_new_tokens
     cache = model.apply(variables, B, width, prefix, method=llama.Llama.init_cache)
-    hidden, cache = model.apply(variables, cache, ids, mask, method=llama.Llama.prefill_hidden)
+    hidden, cache = model.apply(variables, cache, ids, mask, packing, method=llama.Llama.prefill_hidden)
     last = model.apply(variables, hidden[:, -1], method=llama.Llama.logits)  # the prompt's last position only
     if num_samples > 1:
         cache = cache.share_rows(num_samples, max_new_tokens)
@@ -122,14 +122,15 @@ def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, ma
              stop_ids: Sequence[int], num_samples: int = 1, min_new_tokens: int = 0, greedy: bool = True,
              temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, seed: int = 0,
              prefix: Optional[llama.LMCache] = None, pad_length: Optional[int] = None,
-             tail_fraction: float = 0.25) -> list[list[int]]:
+             tail_fraction: float = 0.25, packed: bool = True) -> list[list[int]]:
     """Continuations of token-id prompts, each cut before its stop token: a list of B · num_samples token lists
     (the samples of prompt b at rows b·n … b·n + n − 1). Sampling (greedy=False) draws from the `top_k` most
     likely tokens at `temperature`, cut to the nucleus `top_p`. With `prefix`, every prompt continues it.
     `pad_length` fixes the padded prompt length (default: the longest, rounded up by `bucket_length`). Once at
     most `tail_fraction` of the rows still run, they go on as a batch that much smaller, and so on (`_tail_rows`;
     1: never): greedy rows come out the same up to float rounding, a sample's random draws change (as they
-    change with the batch)."""
+    change with the batch). `packed`: the prompts' prefill runs its projections and MLPs on the real tokens
+    only, not on the left padding (`packed_size`; the same tokens up to float rounding)."""
     if not 0 < tail_fraction <= 1:
         raise ValueError(f"generate: tail_fraction must be in (0, 1], got {tail_fraction}")
     if not stop_ids:
@@ -137,7 +138,9 @@ def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, ma
     ids, mask = left_pad(prompts, model.config.pad_token_id, pad_length)
     if prefix is None:
         prefix = model.apply({"params": params}, 1, 0, method=llama.Llama.init_cache)
-    out = _generate(model, params, jnp.asarray(ids), jnp.asarray(mask), prefix,
+    size = packed_size(int(mask.sum()), mask.size)
+    packing = llama.Packing.of(mask, size) if packed and size < mask.size else None
+    out = _generate(model, params, jnp.asarray(ids), jnp.asarray(mask), packing, prefix,
                     jnp.asarray(list(stop_ids), jnp.int32), jax.random.PRNGKey(seed), jnp.float32(temperature),
                     jnp.float32(top_p), num_samples=num_samples, max_new_tokens=max_new_tokens,
                     min_new_tokens=min_new_tokens, greedy=greedy, top_k=min(top_k, model.config.vocab_size),
@@ -152,6 +155,13 @@ def generate(model: llama.Llama, params, prompts: Sequence[Sequence[int]], *, ma
             toks.append(t)
         result.append(toks)
     return result
+
+
+def packed_size(tokens: int, places: int) -> int:
+    """The places a packed prefill of `tokens` real tokens out of `places` takes: rounded up to a sixteenth of
+    `places` (at least 8), so a batch shape compiles for a few sizes only."""
+    step = max(8, -(-places // 16))
+    return min(places, -(-max(tokens, 1) // step) * step)
 
 
 def _tail_rows(rows: int, fraction: float) -> tuple:

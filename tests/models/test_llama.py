@@ -71,6 +71,60 @@ def test_shared_prefix_equals_prefilling_the_whole_sequence(tiny):
 
 
 @pytest.mark.parametrize("scan", [True, False])
+def test_packed_prefill_equals_each_prompt_alone(tiny, scan):
+    """A prefill packed to its real tokens (`Packing`) gives each left-padded prompt the hidden states and the
+    keys/values of that prompt prefilled alone after the shared prefix (the oracle: one unpadded row at a
+    time, no packing), then steps on from that cache as the unpacked one does."""
+    model, params = tiny
+    model = llama.Llama(TINY, scan_layers=scan)
+    pre = llama.prefix_cache(model, params, np.array([7, 8, 9]))
+    prompts = [[20, 21, 22, 23, 24, 25], [30, 31], [40, 41, 42, 43]]
+    ids, mask = lm_generate.left_pad(prompts, 0, 6)
+    real = int(mask.sum())
+    packing = llama.Packing.of(mask, real + 3)  # three unused places
+    assert np.asarray(packing.index)[real:].tolist() == [mask.size] * 3
+    cache = model.apply({"params": params}, 3, 8, pre, method=llama.Llama.init_cache)
+    hidden, packed = model.apply({"params": params}, cache, jnp.asarray(ids), jnp.asarray(mask), packing,
+                                 method=llama.Llama.prefill_hidden)
+    hidden = np.asarray(hidden)
+    for b, p in enumerate(prompts):
+        alone = model.apply({"params": params}, 1, len(p), pre, method=llama.Llama.init_cache)
+        h, alone = model.apply({"params": params}, alone, jnp.asarray([p]), method=llama.Llama.prefill_hidden)
+        h = np.asarray(h)[0]
+        # float32 sums of ≤ 9 positions in another order: 1e-5 of the largest hidden value
+        np.testing.assert_allclose(hidden[b, 6 - len(p):], h, atol=1e-5 * np.abs(h).max())
+        assert not hidden[b, :6 - len(p)].any()  # padding stays zero
+        for kv, want in ((packed.k, alone.k), (packed.v, alone.v)):
+            np.testing.assert_allclose(np.asarray(kv)[:, b, 6 - len(p):6], np.asarray(want)[:, 0],
+                                       atol=1e-5 * np.abs(np.asarray(want)).max())
+    np.testing.assert_array_equal(np.asarray(packed.positions), [3 + len(p) for p in prompts])
+    _, plain = model.apply({"params": params}, cache, jnp.asarray(ids), jnp.asarray(mask),
+                           method=llama.Llama.prefill_hidden)
+    step = jnp.asarray([5, 6, 7])
+    a = np.asarray(model.apply({"params": params}, packed, step, method=llama.Llama.decode_step)[0])
+    b = np.asarray(model.apply({"params": params}, plain, step, method=llama.Llama.decode_step)[0])
+    np.testing.assert_allclose(a, b, atol=1e-5 * np.abs(b).max())
+    assert np.abs(b).max() > 1.0  # logits that spread: a model giving ~0 everywhere would pass trivially
+    with pytest.raises(ValueError, match="do not fit"):
+        llama.Packing.of(mask, real - 1)
+
+
+def test_generation_packs_the_prefill_and_gives_the_same_tokens(tiny):
+    """`generate` packs a padded prefill (`packed_size` places, fewer than B · T) and writes the same tokens
+    as the padded prefill, greedy and sampled."""
+    model, params = tiny
+    prompts = [[5 + i] * (1 + i % 7) for i in range(24)]  # 1–7 tokens, padded to 16: 96 of 384 places real
+    ids, mask = lm_generate.left_pad(prompts, 0)
+    assert lm_generate.packed_size(int(mask.sum()), mask.size) == 96 < mask.size
+    assert lm_generate.packed_size(97, 384) == 120 and lm_generate.packed_size(0, 384) == 24
+    assert lm_generate.packed_size(5, 40) == 8 and lm_generate.packed_size(40, 40) == 40
+    kw = dict(max_new_tokens=5, stop_ids=[95], prefix=llama.prefix_cache(model, params, np.array([40, 41])))
+    for extra in ({}, dict(greedy=False, num_samples=2, seed=4)):
+        assert (lm_generate.generate(model, params, prompts, **kw, **extra)
+                == lm_generate.generate(model, params, prompts, packed=False, **kw, **extra))
+
+
+@pytest.mark.parametrize("scan", [True, False])
 def test_shared_rows_equal_the_full_forward_of_each_sample(tiny, scan):
     """n samples that share their prompt's keys/values (`share_rows`) step as the full forward pass of
     prefix + prompt + that sample's own tokens (the oracle: no cache at all), with left-padded prompts."""
