@@ -59,7 +59,8 @@ class PseudoQueryGenerator:
         for start, end in batches(len(texts), batch_size):
             prompts = [lm.encode("Document: ") + lm.encode(clean_text(t))[:self.max_document_tokens] + [lm.newline_id]
                        + lm.encode("Relevant query:") for t in texts[start:end]]
-            gen = lm_generate.generate(lm.model, lm.params, prompts, max_new_tokens=self.max_query_tokens,
+            gen = lm_generate.generate(lm.model, lm.generation_params, prompts,
+                                       max_new_tokens=self.max_query_tokens,
                                        min_new_tokens=2, stop_ids=lm.line_stops, num_samples=num_queries,
                                        greedy=False, temperature=self.temperature, top_k=self.top_k,
                                        seed=seed + start, prefix=prefix)
@@ -85,6 +86,7 @@ class LMContext:
         vocab = tokenizer.backend.get_vocab()
         self.line_stops = sorted({i for t, i in vocab.items() if "Ċ" in t or "\n" in t} | {tokenizer.eos_id})
         self._prefixes: dict[str, llama.LMCache] = {}
+        self._stacked: tuple = (None, None)
 
     @classmethod
     def load(cls, spec: str) -> tuple["LMContext", str]:
@@ -96,6 +98,17 @@ class LMContext:
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text)
+
+    @property
+    def generation_params(self):
+        """`params` with the layers stacked once (`llama.with_stacked_layers`) where the network scans them, so a
+        generation call reads the stack instead of copying every layer's weights into one (kept while `params`
+        is the same object)."""
+        if self._stacked[0] is not self.params:
+            stacked = (llama.with_stacked_layers(self.params, self.model.config) if self.model.scan_layers
+                       else self.params)
+            self._stacked = (self.params, stacked)
+        return self._stacked[1]
 
     def prefix_cache(self, text: str) -> llama.LMCache:
         if text not in self._prefixes:

@@ -124,7 +124,7 @@ class DocidWriter:
             docids = []
             for start, end in batches(len(texts), self.batch_size):
                 prompts = [self._docid_prompt_tokens(lm, t, self.max_document_tokens) for t in texts[start:end]]
-                gen = lm_generate.generate(lm.model, lm.params, prompts, num_samples=n, greedy=False,
+                gen = lm_generate.generate(lm.model, lm.generation_params, prompts, num_samples=n, greedy=False,
                                            temperature=self.temperature, top_k=self.top_k,
                                            seed=self.seed + start, **kw)
                 docids += [gen[i * n:(i + 1) * n] for i in range(end - start)]
@@ -140,7 +140,7 @@ class DocidWriter:
         for start, end in batches(len(order), self.batch_size * n):
             rows = order[start:end]
             width = lm_generate.bucket_length(max(len(prompts[i]) for i in rows), 8)
-            out = lm_generate.generate(lm.model, lm.params, [prompts[i] for i in rows], greedy=True,
+            out = lm_generate.generate(lm.model, lm.generation_params, [prompts[i] for i in rows], greedy=True,
                                        pad_length=width, **kw)
             for i, g in zip(rows, out):
                 gen[i] = g
