@@ -230,6 +230,25 @@ class LMCache:
         return self.gather(index) if self.rows == rows else self
 
 
+FUSED_QKV, FUSED_GATE_UP = "qkv", "gate_up"  # kernels of `fuse_projections`
+
+
+def _dot(x: Array, kernel: Array, dtype) -> Array:
+    """What `Dense` computes, with a kernel given."""
+    return jnp.dot(x.astype(dtype), kernel.astype(dtype))
+
+
+def fuse_projections(layer_params: dict) -> dict:
+    """One layer's parameters with the q, k and v kernels side by side in one kernel (`qkv`) and the MLP's gate
+    and up kernels in another (`gate_up`): two wide products instead of five narrow ones, for inference (on a
+    2-core CPU the wide products run ~12% faster at 160–1344 rows). Numerics: each output column is the same
+    dot product."""
+    attention, mlp = dict(layer_params["attention"]), dict(layer_params["mlp"])
+    attention[FUSED_QKV] = {"kernel": jnp.concatenate([attention.pop(n)["kernel"] for n in ("q", "k", "v")], axis=1)}
+    mlp[FUSED_GATE_UP] = {"kernel": jnp.concatenate([mlp.pop(n)["kernel"] for n in ("gate", "up")], axis=1)}
+    return {**layer_params, "attention": attention, "mlp": mlp}
+
+
 @flax.struct.dataclass
 class Packing:
     """Where the real (unmasked) tokens of a left-padded [B, T] prefill sit: `index` [Tp] the flat position
@@ -278,10 +297,15 @@ class Attention(nn.Module):
     def project(self, x_BxTxD: Array, cos: Array, sin: Array):
         c = self.config
         B, T, _ = x_BxTxD.shape
-        q = apply_rope(self.q(x_BxTxD).reshape(B, T, c.num_heads, c.q_dim), cos, sin)
-        k = apply_rope(self.k(x_BxTxD).reshape(B, T, c.num_kv_heads, c.q_dim), cos, sin)
-        v = self.v(x_BxTxD).reshape(B, T, c.num_kv_heads, c.q_dim)
-        return q, k, v
+        fused = self.variables.get("params", {}).get(FUSED_QKV)
+        if fused is not None:  # one [D, (H + 2K) · Q] product (`fuse_projections`)
+            y = _dot(x_BxTxD, fused["kernel"], c.compute_dtype)
+            q, k, v = jnp.split(y, [c.num_heads * c.q_dim, (c.num_heads + c.num_kv_heads) * c.q_dim], axis=-1)
+        else:
+            q, k, v = self.q(x_BxTxD), self.k(x_BxTxD), self.v(x_BxTxD)
+        q = apply_rope(q.reshape(B, T, c.num_heads, c.q_dim), cos, sin)
+        k = apply_rope(k.reshape(B, T, c.num_kv_heads, c.q_dim), cos, sin)
+        return q, k, v.reshape(B, T, c.num_kv_heads, c.q_dim)
 
     def attend(self, q_BxTxHxQ: Array, k_BxSxKxQ: Array, v_BxSxKxQ: Array, mask_BxTxS: Array,
                prefix: Optional[tuple[Array, Array]], group: Optional[tuple[Array, Array, Array]] = None,
@@ -326,8 +350,12 @@ class MLP(nn.Module):
     def __call__(self, x: Array) -> Array:
         c = self.config
         std, dt = c.initializer_range, c.compute_dtype
-        gate = Dense(c.d_ff, ("embed", "mlp"), std, dt, name="gate")(x)
-        up = Dense(c.d_ff, ("embed", "mlp"), std, dt, name="up")(x)
+        fused = self.variables.get("params", {}).get(FUSED_GATE_UP)
+        if fused is not None:  # one [D, 2F] product (`fuse_projections`)
+            gate, up = jnp.split(_dot(x, fused["kernel"], dt), 2, axis=-1)
+        else:
+            gate = Dense(c.d_ff, ("embed", "mlp"), std, dt, name="gate")(x)
+            up = Dense(c.d_ff, ("embed", "mlp"), std, dt, name="up")(x)
         h = nn.with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
         return Dense(c.d_model, ("mlp", "embed"), std, dt, name="down")(h)
 
@@ -523,9 +551,13 @@ def init_params(config: LlamaConfig, seed: int = 0, length: int = 4) -> dict:
     return random_init.random_params(Llama(config), seed, jnp.ones((1, length), jnp.int32))
 
 
-def with_stacked_layers(params: dict, config: LlamaConfig) -> dict:
+def with_stacked_layers(params: dict, config: LlamaConfig, fused: bool = False) -> dict:
     """Parameters whose layers are stacked once (`layer_stack.with_stacked_layers`), for a scanning `Llama`
-    called many times inside one jitted program (a search: one call per docid level)."""
+    called many times inside one jitted program (a search: one call per docid level); `fused`: each layer's
+    projections fused first (`fuse_projections`; inference only: the stored layout is the per-layer one)."""
+    if fused:
+        names = layer_stack.layer_names(config.num_layers)
+        params = {**params, **{n: fuse_projections(nn.meta.unbox(params[n])) for n in names}}
     return layer_stack.with_stacked_layers(params, config.num_layers)
 
 

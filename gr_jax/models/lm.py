@@ -102,11 +102,11 @@ class LMContext:
     @property
     def generation_params(self):
         """`params` with the layers stacked once (`llama.with_stacked_layers`) where the network scans them, so a
-        generation call reads the stack instead of copying every layer's weights into one (kept while `params`
-        is the same object)."""
+        generation call reads the stack instead of copying every layer's weights into one, and their
+        projections fused (`llama.fuse_projections`); kept while `params` is the same object."""
         if self._stacked[0] is not self.params:
-            stacked = (llama.with_stacked_layers(self.params, self.model.config) if self.model.scan_layers
-                       else self.params)
+            stacked = (llama.with_stacked_layers(self.params, self.model.config, fused=True)
+                       if self.model.scan_layers else self.params)
             self._stacked = (self.params, stacked)
         return self._stacked[1]
 

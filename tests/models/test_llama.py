@@ -109,6 +109,25 @@ def test_packed_prefill_equals_each_prompt_alone(tiny, scan):
         llama.Packing.of(mask, real - 1)
 
 
+def test_fused_projections_give_the_logits_and_tokens_of_the_separate_ones(tiny):
+    """Stacked parameters with each layer's q/k/v and gate/up kernels fused (`fuse_projections`, what
+    `LMContext.generation_params` passes) give the logits and the generated tokens of the per-layer parameters."""
+    model, params = tiny
+    fused = llama.with_stacked_layers(params, TINY, fused=True)
+    layer = jax.tree_util.tree_map(lambda a: a.shape, fused["layers"])
+    assert sorted(layer["attention"]) == ["o", "qkv"] and sorted(layer["mlp"]) == ["down", "gate_up"]
+    ids = np.array([[3, 14, 15, 92, 65, 35], [2, 7, 1, 8, 28, 18]])
+    want = _logits(model, params, ids)
+    # float32 dot products of the same 32 terms, blocked differently: 1e-5 of the largest logit
+    np.testing.assert_allclose(_logits(model, fused, ids), want, atol=1e-5 * np.abs(want).max())
+    assert np.abs(want).max() > 1.0
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
+    kw = dict(max_new_tokens=6, stop_ids=[95], prefix=llama.prefix_cache(model, params, np.array([40, 41])))
+    for extra in ({}, dict(greedy=False, num_samples=3, seed=2)):
+        assert (lm_generate.generate(model, fused, prompts, **kw, **extra)
+                == lm_generate.generate(model, params, prompts, **kw, **extra))
+
+
 def test_generation_packs_the_prefill_and_gives_the_same_tokens(tiny):
     """`generate` packs a padded prefill (`packed_size` places, fewer than B · T) and writes the same tokens
     as the padded prefill, greedy and sampled."""
