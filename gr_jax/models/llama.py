@@ -274,13 +274,11 @@ class Packing:
     def pack(self, x_BxTx: Array) -> Array:
         """[B, T, …] → [1, Tp, …]: the real positions (zero in the unused places)."""
         flat = x_BxTx.reshape((-1,) + x_BxTx.shape[2:])
-        flat = jnp.concatenate([flat, jnp.zeros((1,) + flat.shape[1:], flat.dtype)])
-        return jnp.take(flat, self.index, axis=0)[None]
+        return jnp.take(flat, self.index, axis=0, mode="fill", fill_value=0)[None]  # B · T is out of range: 0
 
     def unpack(self, x_1xTpx: Array) -> Array:
         """[1, Tp, …] → [B, T, …]: back in place (zero at masked positions)."""
-        flat = jnp.concatenate([x_1xTpx[0], jnp.zeros((1,) + x_1xTpx.shape[2:], x_1xTpx.dtype)])
-        return jnp.take(flat, self.place, axis=0)
+        return jnp.take(x_1xTpx[0], self.place, axis=0, mode="fill", fill_value=0)  # Tp is out of range: 0
 
 
 class Attention(nn.Module):
