@@ -94,8 +94,10 @@ class DocidWriter:
             raise ValueError("DocidWriter.num_docids and batch_size must be ≥ 1")
 
     def settings(self) -> dict:
+        """What the docids depend on (a bank built with other settings is not reused): `batch_size` included, since
+        a batch's documents and seed (`data.batches`) decide the samples."""
         return {"num_docids": self.num_docids, "min_tokens": self.min_tokens, "max_tokens": self.max_tokens,
-                "inputs": self.inputs, "max_document_tokens": self.max_document_tokens,
+                "inputs": self.inputs, "batch_size": self.batch_size, "max_document_tokens": self.max_document_tokens,
                 "temperature": self.temperature, "top_k": self.top_k, "seed": self.seed,
                 "prompt": self.prompt.describe(),
                 "query_generator": dataclasses.asdict(self.query_generator) if self.inputs == "pseudo_queries"

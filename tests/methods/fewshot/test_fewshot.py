@@ -1,7 +1,8 @@
 """Few-Shot GR: the docid bank (dedup policies, add/remove, order independence, resume), the writer's length
 limits, and retrieval checked against an oracle that scores every bank docid with the full forward pass (no
 cache, no shared prefix, no beam search). A tiny random Llama with a small byte-level BPE tokenizer trained
-on the demo corpus (lm_helpers.tiny_lm_context) stands in for the pretrained LM (tests/models/test_smollm2.py uses the real one)."""
+on the demo corpus (lm_helpers.tiny_lm_context) stands in for the pretrained LM
+(tests/models/test_smollm2.py uses the real one)."""
 
 import json
 
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 from gr_jax.data import batches, demo
 from gr_jax.methods.fewshot import model as fewshot
 from gr_jax.methods.fewshot import run as fewshot_gr
+from gr_jax.models.lm import clean_text
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +97,10 @@ def test_pseudo_query_docids_are_each_querys_own_greedy_continuation(lm):
     prefix, stops = ctx.encode(w.prompt.prefix()), set(ctx.line_stops)
     for per_doc, queries in zip(docids, sources):
         for tokens, query in zip(per_doc, queries):
-            seq, want = prefix + w._docid_prompt_tokens(ctx, query), []
+            # the prompt of the paper's Fig. 1 as the module docstring spells it, each piece tokenized on its own
+            seq = (prefix + ctx.encode("Query: ") + ctx.encode(clean_text(query)) + ctx.encode("\n")
+                   + ctx.encode("Identifier:"))
+            want = []
             for step in range(w.max_tokens):
                 logits = np.array(ctx.model.apply({"params": ctx.params}, jnp.asarray([seq]))[0, -1])
                 if step < w.min_tokens:
@@ -262,6 +267,11 @@ def test_fewshot_command_runs_reuses_its_bank_and_refuses_another(lm, tmp_path, 
     assert entry.main(args + ["--gin.DocidWriter.temperature=0.5"]) == 2
     err = capsys.readouterr().err
     assert "docid_bank.jsonl: the docid bank was built with another writer" in err and "Traceback" not in err
+    gin.clear_config()
+    # another batch size: other batches, other seeds, so other samples (`data.batches`)
+    assert entry.main(args + ["--gin.DocidWriter.batch_size=4"]) == 2
+    assert "docid_bank.jsonl: the docid bank was built with another writer" in capsys.readouterr().err
+    assert bank_file.read_text() == first
     gin.clear_config()
     assert entry.main(args + ["--gin.run_fewshot.bank_sizes=[1, 5]"]) == 2
     assert "bank_sizes must lie in 1..DocidWriter.num_docids (2)" in capsys.readouterr().err
