@@ -34,6 +34,7 @@ import numpy as np
 
 from gr_jax import cli, host_memory
 from gr_jax.cli import setup_logging
+from profile_search import matmul_gflops  # tools/, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS: list[dict] = []
@@ -77,8 +78,7 @@ def _useful_gflop(config, calls) -> float:
     (the shared few-shot prefix excluded: prefilled once), the vocabulary projection of each prompt's last
     position, and every drawn token but the last (the stop token included) through the layers and the projection.
     Attention is left out (a few % at these lengths): what the matmuls cannot avoid."""
-    c = config
-    q = c.d_model // c.num_heads
+    c, q = config, config.q_dim
     layer = 2 * (c.d_model * (c.num_heads + 2 * c.num_kv_heads) * q + c.num_heads * q * c.d_model
                  + 3 * c.d_model * c.d_ff)
     net, head = c.num_layers * layer, 2 * c.d_model * c.vocab_size
@@ -87,18 +87,6 @@ def _useful_gflop(config, calls) -> float:
         flop += sum(prompts) * net + len(prompts) * head
         flop += sum(min(n + 1, limit) - 1 for n in outs) * (net + head)
     return flop / 1e9
-
-
-def _matmul_gflops(rows: int, config, repeats: int = 50) -> float:
-    """This CPU's float32 rate on the MLP's gate/up product at `rows` rows (a decoding step's widest matmul)."""
-    x = jnp.ones((rows, config.d_model), jnp.float32)
-    w = jnp.ones((config.d_model, 2 * config.d_ff), jnp.float32)
-    f = jax.jit(jnp.dot)
-    f(x, w).block_until_ready()
-    t = time.perf_counter()
-    for _ in range(repeats):
-        f(x, w).block_until_ready()
-    return repeats * 2 * rows * config.d_model * 2 * config.d_ff / (time.perf_counter() - t) / 1e9
 
 
 def main(argv=None) -> int:
@@ -227,7 +215,8 @@ def _main(args, argv) -> int:
         queries = _timed(lambda: writer.pseudo_queries(lm, texts, writer.seed), 1)
         per_doc = total / len(texts)
         gflop = _useful_gflop(config, calls[len(calls) // 2:]) / len(texts)  # the timed run (after the warm-up)
-        peak = _matmul_gflops(16 * writer.num_docids, config)
+        # this CPU's rate on a decoding step's widest product: the MLP's gate/up at a batch's rows
+        peak = matmul_gflops(writer.batch_size * writer.num_docids, config.d_model, 2 * config.d_ff)
         emit(figure="Few-Shot GR indexing, paper mode", documents=len(texts), pseudo_queries_per_document=10,
              ours_s_per_document=round(per_doc, 3), pseudo_query_phase_s_per_document=round(queries / len(texts), 3),
              docid_phase_s_per_document=round((total - queries) / len(texts), 3),

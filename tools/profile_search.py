@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import jax
 import numpy as np
@@ -59,17 +60,18 @@ def dot_flops(hlo_text: str) -> float:
     return total
 
 
-def matmul_gflops(n: int = 1024) -> float:
-    """This device's rate on one large float32 matrix product (best of 10)."""
-    a = jax.numpy.ones((n, n), jax.numpy.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
+def matmul_gflops(m: int = 1024, k: Optional[int] = None, n: Optional[int] = None) -> float:
+    """This device's rate on one float32 matrix product [m, k] × [k, n] (k and n default to m; best of 10)."""
+    k, n = k or m, n or m
+    a, b = jax.numpy.ones((m, k), jax.numpy.float32), jax.numpy.ones((k, n), jax.numpy.float32)
+    f = jax.jit(jax.numpy.dot)
+    f(a, b).block_until_ready()
     best = float("inf")
     for _ in range(10):
         t0 = time.perf_counter()
-        f(a).block_until_ready()
+        f(a, b).block_until_ready()
         best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best / 1e9
+    return 2 * m * k * n / best / 1e9
 
 
 def _search(beams: int, batch: int = 16):
