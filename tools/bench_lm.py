@@ -8,7 +8,11 @@ torch pinned to the same number of threads as the machine's cores:
   10 samples, transformers.generate reads the whole prompt for every document (num_return_sequences=10);
 * with `--paper_index`, ours in the paper's mode (10 sampled pseudo-queries per document, then a greedy docid
   from each), the pseudo-query phase timed on its own as well, beside the floor: the matmul work the prompts
-  and drawn tokens need (`_useful_gflop`) at this CPU's float32 matmul rate.
+  and drawn tokens need (`_useful_gflop`) at this CPU's float32 matmul rate;
+* with `--attention_ceiling` as well, each phase of one batch timed with attention and with attention removed
+  (an ablation: its output replaced by the output projection of the queries alone), every row drawn to its
+  full length in both so they do the same work: attention's share of each phase, and the demo corpus's minutes
+  if attention cost nothing (`_attention_removed`).
 
 Ours runs as the entry points run JAX (`--runtime entry`, the default: synchronous CPU dispatch, freed memory
 kept, `host_memory.as_entry_points`) or with JAX's defaults (`--runtime jax`, the rows before 2026-11-27).
@@ -16,12 +20,14 @@ kept, `host_memory.as_entry_points`) or with JAX's defaults (`--runtime jax`, th
     python tools/bench_lm.py                 # appends a section to BENCHMARKS.md
     python tools/bench_lm.py --no_write --quick
     python tools/bench_lm.py --no_generation --no_index --paper_index --index_docs 64
+    python tools/bench_lm.py --no_generation --no_index --paper_index --attention_ceiling --index_docs 32
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -73,6 +79,42 @@ def _counting_generation(lm_generate, calls: list):
         lm_generate.generate = original
 
 
+@contextlib.contextmanager
+def _full_length_generation(lm_generate):
+    """Every `lm_generate.generate` call draws its `max_new_tokens` (no row stops early): the same work whatever
+    the network computes."""
+    original = lm_generate.generate
+
+    def full(model, params, prompts, **kw):
+        return original(model, params, prompts, **{**kw, "min_new_tokens": kw["max_new_tokens"]})
+
+    lm_generate.generate = full
+    try:
+        yield
+    finally:
+        lm_generate.generate = original
+
+
+@contextlib.contextmanager
+def _attention_removed(llama):
+    """An ablation: `llama.Attention.attend` returns the output projection of the queries alone (no scores, no
+    softmax, no reads of the caches; the caches are still written), so a timed run costs everything but
+    attention. The tokens it draws mean nothing. JAX's compiled functions are dropped on the way in and out."""
+    original = llama.Attention.attend
+
+    def without(self, q_BxTxHxQ, k, v, mask, prefix, group=None, packing=None):
+        out = q_BxTxHxQ.reshape(q_BxTxHxQ.shape[:2] + (-1,))
+        return self.o(out if packing is None else packing.pack(out))
+
+    jax.clear_caches()
+    llama.Attention.attend = without
+    try:
+        yield
+    finally:
+        llama.Attention.attend = original
+        jax.clear_caches()
+
+
 def _useful_gflop(config, calls) -> float:
     """The multiply-adds (× 2) the generations need at the least: every real prompt token through the layers
     (the shared few-shot prefix excluded: prefilled once), the vocabulary projection of each prompt's last
@@ -89,6 +131,34 @@ def _useful_gflop(config, calls) -> float:
     return flop / 1e9
 
 
+def _attention_shares(lm, writer, texts, lm_generate, llama, repeats: int) -> tuple[float, float]:
+    """(pseudo-query phase, docid phase): the fraction of each phase's time that attention takes, from one batch
+    timed side by side with and without it (`_attention_removed`), the best of `repeats` alternations, every row
+    drawn to its full length in both (`_full_length_generation`). The docid phase reads the pseudo-queries the
+    run with attention drew, so both time the same prompts."""
+    with _full_length_generation(lm_generate):
+        queries = writer.pseudo_queries(lm, texts, writer.seed)
+        docids = dataclasses.replace(writer)
+        docids.pseudo_queries = lambda lm, texts, seed, progress=None: queries
+
+        def phases():
+            out = []
+            for fn in (lambda: writer.pseudo_queries(lm, texts, writer.seed), lambda: docids.write(lm, texts)):
+                fn()  # the compilations
+                t = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t)
+            return out
+
+        best = {"with": [float("inf")] * 2, "without": [float("inf")] * 2}
+        for _ in range(repeats):
+            best["with"] = [min(a, b) for a, b in zip(best["with"], phases())]
+            with _attention_removed(llama):
+                best["without"] = [min(a, b) for a, b in zip(best["without"], phases())]
+            jax.clear_caches()
+    return tuple(1 - w / a for a, w in zip(best["with"], best["without"]))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new_tokens", type=cli.count, default=32)
@@ -100,6 +170,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no_index", action="store_true", help="no document-mode indexing figure")
     parser.add_argument("--no_generation", action="store_true", help="no generation figures")
     parser.add_argument("--paper_index", action="store_true", help="the paper-mode indexing figure (ours only)")
+    parser.add_argument("--attention_ceiling", action="store_true",
+                        help="with --paper_index: each phase with and without attention (`_attention_removed`)")
     parser.add_argument("--no_write", action="store_true")
     parser.add_argument("--runtime", choices=("entry", "jax"), default="entry",
                         help="ours as the entry points run JAX (synchronous CPU dispatch, freed memory kept: "
@@ -224,6 +296,16 @@ def _main(args, argv) -> int:
              useful_gflop_per_document=round(gflop, 1), ours_gflop_per_s=round(gflop / per_doc, 1),
              matmul_gflop_per_s_160_rows=round(peak, 1),
              floor_demo_corpus_minutes=round(gflop / peak * len(corpus) / 60, 1))
+        if args.attention_ceiling:
+            batch = texts[:writer.batch_size]
+            share = _attention_shares(lm, writer, batch, lm_generate, llama, args.repeats)
+            phases = (queries / len(texts), (total - queries) / len(texts))
+            without = sum(t * (1 - s) for t, s in zip(phases, share))
+            emit(figure="Few-Shot GR indexing, paper mode, attention removed", documents=len(batch),
+                 pseudo_query_phase_attention_share=round(share[0], 3),
+                 docid_phase_attention_share=round(share[1], 3),
+                 s_per_document_without_attention=round(without, 3),
+                 demo_corpus_minutes_without_attention=round(without * len(corpus) / 60, 1))
     if not args.no_write:
         command = "python tools/bench_lm.py " + " ".join(argv if argv is not None else sys.argv[1:])
         from gr_jax.evaluation.report import benchmark_section
