@@ -177,6 +177,8 @@ def main(argv=None) -> int:
                         help="ours as the entry points run JAX (synchronous CPU dispatch, freed memory kept: "
                              "`python -m gr_jax.fewshot`), or with JAX's defaults")
     args = parser.parse_args(argv)
+    if args.attention_ceiling and not (args.paper_index and not args.quick):
+        parser.error("--attention_ceiling needs --paper_index (and not --quick)")
     setup_logging()
     with host_memory.as_entry_points() if args.runtime == "entry" else contextlib.nullcontext():
         return _main(args, argv)
