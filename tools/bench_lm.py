@@ -155,7 +155,6 @@ def _attention_shares(lm, writer, texts, lm_generate, llama, repeats: int) -> tu
             best["with"] = [min(a, b) for a, b in zip(best["with"], phases())]
             with _attention_removed(llama):
                 best["without"] = [min(a, b) for a, b in zip(best["without"], phases())]
-            jax.clear_caches()
     return tuple(1 - w / a for a, w in zip(best["with"], best["without"]))
 
 
