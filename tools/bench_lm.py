@@ -63,36 +63,33 @@ def _timed(fn, repeats: int) -> float:
 
 
 @contextlib.contextmanager
-def _counting_generation(lm_generate, calls: list):
-    """Records every `lm_generate.generate` call's prompt lengths and output lengths (for `_useful_gflop`)."""
-    original = lm_generate.generate
-
-    def counted(model, params, prompts, **kw):
-        out = original(model, params, prompts, **kw)
-        calls.append(([len(p) for p in prompts], [len(o) for o in out], kw["max_new_tokens"]))
-        return out
-
-    lm_generate.generate = counted
+def _replaced(owner, name: str, make):
+    """`owner.name` replaced by `make(original)` inside the block, the original put back after it."""
+    original = getattr(owner, name)
+    setattr(owner, name, make(original))
     try:
         yield
     finally:
-        lm_generate.generate = original
+        setattr(owner, name, original)
 
 
-@contextlib.contextmanager
+def _counting_generation(lm_generate, calls: list):
+    """Records every `lm_generate.generate` call's prompt lengths and output lengths (for `_useful_gflop`)."""
+    def make(original):
+        def counted(model, params, prompts, **kw):
+            out = original(model, params, prompts, **kw)
+            calls.append(([len(p) for p in prompts], [len(o) for o in out], kw["max_new_tokens"]))
+            return out
+        return counted
+
+    return _replaced(lm_generate, "generate", make)
+
+
 def _full_length_generation(lm_generate):
     """Every `lm_generate.generate` call draws its `max_new_tokens` (no row stops early): the same work whatever
     the network computes."""
-    original = lm_generate.generate
-
-    def full(model, params, prompts, **kw):
-        return original(model, params, prompts, **{**kw, "min_new_tokens": kw["max_new_tokens"]})
-
-    lm_generate.generate = full
-    try:
-        yield
-    finally:
-        lm_generate.generate = original
+    return _replaced(lm_generate, "generate", lambda original: lambda model, params, prompts, **kw: original(
+        model, params, prompts, **{**kw, "min_new_tokens": kw["max_new_tokens"]}))
 
 
 @contextlib.contextmanager
@@ -100,18 +97,15 @@ def _attention_removed(llama):
     """An ablation: `llama.Attention.attend` returns the output projection of the queries alone (no scores, no
     softmax, no reads of the caches; the caches are still written), so a timed run costs everything but
     attention. The tokens it draws mean nothing. JAX's compiled functions are dropped on the way in and out."""
-    original = llama.Attention.attend
-
     def without(self, q_BxTxHxQ, k, v, mask, prefix, group=None, packing=None):
         out = q_BxTxHxQ.reshape(q_BxTxHxQ.shape[:2] + (-1,))
         return self.o(out if packing is None else packing.pack(out))
 
     jax.clear_caches()
-    llama.Attention.attend = without
     try:
-        yield
+        with _replaced(llama.Attention, "attend", lambda original: without):
+            yield
     finally:
-        llama.Attention.attend = original
         jax.clear_caches()
 
 
@@ -141,14 +135,9 @@ def _attention_shares(lm, writer, texts, lm_generate, llama, repeats: int) -> tu
         docids = dataclasses.replace(writer)
         docids.pseudo_queries = lambda lm, texts, seed, progress=None: queries
 
-        def phases():
-            out = []
-            for fn in (lambda: writer.pseudo_queries(lm, texts, writer.seed), lambda: docids.write(lm, texts)):
-                fn()  # the compilations
-                t = time.perf_counter()
-                fn()
-                out.append(time.perf_counter() - t)
-            return out
+        def phases():  # each compiled first (`_timed`'s warm-up), then timed once
+            return [_timed(lambda: writer.pseudo_queries(lm, texts, writer.seed), 1),
+                    _timed(lambda: docids.write(lm, texts), 1)]
 
         best = {"with": [float("inf")] * 2, "without": [float("inf")] * 2}
         for _ in range(repeats):
