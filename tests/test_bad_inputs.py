@@ -19,6 +19,8 @@ from gr_jax import infer as infer_cmd
 from gr_jax import train as train_cmd
 from gr_jax.data import readers, sources
 from gr_jax.data import trec
+from tests.conftest import run_tool
+from tests.shared import copy_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,31 +43,27 @@ def _main(entry, argv, capsys) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny DSI trained for two steps (config file, MODEL_DIR)."""
-    root = tmp_path_factory.mktemp("trained")
-    exp = root / "tiny.gin"
-    exp.write_text(TINY)
-    gin.clear_config()
-    assert train_cmd.main([f"--gin_file={exp}", f"--gin.MODEL_DIR='{root / 'model'}'"]) == 0
-    gin.clear_config()
-    return exp, root / "model"
+@pytest.fixture
+def trained(tiny_dsi):
+    """A tiny DSI trained for two steps (config file, MODEL_DIR): the session's shared one (tests/conftest.py),
+    read-only."""
+    return tiny_dsi
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # 1. the working directory holds folders named like the gin tiers
 # ---------------------------------------------------------------------------------------------------------------
 
-def test_entry_points_run_from_a_directory_with_runs_experiments_and_models_folders(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow
+def test_entry_points_run_from_a_directory_with_runs_experiments_and_models_folders(trained, tmp_path, monkeypatch,
+                                                                                   capsys):
     for d in ("runs/demo_dsi_url", "experiments", "models"):
         (tmp_path / d).mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     exp = tmp_path / "tiny.gin"
     exp.write_text(TINY)
+    copy_of(trained[1], tmp_path / "runs" / "m")  # TINY trained: the command finds it finished and evaluates it
     rc, err = _main(train_cmd, [f"--gin_file={exp}", "--gin.MODEL_DIR='runs/m'"], capsys)
-    assert rc == 0, err
-    rc, err = _main(train_cmd, [f"--gin_file={exp}", "--gin.MODEL_DIR='runs/m'"], capsys)  # again: resumes
     assert rc == 0, err
     rc, err = _main(infer_cmd, [f"--gin_file={exp}", "--gin_file=runs/eval.gin", "--gin.MODEL_DIR='runs/m'"], capsys)
     assert rc == 0, err
@@ -88,7 +86,7 @@ def test_entry_points_run_from_a_directory_with_runs_experiments_and_models_fold
 
 @pytest.mark.slow
 def test_infer_refuses_another_vocabulary_or_corpus_and_keeps_earlier_results(trained, tmp_path, capsys, caplog):
-    exp, model = trained
+    exp, model = trained[0], copy_of(trained[1], tmp_path / "model")
     from gr_jax.vocab import train_sentencepiece
 
     other = train_sentencepiece(["some other text about rivers", "and bridges of stone"] * 50, tmp_path / "o.model",
@@ -215,6 +213,7 @@ def test_msmarco_dev_qrels_against_unknown_passages(tmp_path):
         readers.read_msmarco(d)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("binding,message", [
     ("--gin.TRAIN_STEP=5", "TRAIN_STEP: nothing uses it; did you mean 'TRAIN_STEPS'?"),
     ("--gin.train.train_step=5", "did you mean 'train_steps'?"),
@@ -241,6 +240,7 @@ def test_bad_settings_stop_before_any_work(tmp_path, capsys, binding, message):
     assert not (tmp_path / "m" / "checkpoints").exists() and not (tmp_path / "m" / "config.gin").exists()
 
 
+@pytest.mark.slow
 def test_model_dir_that_is_a_file(tmp_path, capsys):
     exp = tmp_path / "tiny.gin"
     exp.write_text(TINY)
@@ -252,6 +252,7 @@ def test_model_dir_that_is_a_file(tmp_path, capsys):
     assert rc == 2 and "is a file, not a directory" in err, err
 
 
+@pytest.mark.slow
 def test_eval_command_bad_inputs(tmp_path, capsys):
     trec.write_run(tmp_path / "run.txt", {"1": {"a": 3.0}})
     trec.write_qrels(tmp_path / "qrels.txt", {"7": {"a": 1}})
@@ -272,20 +273,27 @@ def test_eval_command_bad_inputs(tmp_path, capsys):
     assert f"{tmp_path / 'file'} is a file, not a directory" in capsys.readouterr().err
 
 
-def test_tools_report_bad_paths_with_exit_code_2(tmp_path):
+def test_tools_report_bad_paths_with_exit_code_2(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     cases = [
-        ([sys.executable, "tools/convert_checkpoint.py", "--hf_dir", str(tmp_path / "nothing"),
-          "--out", str(tmp_path / "file" / "ckpt")], "config.json"),
-        ([sys.executable, "tools/dynamic_report.py", str(tmp_path), "--out", str(tmp_path / "r")],
-         "not a dynamic-corpora result"),
-        ([sys.executable, "-m", "gr_jax.train", "--gin_file=experiments/demo/dsi_url.gin",
-          f"--gin.MODEL_DIR='{tmp_path / 'file'}'"], "is a file, not a directory"),
+        ("convert_checkpoint", ["--hf_dir", tmp_path / "nothing", "--out", tmp_path / "file" / "ckpt"], "config.json"),
+        ("dynamic_report", [tmp_path, "--out", tmp_path / "r"], "not a dynamic-corpora result"),
     ]
-    for argv, message in cases:
-        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 2 and message in proc.stderr, (argv, proc.stderr[-2000:])
-        assert "Traceback" not in proc.stderr, proc.stderr
+    for name, argv, message in cases:
+        rc, _, err = run_tool(name, argv, capsys)
+        assert rc == 2 and message in err, (name, err[-2000:])
+        assert "Traceback" not in err, err
+
+
+@pytest.mark.slow
+def test_a_command_reports_a_bad_path_with_exit_code_2_and_no_traceback(tmp_path):
+    """As a user types it: one line on stderr, exit code 2, nothing printed at the interpreter's exit."""
+    (tmp_path / "file").write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "gr_jax.train", "--gin_file=experiments/demo/dsi_url.gin",
+                           f"--gin.MODEL_DIR='{tmp_path / 'file'}'"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and "is a file, not a directory" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -358,6 +366,7 @@ def test_a_damaged_initial_checkpoint_is_named(tmp_path, capsys):
     assert not (tmp_path / "m" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_glen_phase2_before_phase1_is_named_and_writes_nothing(tmp_path, capsys):
     rc, err = _main(train_cmd, ["--gin_file=experiments/demo/glen.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
                                 f"--gin.INITIAL_CHECKPOINT_PATH='{tmp_path / 'no_phase1'}'"], capsys)

@@ -81,6 +81,7 @@ def test_the_library_does_not_know_the_toy_method():
     assert all(any(n in text for text in toy) for n in PIECES)  # the names checked are the toy's own
 
 
+@pytest.mark.slow
 def test_our_train_and_infer_bindings_stay_ours_beside_t5x_entry_points():
     """t5x's `python -m t5x.train` / `t5x.infer` register their own `train` / `infer` in `__main__` before they
     parse gin; our experiment files bind `train.x`, which must still reach `compose.train` (not be ambiguous)."""
@@ -105,6 +106,7 @@ print(ours["checkpoint_period"], gin.get_bindings(compose.infer)["split"], t5x_t
     assert res.stdout.split() == ["1000", "test", "7"]
 
 
+@pytest.mark.slow
 def test_the_core_registers_its_gin_configurables_without_importing_t5x():
     """gr_jax/t5x/ is skipped by gin registration before anything of it is imported: every gr_jax command starts
     without t5x (and without its TensorFlow), installed or not."""

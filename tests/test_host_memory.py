@@ -42,6 +42,7 @@ PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not GLIBC, reason="the settings are glibc's; elsewhere reuse_freed_memory is a no-op")
 def test_temporaries_are_reused_inside_the_block():
     # a fresh process: glibc's adaptive defaults cannot be restored once a test has changed them
@@ -90,6 +91,7 @@ ENTRY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not GLIBC, reason="the settings are glibc's; elsewhere reuse_freed_memory is a no-op")
 def test_entry_points_dispatch_on_the_calling_thread(tmp_path):
     """run_entry sets synchronous CPU dispatch before the first computation (gin_utils.cpu_runtime) and keeps

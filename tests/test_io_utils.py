@@ -2,8 +2,6 @@
 temporaries of killed writers, and earlier results kept instead of overwritten."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -11,9 +9,20 @@ from gr_jax import io_utils
 
 
 def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid  # finished and reaped: no process has this id now (barring reuse within the test)
+    """A process id that no process has now: the highest free one below the kernel's limit (PIDs are handed
+    out upwards from low numbers, so it stays free for the test's few milliseconds)."""
+    try:
+        top = int(open("/proc/sys/kernel/pid_max").read())
+    except OSError:
+        top = 32768
+    for pid in range(top - 1, 1, -1):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:  # alive, another user's
+            continue
+    raise AssertionError("no free process id")
 
 
 def test_atomic_dir_replaces_and_cleans_up(tmp_path):

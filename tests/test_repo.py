@@ -20,11 +20,128 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_test_one():
     commands = _readme_commands()
     assert len(commands) == 2, commands
     test_cmd = commands[1]
-    assert "pytest" in test_cmd
-    ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert test_cmd in [line.strip() for line in ci], "'.ci/run' must run exactly the README's test command"
+    assert test_cmd.endswith("python -m pytest -q")  # the default tier
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert test_cmd in ci, "'.ci/run' must run exactly the README's test command"
+    # ... and then the slow tier, so that CI runs every test
+    assert "python -m pytest -q -m slow" in ci[ci.index(test_cmd) + 1:], "'.ci/run' must run the slow tier after it"
 
 
+def test_the_default_tier_starts_no_process_and_runs_no_command():
+    """tests/tiers.py: a test not marked slow starts no process and runs no `python -m gr_jax.*` command's main,
+    itself or through its helpers and fixtures (so the default tier stays minutes long as methods arrive)."""
+    from tests import tiers
+
+    found = tiers.violations()
+    assert not found, "mark these @pytest.mark.slow, or call the library function in-process:\n" + "\n".join(found)
+
+
+PLANTED = """
+import subprocess
+import sys
+
+import pytest
+
+from gr_jax import train as train_cmd
+from gr_jax import infer
+
+
+def _run(entry, argv):
+    return entry.main(argv)
+
+
+def _python(*args):
+    return subprocess.run([sys.executable, *args])
+
+
+@pytest.fixture
+def started():
+    return subprocess.Popen([sys.executable, "-c", "pass"])
+
+
+def test_planted_subprocess():
+    subprocess.run([sys.executable, "-m", "gr_jax.train", "--gin_file=experiments/demo/dsi_url.gin"])
+
+
+def test_planted_main():
+    train_cmd.main(["--gin_file=experiments/demo/dsi_url.gin"])
+
+
+def test_planted_helper():
+    _python("-m", "gr_jax.train")
+
+
+def test_planted_handed_command():
+    _run(infer, [])
+
+
+@pytest.mark.parametrize("entry", [train_cmd])
+def test_planted_parametrized(entry):
+    entry.main([])
+
+
+def test_planted_fixture(started):
+    pass
+
+
+def test_planted_conftest_fixture(holds_a_process):
+    pass
+
+
+@pytest.mark.slow
+def test_marked_slow_may():
+    subprocess.run([sys.executable, "-m", "gr_jax.train"])
+
+
+class TestPlanted:
+    def test_in_a_class(self):
+        train_cmd.main([])
+
+
+def test_in_process_is_fine():
+    import json
+    json.dumps({})
+"""
+
+
+def test_the_tier_check_can_fail(tmp_path):
+    """Planted default-tier tests that start `python -m gr_jax.train` (directly, through a module function, a
+    fixture of the module or of a conftest), or call a command's main (directly, handed to a helper, by
+    parametrize, in a class) are each reported; slow-marked ones and a slow module are not."""
+    from tests import tiers
+
+    (tmp_path / "gr_jax").symlink_to(ROOT / "gr_jax")
+    (tmp_path / "tests" / "sub").mkdir(parents=True)
+    (tmp_path / "tests" / "conftest.py").write_text(
+        "import subprocess\nimport sys\nimport pytest\n\n\n@pytest.fixture\ndef holds_a_process():\n"
+        "    yield subprocess.Popen([sys.executable])\n")
+    (tmp_path / "tests" / "sub" / "test_planted.py").write_text(PLANTED)
+    (tmp_path / "tests" / "sub" / "test_slow_module.py").write_text(
+        "import subprocess\nimport pytest\npytestmark = [pytest.mark.slow]\n\n\n"
+        "def test_it():\n    subprocess.run(['python', '-m', 'gr_jax.train'])\n")
+    found = tiers.violations(tmp_path)
+    named = sorted(line.split(" is in the default tier")[0].rsplit("::", 1)[1] for line in found)
+    assert named == ["test_in_a_class", "test_planted_conftest_fixture", "test_planted_fixture",
+                     "test_planted_handed_command", "test_planted_helper", "test_planted_main",
+                     "test_planted_parametrized", "test_planted_subprocess"], found
+    assert any("test_planted_subprocess" in f and "starts a process (subprocess.run)" in f for f in found)
+    assert any("test_planted_main" in f and "runs the command `python -m gr_jax.train`" in f for f in found)
+
+
+def test_a_default_tier_test_cannot_launch_python_at_run_time(tmp_path):
+    """What the reading above cannot see — a library function that starts `python` on a test's behalf — is
+    stopped by the conftest's guard while a default-tier test runs: here reproduce's system runner, which starts
+    `python -m gr_jax.dynamic`, fails before any process starts."""
+    from gr_jax.protocols import reproduce
+    from tests.conftest import TierError
+
+    with pytest.raises(TierError, match="test_a_default_tier_test_cannot_launch_python_at_run_time is in the "
+                                        "default tier but starts a Python process"):
+        reproduce.run_system("bm25", ["--gin_file=experiments/demo/dynamic_bm25.gin"], tmp_path / "bm25", [])
+    assert not (tmp_path / "bm25" / "dynamic").exists()
+
+
+@pytest.mark.slow
 def test_core_imports_without_torch_and_tensorflow():
     """Every gr_jax module imports with torch, transformers and tensorflow made unimportable."""
     code = r"""

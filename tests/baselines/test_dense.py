@@ -70,6 +70,7 @@ def test_in_batch_loss_by_hand():
     assert float(in_batch_loss(q, d, t)) == pytest.approx(expect, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_dual_encoder_finetuning_improves_retrieval():
     from gr_jax.models import t5
     from gr_jax.vocab import train_sentencepiece

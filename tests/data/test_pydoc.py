@@ -84,6 +84,7 @@ def test_a_small_tree_by_hand(tmp_path):
     assert sorted(small.corpus.doc_ids) == sorted(by_hash[:3])
 
 
+@pytest.mark.slow
 def test_the_standard_library_dataset():
     pydoc._collect.cache_clear()
     data = sources.load_dataset("pydoc")

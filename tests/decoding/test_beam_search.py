@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gr_jax.decoding.beam_search import beam_search, beam_search_unconstrained
 from gr_jax.decoding.exhaustive import exhaustive_ranking, exhaustive_scores, search_error
 from gr_jax.index.trie import TrieIndex
+from tests.conftest import sweep
 
 V, H, EOS, B = 9, 12, 1, 3
 _rng = np.random.default_rng(0)
@@ -77,7 +78,7 @@ def _check_valid(index, res):
         assert (np.diff(scores[b, :n]) <= 1e-6).all()  # ... in decreasing order
 
 
-@settings(max_examples=8, deadline=None)  # each example compiles new searchers; the oracle tests cover more
+@settings(max_examples=4, deadline=None)  # each example compiles new searchers; the oracle tests cover more
 @given(tries(), st.sampled_from(["log_softmax", "renormalized", "raw"]), st.sampled_from([0.0, 1.0]))
 def test_full_beam_equals_exhaustive_and_insert_equals_rebuild(data, mode, lp):
     ragged, seqs, dense, split = data
@@ -253,6 +254,7 @@ def test_a_constraint_from_outside_drives_the_search_and_keeps_its_history():
         assert np.asarray(res.leaf_ids[b])[ok].tolist() == codes == np.asarray(res.states[b])[ok].tolist()
 
 
+@pytest.mark.slow  # the default tier checks the scanned search against the oracle (tests/decoding/test_oracle.py)
 @pytest.mark.parametrize("mode", ["log_softmax", "renormalized", "raw"])
 def test_scanned_levels_equal_the_unrolled_search_bit_for_bit(mode):
     """The toy step's arithmetic does not depend on the level, so the search with its runs of levels scanned
@@ -338,9 +340,9 @@ def _flat_prefixes(seqs, index, bonus_of):
                          vocab_size=V, leaf_levels=leaf_levels)
 
 
-@pytest.mark.parametrize("ragged", [False, True])
-@pytest.mark.parametrize("mode", ["raw", "log_softmax"])
-@pytest.mark.parametrize("guided", [False, True])
+@pytest.mark.parametrize("guided,mode,ragged", sweep("guided,mode,ragged", ((False, True), ("raw", "log_softmax"),
+                                                                          (False, True)),
+                                                     [(True, "log_softmax", True), (False, "raw", False)]))
 def test_flat_candidates_search_as_the_trie_search_does(ragged, mode, guided):
     """`beam_search_flat` over every prefix of a docid list, given flat (each candidate naming its beam), finds
     what `beam_search` finds over the trie of the same docids — docids, scores and order, at every beam size —

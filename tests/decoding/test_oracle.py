@@ -30,6 +30,7 @@ import pytest
 from gr_jax.decoding import beam_search as bs_module
 from gr_jax.decoding.beam_search import beam_search
 from gr_jax.index.trie import TrieIndex
+from tests.conftest import sweep
 
 V, H, EOS, START = 9, 12, 1, 0
 rng = np.random.default_rng(0)
@@ -37,6 +38,7 @@ E = rng.normal(size=(V, H))
 W = rng.normal(size=(H, H)) / 3
 U = rng.normal(size=(H, V)) * 1.5
 NEAR = 1e-4  # oracle scores closer than this may be ordered either way by float32
+MODES = ("log_softmax", "renormalized", "raw")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -156,9 +158,10 @@ def _run(index, q, N, mode, lp, candidates=False, scan=False):
     return out
 
 
-@pytest.mark.parametrize("candidates", [False, True])
-@pytest.mark.parametrize("ragged", [False, True])
-@pytest.mark.parametrize("mode", ["log_softmax", "renormalized", "raw"])
+# the default tier: each mode once, ragged and fixed-length docids, the candidates-only path on and off
+@pytest.mark.parametrize("mode,ragged,candidates",
+                         sweep("mode,ragged,candidates", (MODES, (False, True), (False, True)),
+                               [("log_softmax", True, False), ("renormalized", False, True), ("raw", True, True)]))
 def test_full_beam_equals_the_oracles_exhaustive_ranking(ragged, mode, candidates, monkeypatch):
     """`candidates`: the step returns hidden states and the search asks for the logits it needs; the ratio set
     to 1 makes every level with fewer slots than V take the candidates-only path ("renormalized", "raw")."""
@@ -201,8 +204,8 @@ def _canonical(oracle, got, mode, lp, N, tag) -> list:
     return checked
 
 
-@pytest.mark.parametrize("candidates", [False, True])
-@pytest.mark.parametrize("mode", ["log_softmax", "renormalized", "raw"])
+@pytest.mark.parametrize("mode,candidates", sweep("mode,candidates", (MODES, (False, True)),
+                                                  [("log_softmax", True), ("renormalized", False)]))
 def test_small_beams_follow_the_canonical_algorithm(mode, candidates, monkeypatch):
     monkeypatch.setattr(bs_module, "CANDIDATE_RATIO", 1)
     checked = pruned = 0
@@ -219,8 +222,8 @@ def test_small_beams_follow_the_canonical_algorithm(mode, candidates, monkeypatc
     assert pruned > 0  # the cases include beams that prune the exact best docid away
 
 
-@pytest.mark.parametrize("candidates", [False, True])
-@pytest.mark.parametrize("mode", ["log_softmax", "renormalized", "raw"])
+@pytest.mark.parametrize("mode,candidates", sweep("mode,candidates", (MODES, (False, True)),
+                                                  [("raw", False), ("renormalized", True)]))
 def test_scanned_levels_follow_the_canonical_algorithm(mode, candidates, monkeypatch):
     """Docids of 1–7 tokens + EOS: the trie's middle levels form runs, searched as one `lax.scan` body each
     (`scan_levels`); beam 1, 3 and every docid against the oracle's canonical algorithm."""
@@ -239,7 +242,7 @@ def test_scanned_levels_follow_the_canonical_algorithm(mode, candidates, monkeyp
     assert checked >= 20
 
 
-@pytest.mark.parametrize("longest,scan", [(3, False), (7, False), (7, True)])
+@pytest.mark.parametrize("longest,scan", sweep("longest,scan", [(3, False), (7, False), (7, True)], [(7, True)]))
 def test_t5_full_beam_equals_teacher_forced_oracle(longest, scan):
     """The Flax T5 under beam search vs an oracle that scores every docid with the full-sequence forward pass
     (no decode cache, no trie): the same ranking and scores, in every score mode. `scan`: the trie's runs of

@@ -112,6 +112,7 @@ def test_run_and_qrels_files(tmp_path):
         trec.read_qrels(tmp_path / "grade.txt")
 
 
+@pytest.mark.slow
 def test_eval_command(tmp_path, capsys):
     trec.write_run(tmp_path / "run.txt", {"1": {"a": 3.0, "b": 2.0}, "2": {"x": 1.0, "c": 0.5}})
     trec.write_qrels(tmp_path / "qrels.txt", {"1": {"b": 2}, "2": {"c": 1}, "3": {"d": 1}})

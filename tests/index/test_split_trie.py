@@ -1,6 +1,6 @@
 """A trie split over the devices of a mesh's "index" axis (`DeviceTrie.split`, the `Searcher` over a data × index
 mesh): on 8 host devices the search gives the docids (tokens, leaves) and scores of the trie kept whole on every
-device, bit for bit — every score mode, scanned and unrolled levels, 8 blocks and 2 data × 4 blocks; a built
+device, bit for bit — every score mode and scanned and unrolled levels on 8 blocks, 2 data × 4 blocks; a built
 trie, one with inserted docids (the table form), and a shallow one with leaves among other children, split from
 its host copy as a model with `GenerativeRetriever.index_shards` does, and a substring index of two segments
 (its n-grams' suffix-array ranges too) — and a device holds a fraction of the
@@ -21,11 +21,11 @@ from tests.conftest import xla_flags
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow  # 24 searches compiled on 8 host devices: about 2.5 minutes on 2 cores
+pytestmark = pytest.mark.slow  # a process with 8 host devices; 22 searches compiled
 
 
 def test_a_split_trie_searches_as_the_whole_trie_and_holds_a_block_per_device():
-    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
+    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8", across_programs=True)}
     res = subprocess.run([sys.executable, str(REPO / "tests" / "index" / "split_trie_check.py")], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stderr[-4000:]
@@ -37,7 +37,7 @@ def test_a_split_trie_searches_as_the_whole_trie_and_holds_a_block_per_device():
     assert {"dense none", "dense some", "csr some", "csr all", "csr table", "run run"} <= forms, forms
     searches = [r for r in rows if "same" in r]
     memory = [r for r in rows if "bytes_split" in r]
-    assert len(searches) == 16 and len(memory) == 4
+    assert len(searches) == 11 and len(memory) == 4
     for r in searches:
         assert all(r["same"].values()), r
         assert r["found"] == 8 * 12  # every beam of every query holds a docid: the comparison covers them all

@@ -32,6 +32,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -351,6 +352,7 @@ def test_walk_with_prefix_and_end_token(data):
     check_walk(index, corpus, V, max_len=2, prefix=prefix, end_token=end_token)
 
 
+@pytest.mark.slow
 def test_seeded_larger_corpora_with_repeats():
     """A few bigger corpora (long runs of one token, many duplicates) than the hypothesis draws."""
     rng = np.random.default_rng(7)
@@ -480,6 +482,7 @@ def _beams_for(corpus, max_len, prefix=()):
                       for n in range(1, max_len + 1)]) + 3  # + 3 dead beams: padding must stay invalid
 
 
+@pytest.mark.slow
 def test_beam_history_holds_every_ngram_with_teacher_forced_scores():
     rng = np.random.default_rng(11)
     V = 5
@@ -495,6 +498,7 @@ def test_beam_history_holds_every_ngram_with_teacher_forced_scores():
         check_beam_history(index, corpus, V, max_len=3, num_beams=_beams_for(corpus, 3), seed=trial)
 
 
+@pytest.mark.slow
 def test_beam_history_with_prefix_and_end_token():
     rng = np.random.default_rng(12)
     V = 5

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from gr_jax.models import llama, lm_generate
 
@@ -30,6 +31,7 @@ def _tiny():
     return llama.Llama(config), llama.with_stacked_layers(params, config, fused=True)
 
 
+@pytest.mark.slow
 def test_full_length_generation_draws_every_rows_max_tokens():
     tool = _tool()
     model, params = _tiny()
@@ -42,6 +44,7 @@ def test_full_length_generation_draws_every_rows_max_tokens():
     assert min(len(g) for g in lm_generate.generate(model, params, prompts, **kw)) < 6  # put back
 
 
+@pytest.mark.slow
 def test_attention_removed_makes_each_position_blind_to_the_others_and_is_put_back():
     tool = _tool()
     model, params = _tiny()

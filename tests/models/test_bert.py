@@ -16,7 +16,7 @@ from tests.conftest import require
 def texts():
     data = demo.generate(num_docs=60)
     long = " ".join(data.corpus.texts[:12])  # past the 256-token limit: truncated the same way
-    return list(data.corpus.texts[:39]) + list(data.queries["test"].texts[:10]) + [long]
+    return list(data.corpus.texts[:15]) + list(data.queries["test"].texts[:8]) + [long]
 
 
 @pytest.fixture(scope="module")
@@ -28,19 +28,19 @@ def reference(texts):
     return MiniLMEmbedder(batch_size=16).embed(texts)
 
 
-def test_embeddings_match_sentence_transformers_on_50_demo_texts(texts, reference):
+def test_embeddings_match_sentence_transformers_on_24_demo_texts(texts, reference):
     from gr_jax.models.bert import MiniLMJaxEmbedder
 
     emb = MiniLMJaxEmbedder(batch_size=16)
     assert len(emb.load().tokenizer.encode(texts[-1]).ids) == 256  # the long text is truncated
     ours = emb.embed(texts)
-    assert ours.shape == (50, 384) and ours.dtype == np.float32
+    assert ours.shape == (24, 384) and ours.dtype == np.float32
     # the bound: 1e-5 absolute on unit vectors whose components are ~0.05 (float32 rounding of a
     # 6-layer network is ~1e-7; a wrong GELU, epsilon or pooling moves them by > 1e-3)
     np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, rtol=1e-6)
     # rows do not depend on the order or the batch they came in (other padding: rounding only)
-    perm = np.random.default_rng(0).permutation(50)
+    perm = np.random.default_rng(0).permutation(24)
     np.testing.assert_allclose(MiniLMJaxEmbedder(batch_size=7).embed([texts[i] for i in perm]), ours[perm],
                                atol=1e-6, rtol=0)
 

@@ -65,6 +65,7 @@ def test_llama_scanned_forward_and_cached_steps_equal_the_unrolled(llama_pair):
     assert _rel(caches[0].k, caches[1].k) <= TOL
 
 
+@pytest.mark.slow
 def test_llama_scanned_gradient_reaches_each_layer(llama_pair):
     config, params, scanned, unrolled = llama_pair
     ids = jnp.asarray(np.random.default_rng(1).integers(3, 96, (2, 7)))
@@ -110,6 +111,7 @@ def t5_pair():
     return t5, config, params, t5.T5(config, scan_layers=True), t5.T5(config, scan_layers=False)
 
 
+@pytest.mark.slow
 def test_t5_scanned_forward_and_cached_steps_equal_the_unrolled(t5_pair):
     t5, config, params, scanned, unrolled = t5_pair
     rng = np.random.default_rng(3)
@@ -136,6 +138,7 @@ def test_t5_scanned_forward_and_cached_steps_equal_the_unrolled(t5_pair):
         assert tiled[0].self_k.shape[:3] == (3, 4, 3 if growing else 4) and tiled[0].cross_k.shape[1] == 2
 
 
+@pytest.mark.slow
 def test_t5_scanned_training_gradient_reaches_each_layer(t5_pair):
     t5, config, params, scanned, unrolled = t5_pair
     rng = np.random.default_rng(4)
@@ -154,6 +157,7 @@ def test_t5_scanned_training_gradient_reaches_each_layer(t5_pair):
             assert _rel(a, b) <= 1e-4  # a gradient sums more terms than the forward: 1e-4 of its magnitude
 
 
+@pytest.mark.slow
 def test_t5_scanned_dropout_draws_masks_in_training(t5_pair):
     t5, config, params, _, _ = t5_pair
     model = t5.T5(config.replace(dropout_rate=0.5), scan_layers=True)
@@ -165,6 +169,7 @@ def test_t5_scanned_dropout_draws_masks_in_training(t5_pair):
     assert _rel(drop[0], keep) > 1e-2 and _rel(drop[0], drop[1]) > 1e-2
 
 
+@pytest.mark.slow
 def test_t5_scanned_search_equals_the_unrolled_one(t5_pair):
     from gr_jax.index.trie import TrieIndex
     from gr_jax.models.search import T5Searcher
@@ -183,6 +188,7 @@ def test_t5_scanned_search_equals_the_unrolled_one(t5_pair):
     assert _rel(a.exhaustive_scores(params, q, index), b.exhaustive_scores(params, q, index)) <= TOL
 
 
+@pytest.mark.slow
 def test_decoder_only_retriever_search_with_layers_stacked_once_equals_the_unrolled():
     from gr_jax.index.trie import TrieIndex
     from gr_jax.models.decoder_only import DecoderOnlyRetriever

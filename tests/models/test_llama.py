@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from gr_jax.models import llama, lm_generate
-from tests.conftest import require
+from tests.conftest import require, sweep
 
 TINY = llama.get_config("llama_tiny", vocab_size=96)
 
@@ -53,6 +53,7 @@ def test_left_padding_does_not_change_a_prompts_logits(tiny):
     np.testing.assert_allclose(padded, alone, atol=1e-5 * scale)
 
 
+@pytest.mark.slow
 def test_shared_prefix_equals_prefilling_the_whole_sequence(tiny):
     model, params = tiny
     prefix, rest = np.array([7, 8, 9, 10, 11]), np.array([[20, 21, 22], [30, 31, 32]])
@@ -70,7 +71,7 @@ def test_shared_prefix_equals_prefilling_the_whole_sequence(tiny):
     np.testing.assert_array_equal(np.asarray(picked.k[1][0]), np.asarray(cache.k[1][1]))
 
 
-@pytest.mark.parametrize("scan", [True, False])
+@pytest.mark.parametrize("scan", sweep("scan", [True, False], [True]))
 def test_packed_prefill_equals_each_prompt_alone(tiny, scan):
     """A prefill packed to its real tokens (`Packing`) gives each left-padded prompt the hidden states and the
     keys/values of that prompt prefilled alone after the shared prefix (the oracle: one unpadded row at a
@@ -109,6 +110,7 @@ def test_packed_prefill_equals_each_prompt_alone(tiny, scan):
         llama.Packing.of(mask, real - 1)
 
 
+@pytest.mark.slow
 def test_fused_projections_give_the_logits_and_tokens_of_the_separate_ones(tiny):
     """Stacked parameters with each layer's q/k/v and gate/up kernels fused (`fuse_projections`, what
     `LMContext.generation_params` passes) give the logits and the generated tokens of the per-layer parameters."""
@@ -128,6 +130,7 @@ def test_fused_projections_give_the_logits_and_tokens_of_the_separate_ones(tiny)
                 == lm_generate.generate(model, params, prompts, **kw, **extra))
 
 
+@pytest.mark.slow
 def test_generation_packs_the_prefill_and_gives_the_same_tokens(tiny):
     """`generate` packs a padded prefill (`packed_size` places, fewer than B · T) and writes the same tokens
     as the padded prefill, greedy and sampled."""
@@ -143,6 +146,7 @@ def test_generation_packs_the_prefill_and_gives_the_same_tokens(tiny):
                 == lm_generate.generate(model, params, prompts, packed=False, **kw, **extra))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [True, False])
 def test_shared_rows_equal_the_full_forward_of_each_sample(tiny, scan):
     """n samples that share their prompt's keys/values (`share_rows`) step as the full forward pass of
@@ -176,6 +180,7 @@ def test_shared_rows_equal_the_full_forward_of_each_sample(tiny, scan):
         shared.share_rows(2, 1)
 
 
+@pytest.mark.slow
 def test_selected_rows_go_on_as_the_full_forward_of_each_sample(tiny):
     """`select_rows` after some shared steps: the chosen rows (their group's slots copied ahead of their own)
     step on as the full forward pass of prefix + prompt + that row's tokens."""
@@ -202,6 +207,7 @@ def test_selected_rows_go_on_as_the_full_forward_of_each_sample(tiny):
         np.testing.assert_allclose(np.asarray(logits)[i], want, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.slow
 def test_rows_still_running_go_on_as_a_smaller_batch(tiny):
     """Greedy rows are the same whether the rows still running move to a smaller batch or not, with rows that
     end at different steps (a third of the vocabulary stops a row)."""
@@ -218,6 +224,7 @@ def test_rows_still_running_go_on_as_a_smaller_batch(tiny):
         lm_generate.generate(model, params, prompts, tail_fraction=0.0, **kw)
 
 
+@pytest.mark.slow
 def test_samples_of_a_shared_prompt_equal_the_prompt_repeated(tiny):
     """Greedy rows from `num_samples` (shared prompt keys/values) are the rows of the same prompts written n
     times with `num_samples=1` (every row its own copy of the prompt)."""
@@ -263,6 +270,7 @@ def test_greedy_generation_follows_the_argmax_and_stops(tiny):
     assert len(forced[0]) >= 2 and forced[0][:2] != [first, first]
 
 
+@pytest.mark.slow
 def test_sampling_is_deterministic_per_seed_and_shares_the_prompt(tiny):
     model, params = tiny
     kw = dict(max_new_tokens=5, stop_ids=[95], num_samples=4, greedy=False, temperature=1.5)
@@ -304,27 +312,23 @@ def test_config_errors():
 
 
 @pytest.mark.torch
-def test_check_parity_tool_llama_demo_and_bad_input(tmp_path):
+def test_check_parity_tool_llama_demo_and_bad_input(tmp_path, capsys):
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
+
+    from tests.conftest import run_tool
 
     require("torch")
-    root = Path(__file__).resolve().parents[2]
-    r = subprocess.run([sys.executable, "tools/check_parity.py", "--arch", "llama", "--demo"], cwd=root,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    rc, out, err = run_tool("check_parity", ["--arch", "llama", "--demo"], capsys)
+    assert rc == 0, err[-2000:]
+    rows = [json.loads(line) for line in out.splitlines()]
     assert len(rows) == 2 and all(row["within_tolerance"] and row["greedy_identical"] for row in rows)
     assert {row["tie_word_embeddings"] for row in rows} == {True, False}
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"nope")
-    for tool, args in (("check_parity.py", ["--arch", "llama", "--gguf", str(bad)]),
-                       ("generate.py", ["--gguf", str(bad), "--prompt", "hi"])):
-        r = subprocess.run([sys.executable, f"tools/{tool}", *args], cwd=root, capture_output=True, text=True,
-                           timeout=300)
-        assert r.returncode == 2 and "x.gguf" in r.stderr and "Traceback" not in r.stderr, (tool, r.stderr[-800:])
+    for name, args in (("check_parity", ["--arch", "llama", "--gguf", bad]),
+                       ("generate", ["--gguf", bad, "--prompt", "hi"])):
+        rc, _, err = run_tool(name, args, capsys)
+        assert rc == 2 and "x.gguf" in err and "Traceback" not in err, (name, err[-800:])
 
 
 def test_sequence_log_probs_by_full_forward(tiny):

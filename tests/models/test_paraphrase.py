@@ -20,16 +20,15 @@ def test_acceptance_by_hand():
 
 
 @pytest.fixture(scope="module")
-def paraphraser():
-    from tests.models.lm_helpers import tiny_lm_context
-
-    ctx, d = tiny_lm_context()
+def paraphraser(tiny_lm):
+    ctx, d = tiny_lm
     p = LMParaphraser(samples=2, max_new_tokens=6, batch_size=3)
     object.__setattr__(p, "_ctx", ctx)
     object.__setattr__(p, "_digest", "tiny")
     return p, d
 
 
+@pytest.mark.slow
 def test_lm_paraphrases_are_order_independent(paraphraser):
     p, d = paraphraser
     qs = d.queries["test"]
@@ -45,6 +44,7 @@ def test_lm_paraphrases_are_order_independent(paraphraser):
     assert p.settings()["lm"] == "tiny" and p.settings()["samples"] == 2
 
 
+@pytest.mark.slow
 def test_saved_paraphrases_record_the_fallbacks(paraphraser, tmp_path):
     import json
 

@@ -2,8 +2,6 @@
 the two command-line tools."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -12,10 +10,9 @@ import numpy as np
 import pytest
 
 from gr_jax.models import convert, parity, t5
-from tests.conftest import require
+from tests.conftest import require, run_tool
 
 pytestmark = pytest.mark.torch
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -118,42 +115,38 @@ def test_pytorch_bin_with_pickled_object_is_refused(tmp_path, torch):
         convert.load_hf(d)
 
 
-def _run_tool(*args):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.slow
-def test_tools_convert_and_check_parity(hf_t5_dirs, tmp_path):
+def test_tools_convert_and_check_parity(hf_t5_dirs, tmp_path, capsys):
     for version, hf_dir in hf_t5_dirs.items():
         out = tmp_path / f"ckpt_{version}"
-        res = _run_tool("tools/convert_checkpoint.py", "--hf_dir", str(hf_dir), "--out", str(out))
-        assert res.returncode == 0, res.stderr
-        assert json.loads(res.stdout)["out"] == str(out)
+        rc, stdout, err = run_tool("convert_checkpoint", ["--hf_dir", hf_dir, "--out", out], capsys)
+        assert rc == 0, err
+        assert json.loads(stdout)["out"] == str(out)
         assert (out / "config.json").exists() and (out / "params").is_dir()
-        res = _run_tool("tools/check_parity.py", "--hf_dir", str(hf_dir), "--gr_jax_checkpoint", str(out),
-                        "--batch", "3")
-        assert res.returncode == 0, res.stderr
-        line = json.loads(res.stdout.strip().splitlines()[-1])
+        rc, stdout, err = run_tool("check_parity", ["--hf_dir", hf_dir, "--gr_jax_checkpoint", out, "--batch", "3"],
+                                   capsys)
+        assert rc == 0, err
+        line = json.loads(stdout.strip().splitlines()[-1])
         assert line["max_abs_diff_encoder"] <= 1e-4 and line["max_abs_diff_logits"] <= 1e-4, line
         assert line["greedy_identical"] is True
         # Export back through the tool.
-        res = _run_tool("tools/convert_checkpoint.py", "--to_hf", "--out", str(out), "--hf_dir",
-                        str(tmp_path / f"hf_{version}"))
-        assert res.returncode == 0, res.stderr
+        rc, _, err = run_tool("convert_checkpoint", ["--to_hf", "--out", out, "--hf_dir", tmp_path / f"hf_{version}"],
+                              capsys)
+        assert rc == 0, err
         back = convert.read_hf_tensors(tmp_path / f"hf_{version}")
         orig = convert.read_hf_tensors(hf_dir)
         assert all(np.array_equal(back[k], orig[k]) for k in orig)
 
 
-def test_convert_tool_on_corrupt_checkpoint_writes_nothing(hf_t5_dirs, tmp_path):
+def test_convert_tool_on_corrupt_checkpoint_writes_nothing(hf_t5_dirs, tmp_path, capsys):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text((hf_t5_dirs["1.0"] / "config.json").read_text())
     data = (hf_t5_dirs["1.0"] / "model.safetensors").read_bytes()
     (bad / "model.safetensors").write_bytes(data[: len(data) // 3])  # truncated download
     out = tmp_path / "out"
-    res = _run_tool("tools/convert_checkpoint.py", "--hf_dir", str(bad), "--out", str(out))
-    assert res.returncode == 2
-    assert "model.safetensors" in res.stderr
+    rc, _, err = run_tool("convert_checkpoint", ["--hf_dir", bad, "--out", out], capsys)
+    assert rc == 2
+    assert "model.safetensors" in err
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp")]

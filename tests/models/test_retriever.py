@@ -47,6 +47,7 @@ def test_score_equals_exhaustive_and_beam_equals_ranking(kind):
     assert sorted(d for d, _ in docs[0]) == list(range(M))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["codebook", "text"])
 def test_loss_decreases_and_sums_are_consistent(kind):
     head, table = _tables()[kind]
@@ -75,6 +76,7 @@ def test_loss_decreases_and_sums_are_consistent(kind):
     assert tuple(float(x) for x in metrics["docid_accuracy"]) == (len(table), len(table))  # memorised
 
 
+@pytest.mark.slow
 def test_scanned_levels_are_the_default_and_gin_turns_them_off():
     """`GenerativeRetriever.scan_levels` (gin) reaches the search: the default scans the trie's runs of levels
     (a codebook of 8 positions, CSR levels: 1–6 form runs), False unrolls them; both return every docid with the

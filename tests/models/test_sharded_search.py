@@ -73,7 +73,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_query_batch_over_8_host_devices_gives_one_devices_results():
-    env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"))
+    env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8", across_programs=True))
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "checked 5" in out.stdout

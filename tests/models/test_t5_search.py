@@ -8,7 +8,7 @@ from gr_jax.decoding.exhaustive import exhaustive_ranking
 from gr_jax.models.search import T5Searcher
 from gr_jax.index.trie import TrieIndex
 from gr_jax.models import convert, t5
-from tests.conftest import require
+from tests.conftest import require, sweep
 
 EOS = 1
 
@@ -27,7 +27,7 @@ def setup():
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("k", [5, 10])
+@pytest.mark.parametrize("k", sweep("k", [5, 10], [10]))
 def test_same_topk_as_transformers_generate(setup, tmp_path, k):
     """Convention matched: HF's default length_penalty=1.0 (score = sum of log-softmax / generated length,
     EOS counted); our search runs with score_mode="log_softmax", length_penalty=1.0."""

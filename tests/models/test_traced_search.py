@@ -20,6 +20,7 @@ from gr_jax.methods.pag import parity as pag_parity
 from gr_jax.models.retriever import GenerativeRetriever
 
 from tests.models.test_retriever import CONFIG, _tables
+from tests.conftest import sweep
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "pag_parity"
 
@@ -45,7 +46,7 @@ def _bonus(level, child_ids, state):
     return jnp.where(child_ids % 2 == 0, state[:, None, None], 0.0)
 
 
-@pytest.mark.parametrize("kind", ["codebook", "text"])
+@pytest.mark.parametrize("kind", sweep("kind", ["codebook", "text"], ["text"]))
 def test_generative_retriever_traced_equals_rank(kind):
     head, table = _tables()[kind]
     q = np.random.default_rng(1).integers(3, 500, (3, 6)).astype(np.int32)
@@ -71,6 +72,7 @@ def pag_fixture():
     return model, params, index, doc_ids, queries
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["pag", "seq_only"])
 def test_pag_traced_equals_rank(pag_fixture, mode):
     model, params, index, _, q = pag_fixture
@@ -79,6 +81,7 @@ def test_pag_traced_equals_rank(pag_fixture, mode):
         assert_same_ranking(traced_rank(model, params, q, index, 4), model.rank(params, q, index, num_beams=4))
 
 
+@pytest.mark.slow
 def test_pag_planning_tie_is_settled_on_the_device_as_on_the_host(pag_fixture):
     """Two documents given one set docid tie across the planning boundary: `rank` plans that batch again exactly
     on the host; the traced search chooses the exact plan on the device. Same documents, same scores."""

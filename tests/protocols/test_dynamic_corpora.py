@@ -119,6 +119,7 @@ def _check_outputs(out: Path, method: str, n_parts: int = 5):
     return result
 
 
+@pytest.mark.slow
 def test_command_with_bm25(tmp_path, capsys):
     f = tmp_path / "bm25.gin"
     f.write_text("include 'experiments/demo/dynamic_bm25.gin'\n" + PROTOCOL)
@@ -130,14 +131,12 @@ def test_command_with_bm25(tmp_path, capsys):
     gin.clear_config()
     assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / 'bm25'}'"]) == 0
     assert sorted(p.name for p in (tmp_path / "bm25").iterdir()) == ["dynamic", "dynamic_timing.json"]
-    import subprocess
-    import sys
+    from tests.conftest import run_tool
 
-    root = Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "tools/dynamic_report.py", str(tmp_path / "bm25"), str(tmp_path / "bm25"),
-                          "--out", str(tmp_path / "report")], cwd=root, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.count("| bm25 |") == 6  # two runs × three tables
+    rc, out, err = run_tool("dynamic_report", [tmp_path / "bm25", tmp_path / "bm25", "--out", tmp_path / "report"],
+                            capsys)
+    assert rc == 0, err
+    assert out.count("| bm25 |") == 6  # two runs × three tables
     assert (tmp_path / "report" / "report.png").stat().st_size > 5000
 
     # beside a published table (Table 4's layout), each run labelled with a published row's name
@@ -145,19 +144,17 @@ def test_command_with_bm25(tmp_path, capsys):
     published = tmp_path / "published.json"
     published.write_text(json.dumps({"table4": {"initial": {"n-gram": [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]},
                                                 "new": {"n-gram": [0.9, 0.1, 0.2, 0.3, 0.4, 0.5]}}}))
-    report = lambda *a: subprocess.run([sys.executable, "tools/dynamic_report.py", *a], cwd=root,  # noqa: E731
-                                       capture_output=True, text=True, timeout=300)
-    res = report(f"n-gram={tmp_path / 'bm25'}", "--out", str(tmp_path / "t4"), "--published", str(published),
-                 "--table", "table4")
-    assert res.returncode == 0, res.stderr
-    lines = res.stdout.splitlines()
+    rc, out, err = run_tool("dynamic_report", [f"n-gram={tmp_path / 'bm25'}", "--out", tmp_path / "t4",
+                                               "--published", published, "--table", "table4"], capsys)
+    assert rc == 0, err
+    lines = out.splitlines()
     new_at = lines.index("Hit@10 on new documents, ours beside the published rows")
     assert "| n-gram | published | 0.900 | 0.100 | 0.200 | 0.300 | 0.400 | 0.500 |" in lines[new_at:]
     assert "| n-gram | ours | " + " | ".join(f"{x:.3f}" for x in ours["new_P_oo"]) + " |" in lines[new_at:]
     assert (tmp_path / "t4" / "report.png").stat().st_size > 5000
-    res = report(f"url={tmp_path / 'bm25'}", "--out", str(tmp_path / "t4b"), "--published", str(published),
-                 "--table", "table4")
-    assert res.returncode == 2 and "url: not a row of table4 (it has n-gram)" in res.stderr, res.stderr
+    rc, _, err = run_tool("dynamic_report", [f"url={tmp_path / 'bm25'}", "--out", tmp_path / "t4b",
+                                             "--published", published, "--table", "table4"], capsys)
+    assert rc == 2 and "url: not a row of table4 (it has n-gram)" in err, err
     assert not (tmp_path / "t4b").exists()
 
 
@@ -273,6 +270,7 @@ def test_replay_pairs_by_hand(tmp_path):
         dc.Replay(memory_file=str(tmp_path / "missing.jsonl"))
 
 
+@pytest.mark.slow
 def test_atomic_docids_are_refused(tmp_path):
     f = tmp_path / "atomic.gin"
     f.write_text("include 'runs/dynamic.gin'\ninclude 'experiments/demo/dsi_atomic.gin'\n"
@@ -439,7 +437,7 @@ def test_retrieve_breaks_ties_by_document_id_not_by_row(tmp_path):
 
 
 @pytest.mark.slow
-def test_ltrgr_starts_from_the_minder_trained_on_d0(tmp_path):
+def test_ltrgr_starts_from_the_minder_trained_on_d0(tmp_path, capsys):
     """LTRGR in the protocol: the MINDER of dynamic_minder.gin trained on D0, then LTRGR from its checkpoint with
     rank data made at the start by that model over D0's training queries; new documents enter the index
     untrained. The commands run as users run them, each in its own process (two protocol runs in the test
@@ -483,7 +481,7 @@ BATCH_SIZE = 4
     assert "rank_loss" in logged[-1]  # LTRGR's loss trained it
     ltrgr.write_text(ltrgr.read_text().replace(f"INITIAL_CHECKPOINT_PATH = '{tmp_path / 'minder' / 'model'}'",
                                                "INITIAL_CHECKPOINT_PATH = None"))
-    res = dynamic(ltrgr, tmp_path / "none")
-    assert res.returncode == 2 and "LTRGR starts from a trained MINDER: set INITIAL_CHECKPOINT_PATH" in res.stderr, \
-        res.stderr[-3000:]
-    assert "Traceback" not in res.stderr
+    capsys.readouterr()  # refused before anything runs: the command's main in this process
+    assert dynamic_cmd.main([f"--gin_file={ltrgr}", f"--gin.MODEL_DIR='{tmp_path / 'none'}'"]) == 2
+    err = capsys.readouterr().err
+    assert "LTRGR starts from a trained MINDER: set INITIAL_CHECKPOINT_PATH" in err and "Traceback" not in err, err

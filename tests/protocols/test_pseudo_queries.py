@@ -15,11 +15,10 @@ from gr_jax.models import lm as fewshot
 from gr_jax.protocols import pseudo_queries as pq
 
 
-@pytest.fixture(scope="module")
-def lm():
-    from tests.models.lm_helpers import tiny_lm_context
-
-    return tiny_lm_context()
+@pytest.fixture
+def lm(tiny_lm):
+    """The session's tiny LM and its demo dataset (tests/conftest.py), read-only."""
+    return tiny_lm
 
 
 def _corpus(d, rows):
@@ -130,20 +129,15 @@ def test_objective_and_docids_from_a_generated_file(tmp_path):
     assert named == sorted([f"what is {docs[0]}", f"about {docs[0]}"])
 
 
+@pytest.mark.slow
 @pytest.mark.torch
-def test_command_writes_reuses_and_refuses(lm, tmp_path, capsys):
+def test_command_writes_reuses_and_refuses(tiny_hf_llama, tmp_path, capsys):
     """python -m gr_jax.pseudo_queries with a tiny random HF Llama directory as the LM."""
     import gin
 
     from gr_jax import pseudo_queries as entry
-    from gr_jax.models import llama_parity
-    from tests.conftest import require
 
-    require("torch")
-    ctx, _ = lm
-    hf = llama_parity.write_random_hf_llama(tmp_path / "lm", vocab_size=ctx.tok.vocab_size, d_model=32,
-                                           num_heads=2, num_kv_heads=1, d_ff=48)
-    ctx.tok.backend.save(str(hf / "tokenizer.json"))
+    hf = tiny_hf_llama
     args = ["--gin_file=experiments/demo/pseudo_queries_smollm2.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
             f"--gin.LM='{hf}'", "--gin.write_pseudo_queries.max_documents=5",
             "--gin.write_pseudo_queries.num_queries=2", "--gin.PseudoQueryGenerator.max_query_tokens=4"]

@@ -4,14 +4,13 @@ identical, bad settings refused with exit code 2) and for a small trained PAG (S
 runs, TokJaccard)."""
 
 import json
-import textwrap
 
 import gin
 import pytest
 
 from gr_jax import robustness as entry
 from gr_jax.protocols import robustness as R
-from tests.methods.pag.test_run import TRAIN
+from tests.shared import copy_of
 from tests.methods.seal.small import train_small
 
 
@@ -53,6 +52,7 @@ BM25_ARGS = ["--gin_file=experiments/demo/robustness_bm25.gin", "--gin.run_robus
              "--gin.run_robustness.seeds=[5, 27]", "--gin.run_robustness.generators={}"]
 
 
+@pytest.mark.slow
 def test_bm25_command_writes_tables_and_plots_and_reruns_identically(tmp_path, capsys):
     args = BM25_ARGS + [f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'", f"--gin.VARIATIONS_DIR='{tmp_path / 'var'}'"]
     assert entry.main(args) == 0, capsys.readouterr().err
@@ -87,30 +87,6 @@ def test_bm25_command_writes_tables_and_plots_and_reruns_identically(tmp_path, c
     assert entry.main(args + ["--gin.Misspeller.max_edits=1"]) == 2  # the saved misspellings were made with 2
     err = capsys.readouterr().err
     assert "test.misspelling.5.jsonl: the variation set was built with another settings" in err
-
-
-# the small PAG of tests/training/test_pag_run.py, 4 steps, no final evaluation (later bindings win in gin)
-PAG = TRAIN + """
-TRAIN_STEPS = 4
-PagRetriever.planning_size = 12
-train.checkpoint_period = 4
-train.final_eval = False
-"""
-
-
-@pytest.fixture(scope="module")
-def tiny_pag(tmp_path_factory):
-    """A small PAG trained for 4 steps on 40 demo documents: (experiment file, MODEL_DIR)."""
-    from gr_jax import compose, gin_utils
-
-    root = tmp_path_factory.mktemp("pag")
-    exp = root / "pag.gin"
-    exp.write_text(textwrap.dedent(PAG))
-    gin.clear_config()
-    gin_utils.parse([str(exp)], [f"MODEL_DIR = '{root / 'm'}'"])
-    compose.train()
-    gin.clear_config()
-    return exp, root / "m"
 
 
 @pytest.mark.slow
@@ -151,7 +127,7 @@ def test_cross_lingual_settings_and_alignment(tiny_pag, tmp_path, capsys):
     from gr_jax import gin_utils
     from gr_jax.data import sources
 
-    exp, model_dir = tiny_pag
+    exp, model_dir = tiny_pag[0], copy_of(tiny_pag[1], tmp_path / "pag")  # the alignment is written into it
     gin_utils.parse([str(exp)], [f"MODEL_DIR = '{model_dir}'"])
     ds = sources.load_dataset("demo")
     gin.clear_config()

@@ -115,18 +115,16 @@ def _one_error_line(stderr: str) -> str:
     return errors[0]
 
 
-@pytest.fixture(scope="module")
-def tiny_gin(tmp_path_factory) -> Path:
-    f = tmp_path_factory.mktemp("gin") / "tiny.gin"
-    f.write_text(TINY_TRAIN)
-    return f
+@pytest.fixture(scope="session")
+def tiny_gin(tiny_dsi_process) -> Path:
+    """TINY_TRAIN's gin file (the session's shared run was made from it)."""
+    return tiny_dsi_process[0]
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_gin, tmp_path_factory) -> Path:
-    """An uninterrupted tiny training (its MODEL_DIR)."""
-    model_dir = tmp_path_factory.mktemp("reference") / "model"
-    _ok(_run("train", _train_args(tiny_gin, model_dir)))
+@pytest.fixture(scope="session")
+def reference(tiny_dsi_process) -> Path:
+    """An uninterrupted tiny training (its MODEL_DIR): the session's shared one, read-only."""
+    model_dir = tiny_dsi_process[1]
     assert _steps(model_dir / "train_metrics.jsonl") == [1, 2, 3, 4]
     assert sorted(p.name for p in (model_dir / "runs").iterdir()) == ["test.step4.run"]
     return model_dir
@@ -320,26 +318,6 @@ def test_dynamic_protocol_killed_at_a_random_moment_reruns_to_the_same_result(sy
     assert json.loads((out / "dynamic" / "dynamic.json").read_text()) == expected
 
 
-def _tiny_hf_llama(out: Path) -> Path:
-    """A tiny random HF Llama directory with a byte-level BPE tokenizer trained on the demo corpus (as
-    tests/protocols/test_pseudo_queries.py builds it)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from gr_jax.data import demo
-    from gr_jax.models import llama_parity
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=["<|endoftext|>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    backend.train_from_iterator(list(demo.generate(num_docs=80, seed=1).corpus.texts), trainer)
-    hf = llama_parity.write_random_hf_llama(out, vocab_size=backend.get_vocab_size(), d_model=32, num_heads=2,
-                                           num_kv_heads=1, d_ff=48)
-    backend.save(str(hf / "tokenizer.json"))
-    return hf
-
-
 def _pseudo_queries(path: Path) -> list:
     """The file's lines, parsed; the header's `stats` (generation seconds) left out."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -348,13 +326,8 @@ def _pseudo_queries(path: Path) -> list:
 
 
 @pytest.mark.torch
-def test_pseudo_queries_killed_at_a_random_moment_reruns_to_the_same_file(tmp_path):
-    from tests.conftest import require
-
-    require("torch")
-    require("transformers")
-    require("tokenizers")
-    hf = _tiny_hf_llama(tmp_path / "lm")
+def test_pseudo_queries_killed_at_a_random_moment_reruns_to_the_same_file(tiny_hf_llama, tmp_path):
+    hf = tiny_hf_llama  # the session's tiny random HF Llama with its BPE tokenizer (tests/conftest.py)
 
     def args(model_dir):  # 16 documents in batches of 2: a file saved after every batch
         return ["--gin_file=experiments/demo/pseudo_queries_smollm2.gin", f"--gin.MODEL_DIR='{model_dir}'",

@@ -21,6 +21,8 @@ import pytest
 
 from gr_jax import gin_utils, io_utils, locks, progress, provenance, validation
 from gr_jax.training import trainer
+from tests.conftest import run_tool
+from tests.shared import copy_of
 from tests.test_bad_inputs import TINY, _main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,6 +140,7 @@ def test_a_byte_order_mark_is_not_part_of_the_first_id(tmp_path):
     assert list(read_qrels(tmp_path / "qrels.tsv")) == ["q1"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["file", "flag", "included file", "not utf-8"])
 def test_gin_syntax_errors_name_the_file_or_flag(tmp_path, capsys, where):
     from gr_jax import train
@@ -189,6 +192,7 @@ def test_every_numeric_setting_has_a_range():
     assert sorted(unchecked) == ["EvalConfig.rel_threshold", "run_robustness.rel_threshold"], unchecked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("binding, message", [
     ("write_pseudo_queries.max_documents = -1998", "write_pseudo_queries.max_documents must be an integer ≥ 0"),
     ("finetune_dual_encoder.temperature = -0.05", "finetune_dual_encoder.temperature must be a finite number > 0"),
@@ -237,15 +241,16 @@ def test_progress_in_a_log_file_is_a_few_lines(caplog):
     assert lines[-1].startswith("train: 1000/1000 step (100%)") and "loss=1.000" in lines[-1]
 
 
-def test_a_refused_resume_leaves_config_gin_as_it_was(tmp_path, capsys):
+@pytest.mark.slow
+def test_a_refused_resume_leaves_config_gin_as_it_was(tiny_dsi, tmp_path, capsys):
     """The run is refused for another docid scheme than its checkpoint's: the config.gin that the message
     tells the user to read is still the one of the checkpoint's run."""
     from gr_jax import train
 
     exp = tmp_path / "exp.gin"
     exp.write_text(TINY)
+    copy_of(tiny_dsi[1], tmp_path / "m")  # TINY trained for two steps
     run = [f"--gin_file={exp}", f"--gin.MODEL_DIR='{tmp_path / 'm'}'"]
-    assert _main(train, run, capsys)[0] == 0
     before = (tmp_path / "m" / "config.gin").read_bytes()
     rc, err = _main(train, run + ["--gin.TRAIN_STEPS=4", "--gin.load_dataset.demo_docs=41"], capsys)
     assert rc == 2 and "config.gin" in err, err
@@ -259,6 +264,7 @@ def test_a_refused_resume_leaves_config_gin_as_it_was(tmp_path, capsys):
 # ----------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_taken_over(tmp_path, caplog):
     d = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
@@ -296,12 +302,11 @@ def test_a_lock_on_a_new_directory_leaves_nothing_when_nothing_was_written(tmp_p
             pass
 
 
-def test_tools_validate_their_numeric_arguments():
+def test_tools_validate_their_numeric_arguments(capsys):
     """No tool takes a bare `type=int` / `type=float` (argparse would accept 0 or -5 and fail later with a
     traceback); one of them run with a bad value stops at once."""
     bare = [f"{p.name}: {line.strip()}" for p in sorted((ROOT / "tools").glob("*.py"))
             for line in p.read_text().splitlines() if "add_argument" in line and ("type=int" in line or "type=float" in line)]
     assert not bare, bare
-    res = subprocess.run([sys.executable, "tools/bench_train.py", "--batch", "0"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
-    assert res.returncode == 2 and "--batch: '0': must be an integer ≥ 1" in res.stderr and "Traceback" not in res.stderr
+    rc, _, err = run_tool("bench_train", ["--batch", "0"], capsys)
+    assert rc == 2 and "--batch: '0': must be an integer ≥ 1" in err and "Traceback" not in err

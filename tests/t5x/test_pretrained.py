@@ -1,11 +1,10 @@
-"""A T5 checkpoint in t5x's format → our T5 (`python -m gr_jax.t5x.pretrained`): tiny T5.1.1 (gated GELU, separate
-head) and T5.1.0 (ReLU, head = embedding) networks of t5x's own T5 example, written by t5x's own checkpointer in the
-layout of the public checkpoints, give our T5 the logits t5x's network computes. The oracle is t5x's code, which
-shares nothing with ours."""
+"""A T5 checkpoint in t5x's format → our T5 (`python -m gr_jax.t5x.pretrained`; its conversion in-process, its
+refusals as the command): tiny T5.1.1 (gated GELU, separate head) and T5.1.0 (ReLU, head = embedding) networks of
+t5x's own T5 example, written by t5x's own checkpointer in the layout of the public checkpoints, give our T5 the
+logits t5x's network computes. The oracle is t5x's code, which shares nothing with ours."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -55,8 +54,10 @@ def test_a_t5x_checkpoint_gives_our_t5_t5xs_logits(tmp_path, gated):
     from gr_jax.models import convert as ours
     from gr_jax.models import t5
 
+    from gr_jax.t5x.pretrained import convert_t5x_t5
+
     path, (enc, dec_in), expected = t5x_checkpoint(tmp_path, gated)
-    out = json.loads(convert("--checkpoint", str(path), "--out", str(tmp_path / "ours")).stdout.splitlines()[-1])
+    out = convert_t5x_t5(str(path), str(tmp_path / "ours"))  # what the command runs and prints
     assert out["config"]["feed_forward_proj"] == ("gated-gelu" if gated else "relu")
     assert out["config"]["tie_word_embeddings"] is (not gated)
     assert (out["config"]["num_heads"], out["config"]["d_kv"], out["config"]["num_decoder_layers"]) == (2, 8, 2)
@@ -68,7 +69,9 @@ def test_a_t5x_checkpoint_gives_our_t5_t5xs_logits(tmp_path, gated):
     assert float(np.abs(got - expected).max()) <= 1e-5 * float(np.abs(expected).max())
 
 
+@pytest.mark.slow
 def test_bad_input_exits_2_with_one_message(tmp_path):
+    """The command as a user types it: one message, exit code 2, no traceback, nothing written."""
     res = convert("--checkpoint", str(tmp_path / "nothing"), "--out", str(tmp_path / "o"), expect=2)
     assert "not a directory" in res.stderr and "Traceback" not in res.stderr
     (tmp_path / "empty").mkdir()

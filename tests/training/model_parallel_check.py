@@ -52,14 +52,17 @@ def check(name: str, model, partitions: int, rules: dict) -> dict:
 
 
 def main() -> int:
-    partitions = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    fsdp = len(sys.argv) > 2 and sys.argv[2] == "fsdp"  # the d_model axis of every matrix over `data` as well
-    rules = partitioning.logical_rules(parameter_partitioning_dims=2 if fsdp else 1)
+    """Arguments: the cases, each `PARTITIONS` or `PARTITIONS:fsdp` (default `2`); one process checks them all."""
     models = [("t5", GenerativeRetriever(t5.get_config("tiny", vocab_size=1000))),
               ("llama", DecoderOnlyRetriever(llama.get_config("llama_tiny", vocab_size=1000, pad_token_id=0,
                                                               bos_token_id=2)))]
-    for name, model in models:
-        sys.stdout.write(json.dumps(check(name, model, partitions, rules)) + "\n")
+    for case in sys.argv[1:] or ["2"]:
+        partitions, _, mode = case.partition(":")
+        # fsdp: the d_model axis of every matrix over `data` as well
+        rules = partitioning.logical_rules(parameter_partitioning_dims=2 if mode == "fsdp" else 1)
+        for name, model in models:
+            row = {"case": case, **check(name, model, int(partitions), rules)}
+            sys.stdout.write(json.dumps(row) + "\n")
     return 0
 
 

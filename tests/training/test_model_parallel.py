@@ -2,7 +2,7 @@
 axes — vocabulary, MLP, heads — over `model`, the batch over `data`): on 8 host devices the loss and the gradients
 equal one device's, for both backbones, two mesh shapes, and with the parameters split over `data` as well
 (`logical_rules.parameter_partitioning_dims = 2`). Runs tests/training/model_parallel_check.py in a
-process of its own (the device count is fixed when JAX starts)."""
+process of its own (the device count is fixed when JAX starts), once for the three cases."""
 
 from __future__ import annotations
 
@@ -19,13 +19,26 @@ from tests.conftest import xla_flags
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("partitions,mode", [(2, ""), (4, ""), (2, "fsdp")])
-def test_a_data_by_model_mesh_gives_one_devices_loss_and_gradients(partitions, mode):
+pytestmark = pytest.mark.slow  # a process of its own with 8 host devices
+CASES = [(2, ""), (4, ""), (2, "fsdp")]
+
+
+def _case(partitions: int, mode: str) -> str:
+    return f"{partitions}:{mode}" if mode else str(partitions)
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
     env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
     res = subprocess.run([sys.executable, str(REPO / "tests" / "training" / "model_parallel_check.py"),
-                          str(partitions), mode], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                          *[_case(*c) for c in CASES]], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
-    rows = {r["name"]: r for r in map(json.loads, res.stdout.splitlines())}
+    return [json.loads(line) for line in res.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("partitions,mode", CASES)
+def test_a_data_by_model_mesh_gives_one_devices_loss_and_gradients(rows, partitions, mode):
+    rows = {r["name"]: r for r in rows if r["case"] == _case(partitions, mode)}
     assert sorted(rows) == ["llama", "t5"]
     for row in rows.values():
         assert row["devices"] == 8 and row["mesh"] == {"data": 8 // partitions, "model": partitions}

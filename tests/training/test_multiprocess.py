@@ -120,12 +120,12 @@ def test_two_processes_train_bit_for_bit_as_one_process_over_the_same_devices(tw
     assert not _leftovers(two) and not list(two.glob(".gr_jax.lock*"))
 
 
-def test_two_processes_train_within_rounding_of_one_device(two, tiny_gin, tmp_path):
+def test_two_processes_train_within_rounding_of_one_device(two, tiny_dsi_process):
     """One device sums the whole batch's gradient in one reduction, two devices sum two halves and then add them:
     float32 rounding of the gradient (~1e-7 relative) that Adam's normalised update passes on. Measured: 1.5e-6
     of a tensor's largest magnitude after 4 steps; the bound leaves room for other CPUs' kernels, and a
     different batch or a lost update (lr 5e-3 per step) would be ~1e-3."""
-    got, want = _params(two), _params(_one_process(tiny_gin, tmp_path / "one", devices=1))
+    got, want = _params(two), _params(tiny_dsi_process[1])  # the same command in one process on one device
     for k, w in want.items():
         if w.dtype.kind == "f" and w.size:
             scale = max(float(np.abs(w).max()), 1e-30)
@@ -178,7 +178,13 @@ def test_a_process_killed_mid_run_stops_the_other_and_both_resume_to_the_same_ch
     assert not _leftovers(model_dir)
 
 
-def test_multi_process_flags_are_checked_before_anything_runs(tiny_gin, tmp_path):
+def test_multi_process_flags_are_checked_before_anything_runs(tiny_gin, tmp_path, capsys):
+    """Refused before anything runs (no process group is joined): the commands' mains in this process."""
+    import gin
+
+    from gr_jax import dynamic as dynamic_cmd
+    from gr_jax import train as train_cmd
+
     cases = [(["--process_count=2"], "without --multiprocess"),
              (["--multiprocess", "--process_count=2"], "needs --coordinator_address, --process_index too"),
              (["--multiprocess", "--coordinator_address=localhost", "--process_count=2", "--process_index=0"],
@@ -186,12 +192,12 @@ def test_multi_process_flags_are_checked_before_anything_runs(tiny_gin, tmp_path
              (["--multiprocess", "--coordinator_address=localhost:1", "--process_count=2", "--process_index=2"],
               "--process_index must be in [0, 2)")]
     for flags, message in cases:
-        res = subprocess.run(_args(tiny_gin, tmp_path / "model") + flags, cwd=REPO, env=_env(1), capture_output=True,
-                             text=True, timeout=TIMEOUT)
-        assert res.returncode == 2, (flags, res.stderr[-2000:])
-        assert message in _one_error_line(res.stderr), flags
+        gin.clear_config()
+        capsys.readouterr()
+        assert train_cmd.main(_args(tiny_gin, tmp_path / "model")[3:] + flags) == 2, flags
+        assert message in _one_error_line(capsys.readouterr().err), flags
         assert not (tmp_path / "model").exists()
-    res = subprocess.run([sys.executable, "-m", "gr_jax.dynamic", f"--gin_file={tiny_gin}",
-                          f"--gin.MODEL_DIR='{tmp_path / 'model'}'", "--multiprocess"],
-                         cwd=REPO, env=_env(1), capture_output=True, text=True, timeout=TIMEOUT)
-    assert res.returncode == 2 and "are for gr_jax.train and gr_jax.infer" in _one_error_line(res.stderr)
+    gin.clear_config()
+    argv = [f"--gin_file={tiny_gin}", f"--gin.MODEL_DIR='{tmp_path / 'model'}'", "--multiprocess"]
+    assert dynamic_cmd.main(argv) == 2
+    assert "are for gr_jax.train and gr_jax.infer" in _one_error_line(capsys.readouterr().err)

@@ -225,6 +225,7 @@ def test_initial_checkpoint_from_converted_hf(tmp_path, hf_t5_dirs):
     assert int(compose.train()["state"]["step"]) == 1  # and training starts from it
 
 
+@pytest.mark.slow
 def test_configuration_errors_name_what_to_set(tmp_path, capsys):
     from gr_jax import train as entry
 
@@ -261,6 +262,7 @@ def test_every_shipped_gin_file_parses(path):
     assert gin.config_str()
 
 
+@pytest.mark.slow
 def test_numeric_docids_with_codebook_head_train_evaluate_and_resume(tmp_path):
     extra = """
         TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 3}

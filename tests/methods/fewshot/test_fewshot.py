@@ -19,11 +19,10 @@ from gr_jax.methods.fewshot import run as fewshot_gr
 from gr_jax.models.lm import clean_text
 
 
-@pytest.fixture(scope="module")
-def lm():
-    from tests.models.lm_helpers import tiny_lm_context
-
-    return tiny_lm_context()
+@pytest.fixture
+def lm(tiny_lm):
+    """The session's tiny LM and its demo dataset (tests/conftest.py), read-only."""
+    return tiny_lm
 
 
 def test_bank_dedup_policies_by_hand():
@@ -68,6 +67,7 @@ def test_bank_index_and_files(tmp_path):
         fewshot.DocidBank.load(path)
 
 
+@pytest.mark.slow
 def test_writer_respects_lengths_and_is_deterministic(lm):
     ctx, d = lm
     texts = list(d.corpus.texts[:3])
@@ -84,6 +84,7 @@ def test_writer_respects_lengths_and_is_deterministic(lm):
             assert all(len(s) == 4 and all(isinstance(q, str) and q for q in s) for s in sources)
 
 
+@pytest.mark.slow
 def test_pseudo_query_docids_are_each_querys_own_greedy_continuation(lm):
     """The paper's mode writes a docid from each pseudo-query greedily, its prompts batched by length: every
     docid must be the greedy continuation of its own query's prompt, found here by full forward passes (no
@@ -175,7 +176,14 @@ def test_build_bank_resumes_and_ignores_corpus_order(lm, tmp_path):
     head = {k: v for k, v in json.loads(lines[0]).items() if k not in ("rows", "rows_digest")}
     part.write_text(records_text(head, [json.loads(line) for line in lines[1:1 + 2 * 2 * 2]]))
     fewshot_gr.build_bank(ctx, Corpus(ids, texts), w, part, built, progress=False)
-    assert part.read_text() == whole.read_text()
+
+    def without_timing(text: str) -> list:  # the header's generation seconds are a timing, not a result
+        head, *rows = text.splitlines()
+        head = json.loads(head)
+        head["stats"].pop("generation_seconds")
+        return [head, *rows]
+
+    assert without_timing(part.read_text()) == without_timing(whole.read_text())
     with pytest.raises(ValueError, match="whole.jsonl: the docid bank was built with another writer"):
         fewshot_gr.build_bank(ctx, Corpus(ids, texts), w, whole, {**built, "writer": {"num_docids": 3}},
                               progress=False)
@@ -227,21 +235,15 @@ def test_docid_texts_of_each_kind():
     assert tool.docid_texts(atomic, Vocab()) == ["12", "5"]
 
 
+@pytest.mark.slow
 @pytest.mark.torch
-def test_fewshot_command_runs_reuses_its_bank_and_refuses_another(lm, tmp_path, capsys):
+def test_fewshot_command_runs_reuses_its_bank_and_refuses_another(tiny_hf_llama, tmp_path, capsys):
     """python -m gr_jax.fewshot on a tiny random HF Llama directory (with the tokenizer trained above)."""
     import gin
 
     from gr_jax import fewshot as entry
-    from tests.conftest import require
 
-    require("torch")
-    from gr_jax.models import llama_parity
-
-    ctx, _ = lm
-    hf = llama_parity.write_random_hf_llama(tmp_path / "lm", vocab_size=ctx.tok.vocab_size, d_model=32,
-                                           num_heads=2, num_kv_heads=1, d_ff=48)
-    ctx.tok.backend.save(str(hf / "tokenizer.json"))
+    hf = tiny_hf_llama
     args = ["--gin_file=experiments/demo/fewshot_smollm2.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
             f"--gin.LM='{hf}'", "--gin.run_fewshot.max_documents=6", "--gin.DocidWriter.num_docids=2",
             "--gin.DocidWriter.max_tokens=4", "--gin.DocidWriter.inputs='document'",

@@ -115,6 +115,7 @@ def test_in_batch_ce_masks_only_other_copies_of_the_same_document():
     np.testing.assert_allclose(masked, (one_other + one_other + two_others) / 3, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_earlier_codebooks_are_frozen_and_later_ones_untouched():
     model = _model()
     params = model.init_params(0)
@@ -130,6 +131,7 @@ def test_earlier_codebooks_are_frozen_and_later_ones_untouched():
     assert np.abs(np.asarray(grads["head"]["code_inputs"])).sum() > 0.0  # the prefix's input codes train
 
 
+@pytest.mark.slow
 def test_greedy_docids_equal_teacher_forcing_and_the_search_steps():
     model = _model()
     params = model.init_params(3)

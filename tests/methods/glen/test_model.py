@@ -205,6 +205,7 @@ def test_glen_retriever_checks_its_docid_length():
         glen.GlenRetriever(model.config, score_mode="raw")
 
 
+@pytest.mark.slow
 def test_training_path_equals_the_cached_step_table_without_dropout():
     model, params, inputs = _fixture_model()
     docs = jnp.asarray(inputs["doc_input_ids"][:8], jnp.int32)

@@ -155,11 +155,13 @@ def test_phase2_decodes_writes_restores_and_resumes_its_docids(tmp_path, phase1,
                for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
 
 
+@pytest.mark.slow
 def test_phase2_refuses_a_checkpoint_period_that_breaks_exact_resume(tmp_path, phase1):
     with pytest.raises(ValueError, match="must be a multiple of the re-assignment period"):
         _phase2(tmp_path, phase1, tmp_path / "p2", ["train.checkpoint_period = 3"])
 
 
+@pytest.mark.slow
 def test_phase2_refuses_another_vocabulary_than_phase1s(tmp_path, phase1):
     from gr_jax.vocab import train_sentencepiece
 
@@ -170,6 +172,7 @@ def test_phase2_refuses_another_vocabulary_than_phase1s(tmp_path, phase1):
     assert other is not None
 
 
+@pytest.mark.slow
 def test_dsi_objectives_refuse_docids_decoded_by_the_model(tmp_path, phase1):
     with pytest.raises(ValueError, match="bind its own objectives config"):
         _phase2(tmp_path, phase1, tmp_path / "p2", ["prepare.objectives_config = @Objectives()",

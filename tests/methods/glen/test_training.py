@@ -146,6 +146,7 @@ def _fixture_glen():
     return model, params, inputs
 
 
+@pytest.mark.slow
 def test_glen_objective_trains_and_reduces_to_its_terms():
     import jax
     import optax

@@ -51,6 +51,7 @@ def test_pawa_projection_for_a_given_prefix_by_hand():
     assert np.abs(np.asarray(head.adapted(params, jnp.asarray(y)))[:, 1] - g[:, 1]).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_decoding_equals_teacher_forcing_and_beams_follow_the_ranking():
     model = _model()
     params = model.init_params(1)

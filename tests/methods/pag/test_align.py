@@ -37,6 +37,7 @@ def test_align_loss_against_numpy():
     assert float(pag_align.align_loss(jnp.asarray(zt), jnp.asarray(zt), 2.0, 4)) == pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_alignment_raises_dev_jaccard_and_freezes_the_decoder(tmp_path):
     model, params, _, _, _ = pag_parity.fixture_setup(FIXTURE)
     with np.load(FIXTURE / "inputs.npz") as z:

@@ -20,6 +20,7 @@ from gr_jax.decoding.beam_search import beam_search
 from gr_jax.index.trie import TrieIndex
 from gr_jax.methods.pag import model as pag
 from gr_jax.methods.pag import parity as pag_parity
+from tests.conftest import run_tool
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURE = ROOT / "tests" / "fixtures" / "pag_parity"
@@ -62,11 +63,10 @@ def test_the_check_fails_on_a_changed_ranking_and_the_tool_says_so(tmp_path):
     assert line["prefix_logits_diff"] < 1e-4 and line["within_tolerance"] is False
 
 
-def test_check_parity_refuses_a_folder_that_is_not_a_fixture(tmp_path):
-    res = subprocess.run([sys.executable, "tools/check_parity.py", "--method", "pag", "--fixture", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 2 and "not a PAG parity fixture folder" in res.stderr
-    assert "Traceback" not in res.stderr
+def test_check_parity_refuses_a_folder_that_is_not_a_fixture(tmp_path, capsys):
+    rc, _, err = run_tool("check_parity", ["--method", "pag", "--fixture", tmp_path], capsys)
+    assert rc == 2 and "not a PAG parity fixture folder" in err
+    assert "Traceback" not in err
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -180,6 +180,7 @@ def test_a_searchs_child_slots_get_a_brute_force_max_where_the_tables_are_placed
     assert checked == nodes.shape[1] - 1
 
 
+@pytest.mark.slow  # the planning sets' search in the default tier: tests/models/test_traced_search.py
 @pytest.mark.parametrize("M, K, mode", [(6, 4, "pag_unguided"), (4, 8, "pag")])  # each mode on one trie shape
 def test_the_planning_sets_trie_finds_what_the_corpus_trie_with_tables_finds(M, K, mode, monkeypatch):
     """A random tiny PAG over 1500 docids of depth 6 (a run of CSR levels stored together among them) or 4 (CSR
@@ -374,6 +375,7 @@ def test_prefill_equals_one_step_at_a_time():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_rankings_do_not_depend_on_the_corpus_order():
     """The fixture's model and docid files over the corpus in two row orders: every mode returns the same
     documents with the same scores (planning ties by document key, rankings in trec order)."""
@@ -400,6 +402,7 @@ def test_rankings_do_not_depend_on_the_corpus_order():
     assert all(len(r) for r in results[0]["pag"])
 
 
+@pytest.mark.slow
 def test_a_tie_across_the_planning_boundary_takes_the_exact_path():
     """Two documents given the same set docid tie in s_simul; with n placing the tie across the boundary the
     search plans exactly: the document with the larger order key is planned, whatever the row order."""
@@ -434,6 +437,7 @@ def test_a_tie_across_the_planning_boundary_takes_the_exact_path():
     assert planned_doc["rows"] == planned_doc["reversed"] == winner
 
 
+@pytest.mark.slow
 def test_plan_probes_for_the_robustness_protocol():
     """planner_tokens = the top-ℓ positive planner weights below the docid tokens (ties by smaller id), checked
     in numpy; searching a query under its own plan is `rank`; under another query's plan it differs."""

@@ -12,6 +12,7 @@ import pytest
 
 from gr_jax.methods.pag import parity as pag_parity
 from gr_jax.methods.pag import planner
+from tests.conftest import sweep
 
 FIXTURE = pag_parity.Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "pag_parity"
 
@@ -84,7 +85,7 @@ def test_each_path_of_the_inverted_planner_equals_the_dense_product(corpus, case
         assert got == sorted(zip(want_rows[b].tolist(), want_s[b].view(np.uint32).tolist()))  # bit for bit
 
 
-@pytest.mark.parametrize("n, exact", [(20, True), (400, False)])
+@pytest.mark.parametrize("n, exact", sweep("n, exact", [(20, True), (400, False)], [(400, False)]))
 def test_documents_on_several_tokens_beyond_the_rescored_budget(corpus, n, exact):
     """With room to rescore 64 postings on documents on several tokens (each query has ~140, of ~70 documents):
     at n 20 the rest score below
@@ -163,8 +164,9 @@ def test_the_rung_of_a_batch_by_hand():
     assert int(planner.rung_of(rep, start, rungs[:1])) == 1  # the 4 rung alone: none fits
 
 
-@pytest.mark.parametrize("fired, values, n, quick", [(3, None, N, True), (12, None, N, True),
-                                                    (3, [0.5, 1.0], N, False), (3, None, 700, False)])
+@pytest.mark.parametrize("fired, values, n, quick", sweep("fired, values, n, quick", [
+    (3, None, N, True), (12, None, N, True), (3, [0.5, 1.0], N, False), (3, None, 700, False)],
+    [(3, [0.5, 1.0], N, False)]))
 def test_every_rung_plans_what_the_largest_plans(corpus, fired, values, n, quick, monkeypatch):
     """A batch whose postings fit a small rung (a few fired tokens, ~100 postings each, against a budget of 4096)
     plans on the index, at that rung, the same rows with the same score bits as the largest rung alone (one
@@ -232,6 +234,7 @@ def _both(ids, keys, rep, n, vocab):
     return out
 
 
+@pytest.mark.slow
 def test_a_weight_absorbed_in_the_float_total_cannot_hide_a_document_on_two_tokens():
     # row 0 holds tokens 0 and 1: 3.0 + 1e-7 == 3.0 in float32, so its total equals a weight; weights spanning
     # 2^22 or more send the batch to the dense product
@@ -242,6 +245,7 @@ def test_a_weight_absorbed_in_the_float_total_cannot_hide_a_document_on_two_toke
     assert inv == dense and [r for r, _ in dense[0]] == [0, 1]
 
 
+@pytest.mark.slow
 def test_repeated_keys_and_rows_without_a_document_follow_the_key_then_the_row():
     # three rows tie at score 1 with keys 5, 5, 9: key 9 (row 2) first, then the earlier row of the two 5s (row 0)
     inv, dense = _both([[0], [0], [0], [1]], [5, 5, 9, 1], [[1.0, 2.0]], 3, 2)
@@ -256,6 +260,7 @@ def test_an_index_of_padding_alone_plans_by_the_dense_product():
     assert inv == dense and [r for r, _ in dense[0]] == [0, 2]  # all score 0: keys 3 and 2
 
 
+@pytest.mark.slow
 def test_query_terms_count_the_planning_vocabulary_only_and_a_new_setting_recompiles():
     """planner_query_terms T keeps T planning-vocabulary weights whatever the docid tokens weigh, and changing T
     after a plan plans with the new T (the compiled planner is keyed by it)."""

@@ -4,7 +4,6 @@ raw.tsv queries) imported and evaluated, equal to the model built directly from 
 docid file refused by name."""
 
 import json
-import textwrap
 
 import gin
 import jax
@@ -12,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gr_jax import compose, gin_utils
 
 TRAIN = """
 include 'runs/train.gin'
@@ -44,6 +42,14 @@ train.eval_config = @EvalConfig()
 """
 
 
+# the PAG the session trains once (tests/conftest.py `tiny_pag`): TRAIN with planning sets of 12 and no final
+# evaluation (later bindings win in gin); tests/protocols/test_robustness.py reads it too
+SHARED = TRAIN + """
+PagRetriever.planning_size = 12
+train.final_eval = False
+"""
+
+
 def _tool(name):
     import importlib.util
     from pathlib import Path
@@ -56,15 +62,12 @@ def _tool(name):
 
 
 @pytest.mark.slow
-def test_pag_trains_and_evaluates_in_every_mode(tmp_path, capsys):
+def test_pag_trains_and_evaluates_in_every_mode(tiny_pag, tmp_path, capsys):
     from gr_jax import infer as infer_cmd
+    from tests.shared import copy_of
 
-    exp = tmp_path / "pag.gin"
-    exp.write_text(textwrap.dedent(TRAIN))
-    gin.clear_config()
-    gin_utils.parse([str(exp)], [f"MODEL_DIR = '{tmp_path / 'm'}'"])
-    compose.train()
-    lines = [json.loads(x) for x in (tmp_path / "m" / "train_metrics.jsonl").read_text().splitlines()]
+    exp, model_dir = tiny_pag[0], copy_of(tiny_pag[1], tmp_path / "m")  # infer writes runs into it
+    lines = [json.loads(x) for x in (model_dir / "train_metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["step"] == 6
     assert all(np.isfinite(x["set_loss"]) and np.isfinite(x["seq_loss"]) for x in lines)
     metrics = {}

@@ -125,6 +125,7 @@ def test_refusals():
         model.use_docids(DocidTable.from_lists([[3]], [0], DocidTokenSpace("text", 10)))
 
 
+@pytest.mark.slow
 def test_query_spans_that_occur_are_keys_scored_under_the_body_view():
     """SEAL's add_query_to_keys: with the title view alone, the keys beyond the titles are exactly the query's
     spans of ≤ 2 tokens that occur in some identifier, each with its teacher-forced body-view score."""
