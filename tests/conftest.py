@@ -177,28 +177,37 @@ def _max_map_count() -> int:
 
 
 # Each compiled program JAX keeps holds its machine code in ~6 memory mappings (2026-11-28: 300 small programs
-# kept alive took 433 -> 2300 mappings; dropped, back to 510). Past vm.max_map_count (65,530 by default) every mmap
-# fails, inside XLA's compiler and allocator too, and the process dies there; a worker of this suite reached 19,442
-# within one module while keeping programs, ~2,400 after dropping them. So the programs are dropped after a module
-# once the process holds more than a third of the mappings allowed, or 4 GiB; below that, the next module reuses
-# what the earlier ones compiled (the same tiny T5, the same searches).
+# kept alive took 433 -> 2300 mappings; dropped, back to 510). Past vm.max_map_count (65,530 by default) mmap fails
+# and the process dies inside XLA's compiler: with the limit lowered to 3,000, the 400th kept program stopped with
+# "LLVM compilation error: Cannot allocate memory" and a segmentation fault in backend_compile_and_load, the
+# crash once seen in a full single-process run. A worker of this suite reached 19,442 mappings within one module
+# while keeping programs, ~2,400 after dropping them; one MINDER protocol run alone peaks at ~3,800. So after each
+# test the programs are dropped once the process holds more than a third of the mappings allowed, or 4 GiB; below
+# that, the next test reuses what the earlier ones compiled (the same tiny T5, the same searches).
 MAP_BUDGET = _max_map_count() // 3
 RSS_BUDGET = 4 << 30
 
 
-@pytest.fixture(autouse=True, scope="module")
-def release_compiled_programs():
-    """After a test module, JAX's in-memory caches of compiled programs are dropped when the process nears the
-    limits above (what is needed again comes back from the persistent cache)."""
-    yield
+def release_if_over(map_budget: int = MAP_BUDGET, rss_budget: int = RSS_BUDGET) -> bool:
+    """Drops JAX's in-memory compiled programs when this process holds more mappings or resident bytes than the
+    budgets allow (what is needed again comes back from the persistent cache); True when it did."""
     maps, rss = process_footprint()
-    if maps > MAP_BUDGET or rss > RSS_BUDGET:
-        import gc
+    if maps <= map_budget and rss <= rss_budget:
+        return False
+    import gc
 
-        import jax
+    import jax
 
-        jax.clear_caches()
-        gc.collect()
+    jax.clear_caches()
+    gc.collect()
+    return True
+
+
+@pytest.fixture(autouse=True)
+def release_compiled_programs():
+    """After every test: `release_if_over` (reading /proc/self/maps costs a few milliseconds)."""
+    yield
+    release_if_over()
 
 
 def require(module: str):

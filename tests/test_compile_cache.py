@@ -1,7 +1,8 @@
 """The suite's persistent XLA compilation cache (tests/conftest.py) changes no result: a tiny training run cold
 (an empty cache, every program compiled and written to it) and run again warm (every program read back from it)
 writes the same run file, the same metrics and the same parameters, byte for byte. And the cache folder is keyed
-by what decides the programs: the JAX and jaxlib versions and the XLA flags."""
+by what decides the programs: the JAX and jaxlib versions and the XLA flags. A process near the memory-mapping
+limit drops its compiled programs (past the limit XLA's compiler crashes)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import compilation_cache_dir
+from tests.conftest import compilation_cache_dir, process_footprint, release_if_over
 from tests.test_bad_inputs import TINY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +33,20 @@ def test_the_cache_folder_is_keyed_by_versions_and_flags(tmp_path):
     assert compilation_cache_dir({**env, "GR_JAX_TEST_CACHE_DIR": "off"}) is None
     home = compilation_cache_dir({"XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert Path(home).parent == tmp_path / "xdg" / "gr_jax" / "xla"
+
+
+def test_programs_are_dropped_past_the_budget_and_kept_below():
+    import jax
+    import jax.numpy as jnp
+
+    f = jax.jit(lambda x: jnp.sin(x) * 3.0)
+    f(jnp.ones(4)).block_until_ready()
+    maps, rss = process_footprint()
+    assert maps > 0 and rss > 0  # read from /proc: a budget check that reads zeros would never fire
+    assert not release_if_over(maps + 10_000, rss + (1 << 30)) and f._cache_size() == 1  # below: kept
+    assert release_if_over(0, rss + (1 << 30)) and f._cache_size() == 0  # too many mappings: dropped
+    f(jnp.ones(4)).block_until_ready()
+    assert release_if_over(maps + 10_000, 0) and f._cache_size() == 0  # too many resident bytes: dropped
 
 
 def _params(model_dir: Path, step: int) -> dict:
