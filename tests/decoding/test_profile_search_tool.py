@@ -1,19 +1,13 @@
 """`tools/profile_search.py`'s FLOP count of a compiled program's dots, on hand-worked products."""
 
-import importlib.util
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
+from tests.conftest import tool
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("profile_search", ROOT / "tools" / "profile_search.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_dot_flops_counts_every_product_of_a_compiled_program():
@@ -22,4 +16,4 @@ def test_dot_flops_counts_every_product_of_a_compiled_program():
 
     args = (jnp.ones((8, 4)), jnp.ones((4, 3)), jnp.ones((2, 5, 6)), jnp.ones((2, 6, 7)))
     hlo = jax.jit(f).lower(*args).compile().as_text()
-    assert _tool().dot_flops(hlo) == 192 + 840
+    assert tool("profile_search").dot_flops(hlo) == 192 + 840

@@ -1,26 +1,18 @@
 """Evaluation curves of trained runs: read by hand-written eval_metrics.jsonl files, compared by
 tools/compare_runs.py (table by hand, one PNG per metric, bad input → exit 2)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from gr_jax.evaluation.report import read_eval_curve
+from tests.conftest import tool as tool_module
 
 
 def _write(d: Path, records):
     d.mkdir(parents=True)
     (d / "eval_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-
-
-def _tool():
-    path = Path(__file__).resolve().parents[2] / "tools" / "compare_runs.py"
-    spec = importlib.util.spec_from_file_location("compare_runs", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_read_eval_curve_orders_steps_keeps_the_last_record_and_separates_the_final(tmp_path):
@@ -38,7 +30,7 @@ def test_read_eval_curve_orders_steps_keeps_the_last_record_and_separates_the_fi
 def test_compare_runs_table_and_plots(tmp_path, capsys):
     _write(tmp_path / "p", [{"step": 100, "Hit@1": 0.2}, {"step": 200, "Hit@1": 0.2}, {"step": 200, "final/Hit@1": 0.3}])
     _write(tmp_path / "r", [{"step": 100, "Hit@1": 0.1}, {"step": 200, "Hit@1": 0.15}])
-    tool = _tool()
+    tool = tool_module("compare_runs")
     assert tool.main([f"prefix={tmp_path / 'p'}", f"random={tmp_path / 'r'}", "--metrics", "Hit@1",
                       "--out", str(tmp_path / "out")]) == 0
     table = (tmp_path / "out" / "table.md").read_text()

@@ -14,6 +14,7 @@ import pytest
 from gr_jax import compose, gin_utils
 from gr_jax.methods.glen.docids import read_docid_tsv
 from gr_jax.vocab import load_vocabulary
+from tests.conftest import tool
 
 LOOP = """
 train.optimizer = @make_optimizer()
@@ -84,17 +85,6 @@ def _phase2(tmp_path, phase1, model_dir, extra=()):
                                    *extra])
 
 
-def _tool(name: str):
-    """A module of tools/ (not a package), imported by path."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[3] / "tools" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"tools_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _params(model_dir: Path, step: int):
     import orbax.checkpoint as ocp
 
@@ -135,7 +125,7 @@ def test_phase2_decodes_writes_restores_and_resumes_its_docids(tmp_path, phase1,
 
     # tools/glen_ties.py: the collision-free row is infer's evaluation; the random orders differ only where
     # documents share a docid, so every random row lies within [0, 1] and their spread is reported
-    glen_ties = _tool("glen_ties")
+    glen_ties = tool("glen_ties")
     gin.clear_config()
     assert glen_ties.main(["--seeds", "3", "--split", "dev", "--num_beams", "4", f"--gin_file={tmp_path / 'exp.gin'}",
                            f"--gin.MODEL_DIR='{tmp_path / 'p2'}'", f"--gin.INITIAL_CHECKPOINT_PATH='{phase1}'"]) == 0
@@ -195,7 +185,7 @@ def test_a_released_glen_model_and_docid_file_import_and_evaluate(tmp_path, caps
     from gr_jax.vocab import train_sentencepiece
     from gr_jax.data.pipeline import tokenize
 
-    import_tool = _tool("import_checkpoint")
+    import_tool = tool("import_checkpoint")
 
     gin.clear_config()
     corpus = load_dataset("demo", demo_docs=40).corpus

@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.conftest import tool
+
 
 TRAIN = """
 include 'runs/train.gin'
@@ -50,18 +52,6 @@ train.final_eval = False
 """
 
 
-def _tool(name):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[3] / "tools" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-@pytest.mark.slow
 def test_pag_trains_and_evaluates_in_every_mode(tiny_pag, tmp_path, capsys):
     from gr_jax import infer as infer_cmd
     from tests.shared import copy_of
@@ -133,7 +123,7 @@ def test_released_pag_artefacts_import_and_evaluate(tmp_path, capsys):
               f"--gin.SEQUENTIAL_DOCIDS='{tmp_path / 'smt.json'}'",
               f"--gin.SET_DOCIDS='{tmp_path / 'lex.json'}'", f"--gin.MODEL_DIR='{tmp_path / 'm'}'"]
     gin.clear_config()
-    assert _tool("import_checkpoint").main(common) == 0, capsys.readouterr().err
+    assert tool("import_checkpoint").main(common) == 0, capsys.readouterr().err
     gin.clear_config()
     assert infer_cmd.main([*common, "--gin_file=runs/eval.gin", "--gin.NUM_BEAMS=4"]) == 0, capsys.readouterr().err
     run_lines = (tmp_path / "m" / "runs" / "dev.step0.run").read_text().splitlines()
