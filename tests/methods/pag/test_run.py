@@ -52,6 +52,7 @@ train.final_eval = False
 """
 
 
+@pytest.mark.slow
 def test_pag_trains_and_evaluates_in_every_mode(tiny_pag, tmp_path, capsys):
     from gr_jax import infer as infer_cmd
     from tests.shared import copy_of
