@@ -290,6 +290,20 @@ def sweep(argnames: str, cases, default) -> list:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _train_in_process(gin_file: Path, text: str) -> None:
+    """Writes `text` to `gin_file` and trains it into `MODEL_DIR = <its folder>/model` through what
+    `python -m gr_jax.train` calls (`compose.train` under the parsed configuration), in this process."""
+    import gin
+
+    from gr_jax import compose, gin_utils
+
+    gin_file.write_text(text)
+    gin.clear_config()
+    gin_utils.parse([str(gin_file)], [f"MODEL_DIR = '{gin_file.parent / 'model'}'"])
+    gin_utils.call_configured(compose.train)
+    gin.clear_config()
+
+
 @pytest.fixture(scope="session")
 def tiny_dsi(tmp_path_factory):
     """The TINY DSI of tests/test_bad_inputs.py (40 demo documents, 2 steps) as `python -m gr_jax.train` leaves
@@ -297,16 +311,9 @@ def tiny_dsi(tmp_path_factory):
     from tests.shared import built_once, check_unchanged
 
     def build(folder: Path) -> None:
-        import gin
-
-        from gr_jax import compose, gin_utils
         from tests.test_bad_inputs import TINY
 
-        (folder / "tiny.gin").write_text(TINY)
-        gin.clear_config()
-        gin_utils.parse([str(folder / "tiny.gin")], [f"MODEL_DIR = '{folder / 'model'}'"])
-        gin_utils.call_configured(compose.train)
-        gin.clear_config()
+        _train_in_process(folder / "tiny.gin", TINY)
 
     folder = built_once(tmp_path_factory, "tiny_dsi", build)
     yield folder / "tiny.gin", folder / "model"
@@ -344,16 +351,9 @@ def tiny_pag(tmp_path_factory):
     def build(folder: Path) -> None:
         import textwrap
 
-        import gin
-
-        from gr_jax import compose, gin_utils
         from tests.methods.pag.test_run import SHARED
 
-        (folder / "pag.gin").write_text(textwrap.dedent(SHARED))
-        gin.clear_config()
-        gin_utils.parse([str(folder / "pag.gin")], [f"MODEL_DIR = '{folder / 'model'}'"])
-        compose.train()
-        gin.clear_config()
+        _train_in_process(folder / "pag.gin", textwrap.dedent(SHARED))
 
     folder = built_once(tmp_path_factory, "tiny_pag", build)
     yield folder / "pag.gin", folder / "model"
