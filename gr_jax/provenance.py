@@ -13,6 +13,10 @@ so a multi-GB weight file costs one pass and no memory).
 (the record, statistics, the number of rows and a digest of the row lines), then one row a line. Reading checks
 the rows against the header's digest, so a file whose rows were edited, deleted or cut off is refused, not
 reused with its settings' blessing.
+
+`array_digests(tree)` / `changed_arrays(tree, recorded)`: the checksums of a tree of arrays (a checkpoint's
+state, a converted checkpoint's parameters), recorded at save and compared on every read: a flipped bit on disk
+is a finite number, and only the checksum tells.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Callable, Mapping, Optional, TypeVar
+from typing import Any, Callable, Mapping, Optional, TypeVar
+
+import numpy as np
 
 from gr_jax.errors import UserError
 from gr_jax.io_utils import FileFormatError, read_text
@@ -112,3 +118,38 @@ def read_records(path: str | os.PathLike, what: str) -> tuple[dict, list]:
                               f"{head.get('rows')} written; the checksum differs): edited, cut off or damaged; "
                               f"{fix}")
     return head, rows
+
+
+def key_path(path) -> str:
+    """'opt_state/1/0/mu/...': a tree leaf's key path as text, the same for a tree and for the plain dicts and
+    lists orbax restores it as without a template (a named tuple's field and a dict key, a tuple index and a list
+    index alike)."""
+    parts = []
+    for k in path:
+        for attr in ("key", "idx", "name"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+def array_digests(tree, to_host: Callable[[Any], np.ndarray] = np.asarray) -> dict[str, str]:
+    """{key path: blake2b-12 of dtype, shape and bytes} of every array of `tree`, one array on the host at a
+    time (`to_host`: how a leaf reaches this process, e.g. gathered from several)."""
+    import jax
+
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        a = np.ascontiguousarray(to_host(leaf))
+        h = hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode(), digest_size=12)
+        h.update(a.view(np.uint8).reshape(-1) if a.size else b"")
+        out[key_path(path)] = h.hexdigest()
+    return out
+
+
+def changed_arrays(held: Mapping[str, str], recorded: Mapping[str, str]) -> list[str]:
+    """The key paths whose digest differs between two `array_digests` records (missing on either side
+    included), sorted."""
+    return sorted(k for k in set(held) | set(recorded) if held.get(k) != recorded.get(k))

@@ -4,8 +4,9 @@ Reading needs no torch for `model.safetensors` (sharded or not); `pytorch_model.
 `torch.load(weights_only=True)`, never plain pickle. Every key is checked before anything is written:
 missing, unexpected and mis-shaped tensors are reported together in one `CheckpointMismatchError`.
 
-A gr_jax T5 checkpoint directory holds `config.json` (our `T5Config` plus a format tag) and `params/`
-(an orbax PyTree checkpoint). `save_checkpoint` writes it to a temporary sibling and renames it into place,
+A gr_jax T5 checkpoint directory holds `config.json` (our `T5Config`, a format tag and, since format v2, the
+checksum of every array) and `params/` (an orbax PyTree checkpoint). Loading checks every array against its
+checksum; only a v1 directory (written before checksums existed) is read unchecked, with a note. `save_checkpoint` writes it to a temporary sibling and renames it into place,
 so an interrupted or failed conversion leaves nothing at the destination.
 """
 
@@ -21,11 +22,13 @@ import jax
 import numpy as np
 
 from gr_jax.io_utils import FileFormatError, atomic_dir, read_json
+from gr_jax.provenance import array_digests, changed_arrays
 from gr_jax.models.t5 import T5Config, init_params
 
 log = logging.getLogger(__name__)
 
-FORMAT_TAG = "gr_jax.t5.v1"
+FORMAT_TAG = "gr_jax.t5.v2"  # v2: config.json records the arrays' checksums
+_UNCHECKED_TAG = "gr_jax.t5.v1"  # written before checksums existed: read unchecked
 HF_CONFIG = "config.json"
 HF_SAFETENSORS = "model.safetensors"
 HF_SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -263,7 +266,7 @@ def is_hf_dir(path) -> bool:
         meta = read_json(Path(path) / HF_CONFIG)
     except (OSError, ValueError):
         return False
-    return isinstance(meta, dict) and meta.get("format") != FORMAT_TAG
+    return isinstance(meta, dict) and meta.get("format") not in (FORMAT_TAG, _UNCHECKED_TAG)
 
 
 def _read_json_object(path: Path, missing_hint: str) -> dict[str, Any]:
@@ -356,12 +359,13 @@ def save_checkpoint(params: Mapping, config: T5Config, out_dir: str | os.PathLik
     import orbax.checkpoint as ocp
 
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        meta = {"format": FORMAT_TAG, "t5_config": json.loads(config.to_json())}
+        params = jax.tree_util.tree_map(np.asarray, params)
+        meta = {"format": FORMAT_TAG, "t5_config": json.loads(config.to_json()), "checksums": array_digests(params)}
         if extra_metadata:
             meta["metadata"] = dict(extra_metadata)
         (tmp / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
         with ocp.StandardCheckpointer() as ckptr:
-            ckptr.save(tmp.resolve() / "params", jax.tree_util.tree_map(np.asarray, params))
+            ckptr.save(tmp.resolve() / "params", params)
             ckptr.wait_until_finished()
     return Path(out_dir)
 
@@ -369,7 +373,7 @@ def save_checkpoint(params: Mapping, config: T5Config, out_dir: str | os.PathLik
 def load_checkpoint_config(ckpt_dir: str | os.PathLike) -> T5Config:
     path = Path(ckpt_dir) / "config.json"
     meta = _read_json_object(path, f"is {ckpt_dir} a gr_jax checkpoint?")
-    if meta.get("format") != FORMAT_TAG:
+    if meta.get("format") not in (FORMAT_TAG, _UNCHECKED_TAG):
         raise CheckpointError(f"{path}: format tag {meta.get('format')!r}, expected {FORMAT_TAG!r}")
     try:
         return T5Config.from_dict(meta["t5_config"])
@@ -382,14 +386,21 @@ def load_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[T5Config, dict]:
     import orbax.checkpoint as ocp
 
     config = load_checkpoint_config(ckpt_dir)
+    recorded = _recorded_checksums(Path(ckpt_dir) / "config.json")
     abstract = _abstract_params(config)
     target = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), abstract)
     params_dir = (Path(ckpt_dir) / "params").resolve()
     if not params_dir.is_dir():
         raise CheckpointError(f"{params_dir}: missing (the orbax parameter checkpoint)")
+    if not (params_dir / "_METADATA").is_file():
+        raise CheckpointError(f"{params_dir}: _METADATA is missing (orbax's record of the arrays): the checkpoint "
+                              f"is incomplete; convert it again")
     try:
         with ocp.StandardCheckpointer() as ckptr:
-            stored = ckptr.metadata(params_dir).item_metadata.tree
+            stored = getattr(ckptr.metadata(params_dir).item_metadata, "tree", None)
+            if stored is None:
+                raise CheckpointError(f"{params_dir}/_METADATA: unreadable (orbax's record of the arrays): the "
+                                      f"checkpoint is damaged; convert it again")
             _check_tree_shapes(stored, target, source=str(params_dir))
             params = ckptr.restore(params_dir, target)
     except CheckpointError:
@@ -397,7 +408,28 @@ def load_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[T5Config, dict]:
     except Exception as e:  # orbax/tensorstore raise many types for corrupt data
         raise CheckpointError(f"{params_dir}: cannot restore parameters for this config "
                               f"({type(e).__name__}: {str(e)[:500]})") from None
+    if recorded is None:
+        log.info("%s: format %s, written before checksums were recorded: its arrays are read unchecked", ckpt_dir,
+                 _UNCHECKED_TAG)
+    else:
+        changed = changed_arrays(array_digests(params), recorded)
+        if changed:
+            raise CheckpointError(f"{params_dir}: damaged, {len(changed)} array(s) differ from the checksums in "
+                                  f"{Path(ckpt_dir) / 'config.json'} (first: {changed[0]}); convert it again")
     return config, params
+
+
+def _recorded_checksums(path: Path):
+    """config.json's checksums; None for a v1 directory (before checksums). A v2 directory without a readable
+    record is damaged: refused, never read unchecked."""
+    meta = _read_json_object(path, "")
+    if meta.get("format") == _UNCHECKED_TAG:
+        return None
+    checksums = meta.get("checksums")
+    if not isinstance(checksums, dict) or not checksums or not all(isinstance(v, str) for v in checksums.values()):
+        raise CheckpointError(f"{path}: format {FORMAT_TAG} without a readable 'checksums' record: the checkpoint is "
+                              f"damaged; convert it again")
+    return checksums
 
 
 def _check_tree_shapes(stored, expected, source: str) -> None:

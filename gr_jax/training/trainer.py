@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import inspect
 import json
 import logging
@@ -38,7 +37,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from gr_jax import distributed, host_memory, io_utils, validation
+from gr_jax import distributed, host_memory, io_utils, provenance, validation
 from gr_jax.progress import bar as progress_bar
 from gr_jax.errors import UserError
 from gr_jax.io_utils import fault_point, free_space, json_text, no_space, write_text
@@ -207,29 +206,12 @@ class DamagedCheckpoint(TrainingError):
 
 
 def array_digests(tree) -> dict[str, str]:
-    """{key path: blake2b-12 of dtype, shape and bytes} of every array of `tree` (a checkpoint's state): saved
-    beside the state, so that a restore notices an array that changed on disk (a flipped bit is not NaN)."""
-    out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:  # one array on the host at a time
-        a = np.ascontiguousarray(distributed.to_host(leaf))
-        h = hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode(), digest_size=12)
-        h.update(a.view(np.uint8).reshape(-1) if a.size else b"")
-        out[_key(path)] = h.hexdigest()
-    return out
+    """The checksums of a checkpoint's state (`provenance.array_digests`), saved beside it, so that a restore
+    notices an array that changed on disk (a flipped bit is not NaN); arrays gathered from every process."""
+    return provenance.array_digests(tree, distributed.to_host)
 
 
-def _key(path) -> str:
-    """'opt_state/1/0/mu/...': the same for a tree and for the plain dicts and lists orbax restores it as
-    without a template (a named tuple's field and a dict key, a tuple index and a list index alike)."""
-    parts = []
-    for k in path:
-        for attr in ("key", "idx", "name"):
-            if hasattr(k, attr):
-                parts.append(str(getattr(k, attr)))
-                break
-        else:
-            parts.append(str(k))
-    return "/".join(parts)
+_key = provenance.key_path
 
 
 def nonfinite_arrays(params) -> list[str]:
@@ -263,15 +245,12 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
         error = DamagedCheckpoint(f"{where}: damaged, process {failed[0]} cannot read its arrays")
     if error is not None:
         raise error
-    try:
-        recorded = manager.restore(step, args=ocp.args.Composite(digests=ocp.args.JsonRestore()))["digests"]
-    except Exception:  # no such item: written before checksums were recorded
-        recorded = None
+    recorded = _recorded_digests(manager, step, where)
     if recorded is None:
-        log.info("%s: no checksums recorded (an older checkpoint): its arrays are read unchecked", where)
+        log.info("%s: written before checksums were recorded (no checksum record and none listed in its "
+                 "_CHECKPOINT_METADATA): its arrays are read unchecked", where)
     else:
-        held = array_digests(restored["state"])
-        changed = sorted(k for k in set(held) | set(recorded) if held.get(k) != recorded.get(k))
+        changed = provenance.changed_arrays(array_digests(restored["state"]), recorded)
         if changed:
             raise DamagedCheckpoint(f"{where}: damaged, {len(changed)} array(s) differ from the checksums recorded "
                                     f"when it was saved (first: {changed[0]})")
@@ -280,6 +259,36 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
         raise DamagedCheckpoint(f"{where}: its parameters hold NaN or infinite values ({len(bad)} array(s), first: "
                                 f"{bad[0]}); it cannot give a meaningful result")
     return restored
+
+
+# the checkpoint's format, saved as its own item: version 2 records the arrays' checksums (`digests`)
+CHECKPOINT_FORMAT = {"version": 2, "checksums": "digests"}
+
+
+def _recorded_digests(manager: ocp.CheckpointManager, step: int, where) -> Optional[dict]:
+    """The checksums recorded when checkpoint `step` was saved; None only for a checkpoint written before
+    checksums existed: orbax's own list of the checkpoint's items (`_CHECKPOINT_METADATA`, written at save)
+    names neither `digests` nor `format`, and neither folder is there. A checksum record that is missing or
+    unreadable otherwise (cut, emptied, deleted) is damage, never a reason to read the arrays unchecked."""
+    step_dir = Path(manager.directory) / str(step)
+    try:
+        recorded = manager.restore(step, args=ocp.args.Composite(digests=ocp.args.JsonRestore()))["digests"]
+    except Exception as e:  # orbax raises many types for a missing or unreadable item
+        recorded, error = None, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+    else:
+        error = None if isinstance(recorded, dict) and recorded else "empty or not an object"
+    if error is None:
+        return recorded
+    try:
+        items = set(json.loads((step_dir / "_CHECKPOINT_METADATA").read_text())["item_handlers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        items = None
+    older = (items is not None and not items & {"digests", "format"}
+             and not (step_dir / "digests").exists() and not (step_dir / "format").exists())
+    if older:
+        return None
+    raise DamagedCheckpoint(f"{where}: damaged, its checksum record cannot be read ({error}); a checkpoint "
+                            f"written with checksums is never read unchecked")
 
 
 def _local_template(state_dir: Path):
@@ -330,7 +339,8 @@ def _abandoned_tasks(record: logging.LogRecord) -> bool:
 def save_checkpoint(manager: ocp.CheckpointManager, step: int, state, **json_items) -> None:
     """A synchronous orbax save of `state` with its array checksums and the given JSON items. A full disk
     is an OSError naming the checkpoint folder and the space left there."""
-    items = {k: ocp.args.JsonSave(v) for k, v in {**json_items, "digests": array_digests(state)}.items()}
+    items = {k: ocp.args.JsonSave(v) for k, v in
+             {**json_items, "digests": array_digests(state), "format": CHECKPOINT_FORMAT}.items()}
     try:
         fault_point("checkpoint", manager.directory)
         manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), **items), force=True)
@@ -420,9 +430,17 @@ def restore_latest_intact(model_dir: Path, keep: int, template, meta: dict):
     return manager, None, None
 
 
-def _nonfinite_message(model_dir: Path, first: int, last: int, saved_steps: list, initial: Optional[str]) -> str:
-    msg = (f"loss or gradient became NaN/Inf between steps {first} and {last} (updates were skipped); lower "
-           f"make_optimizer.learning_rate or check the data")
+def _nonfinite_message(model_dir: Path, first: int, last: int, saved_steps: list, initial: Optional[str],
+                       resumed_from: Optional[int] = None) -> str:
+    msg = (f"loss or gradient became NaN/Inf between steps {first} and {last} (updates were skipped)")
+    if resumed_from is not None and first <= resumed_from + 1:
+        # the first steps after a resume: the restored state is the likelier cause than the learning rate
+        ckpt = model_dir / "checkpoints" / str(resumed_from)
+        return (f"{msg}, the first steps after resuming from {ckpt}: the state came from that checkpoint, so check "
+                f"it first (a checkpoint written before checksums were recorded is read unchecked); to resume from "
+                f"an earlier one, move {ckpt} out of checkpoints/, else lower make_optimizer.learning_rate or check "
+                f"the data")
+    msg += "; lower make_optimizer.learning_rate or check the data"
     if saved_steps:
         return (f"{msg}; the last checkpoint saved before it is {model_dir / 'checkpoints' / str(saved_steps[-1])} "
                 f"(resuming from it repeats the same steps: change the settings or data first)")
@@ -533,8 +551,8 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
                 apply_refresh()
             if step % log_period == 0 or step == train_steps:
                 if int(state["nonfinite"]) > 0:
-                    raise TrainingError(_nonfinite_message(model_dir, step - scalars.since, step, saver.steps,
-                                                           initial_checkpoint_path))
+                    raise TrainingError(_nonfinite_message(model_dir, step - scalars.since + 1, step, saver.steps,
+                                                           initial_checkpoint_path, latest))
                 scalars.write(step, float(np.mean(iterator.epochs())))
             scalars.tick()
             if eval_writer is not None and step % eval_period == 0 and step < train_steps:

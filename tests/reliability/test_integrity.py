@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import gin
+import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
@@ -65,6 +66,93 @@ def test_nonfinite_parameters_are_refused_and_training_falls_back(tmp_path):
     _, step, restored = trainer.restore_latest_intact(tmp_path, 3, template, meta={})
     assert step == 1 and float(restored["state"]["params"]["w"][0, 0]) == 0.5
     assert (tmp_path / "damaged_checkpoints" / "2").is_dir()  # set aside, never deleted
+
+
+def _template() -> dict:
+    return jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, _state(0.0))
+
+
+@pytest.mark.parametrize("damage", ["cut in half", "emptied", "deleted"])
+def test_a_damaged_checksum_record_is_damage_not_an_older_checkpoint(tmp_path, damage, caplog):
+    """Cutting the checksum file used to switch the check off (read as a checkpoint from before checksums, its
+    arrays unchecked): now the checkpoint is set aside and training falls back to the last intact one."""
+    m = _manager(tmp_path / "checkpoints")
+    trainer.save_checkpoint(m, 1, _state(0.5), meta={}, data={})
+    trainer.save_checkpoint(m, 2, _state(0.25), meta={}, data={})
+    record = tmp_path / "checkpoints" / "2" / "digests" / "metadata"
+    text = record.read_text()
+    assert len(text) > 40  # a real record to damage
+    if damage == "deleted":
+        import shutil
+
+        shutil.rmtree(record.parent)
+    else:
+        record.write_text(text[: len(text) // 2] if damage == "cut in half" else "")
+    with pytest.raises(trainer.DamagedCheckpoint, match=r"checkpoints/2: damaged, its checksum record cannot be read"):
+        trainer.read_checkpoint(m, 2, tmp_path / "checkpoints" / "2")
+    with caplog.at_level(logging.WARNING):
+        _, step, restored = trainer.restore_latest_intact(tmp_path, 3, _template(), meta={})
+    assert step == 1 and float(restored["state"]["params"]["w"][0, 0]) == 0.5
+    assert (tmp_path / "damaged_checkpoints" / "2").is_dir()
+    assert "checksum record" in caplog.text
+
+
+def test_only_a_checkpoint_from_before_checksums_is_read_unchecked(tmp_path, caplog):
+    """Written as checkpoints were before checksums existed (no `digests`, no `format` item in orbax's list of
+    items): read, with a note that says it is unchecked."""
+    m = _manager(tmp_path / "c")
+    m.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(_state(2.0)), meta=ocp.args.JsonSave({})),
+           force=True)
+    m.wait_until_finished()
+    with caplog.at_level(logging.INFO, logger="gr_jax.training.trainer"):
+        got = trainer.read_checkpoint(m, 3, "c/3")
+    assert float(got["state"]["params"]["w"][0, 0]) == 2.0
+    assert "written before checksums were recorded" in caplog.text and "unchecked" in caplog.text
+    # the same checkpoint with its format item present but its checksums gone: damaged
+    m.save(4, args=ocp.args.Composite(state=ocp.args.StandardSave(_state(2.0)),
+                                      format=ocp.args.JsonSave(trainer.CHECKPOINT_FORMAT)), force=True)
+    m.wait_until_finished()
+    with pytest.raises(trainer.DamagedCheckpoint, match="checksum record cannot be read"):
+        trainer.read_checkpoint(m, 4, "c/4")
+
+
+def test_a_nan_right_after_a_resume_names_the_checkpoint_it_came_from(tmp_path):
+    """Not the learning rate first, and not that checkpoint as 'the last one saved before it'."""
+    msg = trainer._nonfinite_message(tmp_path, 51, 60, [50], None, resumed_from=50)
+    assert f"the first steps after resuming from {tmp_path / 'checkpoints' / '50'}" in msg
+    assert "last checkpoint saved before it" not in msg
+    later = trainer._nonfinite_message(tmp_path, 91, 100, [50, 80], None, resumed_from=50)
+    assert "after resuming" not in later and str(tmp_path / "checkpoints" / "80") in later
+
+
+def test_a_converted_checkpoint_carries_checksums(tmp_path, caplog):
+    """HF / t5x → ours (`convert.save_checkpoint`): a changed array is refused; a directory of the format from
+    before checksums (v1) reads with a note; a v2 directory without its checksums is refused."""
+    from gr_jax.models import convert, t5
+
+    config = t5.T5Config(vocab_size=32, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_decoder_layers=1, num_heads=2)
+    params = jax.tree_util.tree_map(np.asarray, t5.init_params(config, seed=0))
+    out = convert.save_checkpoint(params, config, tmp_path / "ours")
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["format"] == convert.FORMAT_TAG and len(meta["checksums"]) == len(jax.tree_util.tree_leaves(params))
+    convert.load_checkpoint(out)
+    key = sorted(meta["checksums"])[0]
+    forged = dict(meta, checksums={**meta["checksums"], key: "0" * 24})  # what a flipped bit on disk amounts to
+    (out / "config.json").write_text(json.dumps(forged))
+    with pytest.raises(convert.CheckpointError, match=f"damaged, 1 array\\(s\\) differ .*first: {key}"):
+        convert.load_checkpoint(out)
+    (out / "config.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "checksums"}))
+    with pytest.raises(convert.CheckpointError, match="without a readable 'checksums' record"):
+        convert.load_checkpoint(out)
+    (out / "config.json").write_text(json.dumps({"format": "gr_jax.t5.v1", "t5_config": meta["t5_config"]}))
+    with caplog.at_level(logging.INFO, logger="gr_jax.models.convert"):
+        convert.load_checkpoint(out)
+    assert "read unchecked" in caplog.text
+    import shutil
+
+    shutil.move(out / "params" / "_METADATA", tmp_path / "_METADATA")
+    with pytest.raises(convert.CheckpointError, match="_METADATA is missing"):
+        convert.load_checkpoint(out)
 
 
 def test_array_digests_do_not_depend_on_the_tree_type():
