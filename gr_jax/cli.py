@@ -49,3 +49,27 @@ def natural(text: str) -> int:
 def positive(text: str) -> float:
     """A finite number > 0."""
     return _number(float, text, 0, True, "a number > 0")
+
+
+def name_list(choices=None, what: str = "name", parse=None):
+    """An argparse type for a comma-separated list: at least one name, no empty one between commas, each one of
+    `choices` (when given) or accepted by `parse` (its ValueError becomes the usage error); the names in order."""
+
+    def parse_list(text: str) -> list:
+        items = [t.strip() for t in text.split(",")]
+        if not any(items):
+            raise argparse.ArgumentTypeError(f"{text!r} names no {what}: give a comma-separated list")
+        if "" in items:
+            raise argparse.ArgumentTypeError(f"{text!r}: an empty {what} between commas")
+        if choices is not None:
+            unknown = [t for t in items if t not in choices]
+            if unknown:
+                raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; known: {sorted(choices)}")
+        if parse is not None:
+            try:
+                return [parse(t) for t in items]
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+        return items
+
+    return parse_list

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from gr_jax import io_utils
+from gr_jax import cli
 from gr_jax.cli import setup_logging
 from gr_jax.data import trec
 from gr_jax.evaluation import metrics, report
@@ -22,8 +23,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, action="append", help="TREC run file (repeat to compare runs)")
     parser.add_argument("--qrels", required=True, help="TREC qrels file")
-    parser.add_argument("--metrics", default=DEFAULT_METRICS, help=f"comma-separated (default {DEFAULT_METRICS})")
-    parser.add_argument("--rel_threshold", type=int, default=1, help="grade counted relevant by binary measures")
+    parser.add_argument("--metrics", default=DEFAULT_METRICS, help=f"comma-separated (default {DEFAULT_METRICS})",
+                        type=cli.name_list(what="metric", parse=lambda m: metrics.Metric.parse(m).name))
+    parser.add_argument("--rel_threshold", type=cli.natural, default=1,
+                        help="grade counted relevant by binary measures")
     parser.add_argument("--queries", help="file with one query id per line: evaluate only these (a subset)")
     parser.add_argument("--msmarco_official", action="store_true",
                         help="average over every qrels query, a query without results scoring 0")
@@ -31,7 +34,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     try:
-        names = [metrics.Metric.parse(m).name for m in args.metrics.split(",") if m.strip()]
+        names = args.metrics
         qrels = trec.read_qrels(args.qrels)
         subset = None
         if args.queries:

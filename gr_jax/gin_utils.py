@@ -364,7 +364,11 @@ def check_bound_values() -> None:
             raw, value = value, _bound_value(value)
             if value is _UNKNOWN:
                 continue
-            where = f"{scope + '/' if scope else ''}{configurable.name}.{name}"
+            # as a gin file names it: `train`, `make_optimizer`; a short module given at registration kept
+            # (`t5.get_config`, `llama.get_config`)
+            short = configurable.module and not configurable.module.startswith("gr_jax")
+            named = f"{configurable.module}.{configurable.name}" if short else configurable.name
+            where = f"{scope + '/' if scope else ''}{named}.{name}"
             if isinstance(raw, gin.config.ConfigurableReference):  # a macro: named as the user set it
                 where = f"{raw.scoped_selector.rsplit('/', 1)[0]} ({where})"
             try:

@@ -69,7 +69,12 @@ def fault_point(name: str, path: str | os.PathLike | None = None) -> None:
     if not spec:
         return
     for one in spec.split(","):
-        where, n, action = one.split(":")
+        parts = one.split(":")
+        if len(parts) != 3 or not parts[0] or not parts[1].isdigit() or int(parts[1]) < 1 \
+                or parts[2] not in ("kill", "enospc"):
+            raise ValueError(f"GR_JAX_FAULT={spec!r}: {one!r} is not <point>:<n ≥ 1>:<kill|enospc> (several "
+                             f"separated by commas); unset GR_JAX_FAULT to run without injected faults")
+        where, n, action = parts
         if where != name:
             continue
         _FAULT_COUNTS[name] = _FAULT_COUNTS.get(name, 0) + 1

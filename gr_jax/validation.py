@@ -99,15 +99,33 @@ def check_value(name: str, annotation, value) -> None:
 
 
 def annotations_of(fn) -> dict:
-    """The resolved annotations of a function's parameters, or of a class's fields and `__init__`."""
+    """The resolved annotations of a function's parameters, or of a class's fields and `__init__` (its bases'
+    first, so a subclass's own win: keyword arguments passed on to a base are checked as the base declares them).
+    A function whose `**overrides` are the fields of a config dataclass names it as `fn.keyword_fields`."""
     out = {}
-    for target in ((fn, getattr(fn, "__init__", None)) if isinstance(fn, type) else (fn,)):
+    targets = [fn]
+    if isinstance(fn, type):
+        targets = [t for c in reversed(fn.__mro__) if c is not object for t in (c, c.__dict__.get("__init__"))
+                   if t is not None]
+    for target in targets:
         try:
             out.update(typing.get_type_hints(target, include_extras=True))
         except (NameError, TypeError, AttributeError):
             continue
+    fields = getattr(fn, "keyword_fields", None)
+    if fields is not None:
+        out = {**annotations_of(fields), **out}
     out.pop("return", None)
     return out
+
+
+def check_fields(obj) -> None:
+    """Every field of a config dataclass against the range its annotation declares (a `ValueError` naming
+    `<Class>.<field>`): the same ranges for a value from a gin override, a saved config.json or code."""
+    hints = annotations_of(type(obj))
+    for f in dataclasses.fields(obj):
+        if f.name in hints:
+            check_value(f"{type(obj).__name__}.{f.name}", hints[f.name], getattr(obj, f.name))
 
 
 def integer(name: str, value, minimum: int | None = 1) -> int:

@@ -271,12 +271,14 @@ def bench(config_name: str, batch: int, inputs: int, targets: int, dtype: str, s
 
 
 def main(argv=None) -> int:
+    from gr_jax.models.t5 import _DTYPES, CONFIGS
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default="tiny,t5_small")
+    parser.add_argument("--configs", default="tiny,t5_small", type=cli.name_list(sorted(CONFIGS), "T5 config"))
     parser.add_argument("--batch", type=cli.count, default=32)
     parser.add_argument("--inputs", type=cli.count, default=64)
     parser.add_argument("--targets", type=cli.count, default=8)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
     parser.add_argument("--steps", type=cli.natural, default=0, help="steps per timed round (default: 20 tiny, 3 others)")
     parser.add_argument("--rounds", type=cli.count, default=5)
     parser.add_argument("--warmup", type=cli.natural, default=3)
@@ -307,7 +309,7 @@ def main(argv=None) -> int:
     rows = [bench(c, args.batch, args.inputs, args.targets, args.dtype,
                   args.steps or (20 if c.endswith("tiny") else 3), args.warmup, args.rounds, with_torch,
                   not args.async_dispatch, args.scan_layers, not args.no_jax_default)
-            for c in args.configs.split(",")]
+            for c in args.configs]
     for r in rows:
         sys.stdout.write(json.dumps(r) + "\n")
     if not args.no_write:

@@ -29,21 +29,27 @@ import numpy as np
 from gr_jax.data.readers import DataError
 from gr_jax.docids.embed import Embedder
 from gr_jax.io_utils import read_json
-from gr_jax.validation import Count
+from gr_jax.validation import Count, Positive, check_fields
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
-    vocab_size: int = 30522
-    hidden_size: int = 384
-    num_layers: int = 6
-    num_heads: int = 12
-    intermediate_size: int = 1536
-    max_position: int = 512
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
+    vocab_size: Count = 30522
+    hidden_size: Count = 384
+    num_layers: Count = 6
+    num_heads: Count = 12
+    intermediate_size: Count = 1536
+    max_position: Count = 512
+    type_vocab_size: Count = 2
+    layer_norm_eps: Positive = 1e-12
+
+    def __post_init__(self):
+        try:
+            check_fields(self)
+        except ValueError as e:
+            raise DataError(str(e)) from None
 
     @classmethod
     def from_hf(cls, cfg: dict, source: str = "config.json") -> "BertConfig":

@@ -80,5 +80,6 @@ def _get_config(name: str = "llama_tiny", **overrides) -> llama.LlamaConfig:
     return llama.get_config(name, **overrides)
 
 
+_get_config.keyword_fields = llama.LlamaConfig  # the overrides' ranges, checked when gin binds them
 gin.external_configurable(_get_config, name="get_config", module="llama")
 

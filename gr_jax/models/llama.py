@@ -39,30 +39,32 @@ import numpy as np
 
 from gr_jax.models import layer_stack, random_init
 from gr_jax.models.t5 import Dense, RMSNorm, _DTYPES, gathered_logits
+from gr_jax.validation import Count, Positive, check_fields
 
 Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
-    vocab_size: int = 49152
-    d_model: int = 576
-    d_ff: int = 1536
-    num_layers: int = 30
-    num_heads: int = 9
-    num_kv_heads: int = 3
-    head_dim: Optional[int] = None  # default d_model // num_heads
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
+    vocab_size: Count = 49152
+    d_model: Count = 576
+    d_ff: Count = 1536
+    num_layers: Count = 30
+    num_heads: Count = 9
+    num_kv_heads: Count = 3
+    head_dim: Optional[Count] = None  # default d_model // num_heads
+    rope_theta: Positive = 10000.0
+    rms_norm_eps: Positive = 1e-5
     tie_word_embeddings: bool = True
-    initializer_range: float = 0.02
+    initializer_range: Positive = 0.02
     bos_token_id: int = 1
     eos_token_id: int = 2
     pad_token_id: int = 2
-    max_position_embeddings: int = 8192
+    max_position_embeddings: Count = 8192
     dtype: str = "float32"  # compute dtype; parameters stay float32
 
     def __post_init__(self):
+        check_fields(self)  # the declared ranges, however the config was made (gin override, GGUF, config.json)
         if self.dtype not in _DTYPES:
             raise ValueError(f"LlamaConfig.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.num_heads % self.num_kv_heads:
@@ -119,6 +121,9 @@ def get_config(name: str, **overrides) -> LlamaConfig:
     if name not in _NAMED:
         raise ValueError(f"unknown decoder-only config {name!r}; known: {sorted(_NAMED)}")
     return LlamaConfig(**{**_NAMED[name], **overrides})
+
+
+get_config.keyword_fields = LlamaConfig
 
 
 def _normal(std: float):

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.models import layer_stack, random_init
+from gr_jax.validation import Count, Fraction, Positive, check_fields
 from gr_jax.vocab import EOS_ID, PAD_ID
 
 Array = jax.Array
@@ -56,17 +57,17 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 class T5Config:
     """Hyper-parameters of a T5 network; field names follow HF's `T5Config` where one exists."""
 
-    vocab_size: int = 32128
-    d_model: int = 512
-    d_kv: int = 64
-    d_ff: int = 2048
-    num_layers: int = 6
-    num_decoder_layers: int = 6
-    num_heads: int = 8
-    relative_attention_num_buckets: int = 32
-    relative_attention_max_distance: int = 128
-    dropout_rate: float = 0.1
-    layer_norm_epsilon: float = 1e-6
+    vocab_size: Count = 32128
+    d_model: Count = 512
+    d_kv: Count = 64
+    d_ff: Count = 2048
+    num_layers: Count = 6
+    num_decoder_layers: Count = 6
+    num_heads: Count = 8
+    relative_attention_num_buckets: Count = 32
+    relative_attention_max_distance: Count = 128
+    dropout_rate: Fraction = 0.1  # 1 would zero every activation
+    layer_norm_epsilon: Positive = 1e-6
     # "relu" (v1.0), "gated-gelu" (v1.1), or "[gated-]<act>" with <act> in _ACTIVATIONS.
     feed_forward_proj: str = "relu"
     # Logits through the shared input embedding (v1.0) or through a separate lm_head (v1.1).
@@ -83,9 +84,9 @@ class T5Config:
         _ = self.activation  # raises on an unknown feed_forward_proj
         if self.dtype not in _DTYPES:
             raise ValueError(f"T5Config.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        for name in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
+        check_fields(self)  # the declared ranges, however the config was made (gin override, config.json)
+        if self.dropout_rate >= 1:
+            raise ValueError(f"T5Config.dropout_rate must be < 1 (1 drops every activation), got {self.dropout_rate}")
 
     @property
     def is_gated(self) -> bool:
@@ -148,9 +149,14 @@ CONFIGS: dict[str, T5Config] = {
 
 
 def get_config(name: str, **overrides) -> T5Config:
+    """A named configuration with `overrides` of its fields (checked against the fields' ranges, also when gin
+    binds them: `keyword_fields`)."""
     if name not in CONFIGS:
         raise ValueError(f"unknown T5 config {name!r}; known: {sorted(CONFIGS)}")
     return CONFIGS[name].replace(**overrides)
+
+
+get_config.keyword_fields = T5Config
 
 
 # ----------------------------------------------------------------------------------------------------------

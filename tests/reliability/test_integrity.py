@@ -5,6 +5,7 @@ locks. The kill -9 / full-disk / two-process runs of whole commands are in test_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -278,6 +279,60 @@ def test_every_numeric_setting_has_a_range():
                 unchecked.append(f"{c.name}.{p.name}")
     # relevance thresholds: an int, or a dict per split
     assert sorted(unchecked) == ["EvalConfig.rel_threshold", "run_robustness.rel_threshold"], unchecked
+
+
+def test_keyword_arguments_of_a_configurable_have_ranges_too():
+    """`**overrides` (the model configs' get_config, a retriever's keywords passed on to its base) were bound
+    unchecked: `t5.get_config.dropout_rate = 1.5` trained with exit 0 and a gradient norm of 0. Each configurable
+    that takes `**kwargs` must resolve them to declared parameters (a base's `__init__`, or `keyword_fields`)."""
+    import inspect
+
+    gin_utils.register_configurables()
+    unresolved, seen = [], set()
+    for selector, c in gin.config._REGISTRY.items():
+        if id(c) in seen or selector.startswith("gin."):
+            continue
+        seen.add(id(c))
+        params = inspect.signature(c.wrapped).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            continue
+        if not set(validation.annotations_of(c.wrapped)) - set(params):
+            unresolved.append(selector)
+    assert unresolved == [], unresolved
+    for binding, message in [("t5.get_config.dropout_rate = 1.5", "t5.get_config.dropout_rate must be"),
+                             ("llama.get_config.rms_norm_eps = 0.0", "llama.get_config.rms_norm_eps must be"),
+                             ("t5.get_config.num_heads = -2", "t5.get_config.num_heads must be an integer ≥ 1")]:
+        gin.clear_config()
+        with pytest.raises(gin_utils.GinConfigError, match=message.replace(".", r"\.")):
+            gin_utils.parse([], [binding])
+    # and however a config is made (a saved config.json, code)
+    from gr_jax.models import t5
+
+    with pytest.raises(ValueError, match=r"T5Config.dropout_rate must be < 1"):
+        t5.T5Config(dropout_rate=1.0)
+    with pytest.raises(ValueError, match=r"T5Config.layer_norm_epsilon must be a finite number > 0"):
+        t5.T5Config.from_dict({**dataclasses.asdict(t5.T5Config()), "layer_norm_epsilon": -1.0})
+
+
+def test_list_arguments_name_something(capsys):
+    """`gr_jax.eval --metrics ','` printed an empty table with exit 0; a malformed fault variable said "not enough
+    values to unpack"; `bench_train --configs nosuch` ended in a traceback."""
+    from gr_jax import eval as eval_cmd
+
+    with pytest.raises(SystemExit) as e:
+        eval_cmd.main(["--run", "r", "--qrels", "q", "--metrics", ","])
+    assert e.value.code == 2 and "argument --metrics: ',' names no metric" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        eval_cmd.main(["--run", "r", "--qrels", "q", "--metrics", "Hit@1,,MRR@10"])
+    assert "an empty metric between commas" in capsys.readouterr().err
+    rc, _, err = run_tool("bench_train", ["--configs", "tiny,nosuch", "--no_write"], capsys)
+    assert rc == 2 and "unknown T5 config ['nosuch']" in err and "Traceback" not in err
+    os.environ["GR_JAX_FAULT"] = "checkpoint"
+    try:
+        with pytest.raises(ValueError, match=r"GR_JAX_FAULT='checkpoint': 'checkpoint' is not <point>:<n ≥ 1>"):
+            io_utils.fault_point("checkpoint")
+    finally:
+        del os.environ["GR_JAX_FAULT"]
 
 
 @pytest.mark.slow
