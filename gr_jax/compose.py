@@ -40,7 +40,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from gr_jax import distributed, gin_checks, io_utils, validation
+from gr_jax import distributed, gin_checks, io_utils, locks, validation
 from gr_jax.data import pairs as dsi_pairs
 from gr_jax.data import sources
 from gr_jax.data.pipeline import MixtureIterator, tokenize
@@ -135,6 +135,7 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
     table = None if scheme.decoded_by_model else scheme.assign(dataset.corpus, embeddings=embeddings)
     if not (model_dir / "docid_scheme").exists():
         save_scheme(scheme, model_dir / "docid_scheme", built_from)
+        locks.provisional(model_dir / "docid_scheme")  # removed if the run is refused before it is accepted
     space = scheme.space(config.vocab_size) if table is None else table.space
     head = head_for_space(space, head, scheme.name)
     if space.kind == "text" and space.end > config.vocab_size:
@@ -510,6 +511,7 @@ def _import(model_dir: Path, initial_checkpoint_path: str) -> dict:
                                     options=ocp.CheckpointManagerOptions(create=True))
     state = {"step": np.zeros((), np.int32), "params": jax.device_get(params), "nonfinite": np.zeros((), np.int32)}
     trainer.save_checkpoint(manager, 0, state, meta=provenance(setup))
+    locks.accept()
     write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True)
     out = {"model_dir": str(model_dir), "checkpoint": str(model_dir / "checkpoints" / "0"),
            "imported_from": str(initial_checkpoint_path), "docids": setup.table.stats()}

@@ -9,6 +9,14 @@ writes `path` (a MODEL_DIR or OUTPUT_DIR). The file holds the holder's pid, host
 * on a clean exit the lock file is removed, and a directory the command created and left empty (a refused
   command) is removed too: a refused command writes nothing.
 
+What a run writes before it is accepted (the vocabulary and docid-scheme folders it builds while preparing) is
+`provisional(path)`: if the run is refused before `accept()` (a training accepts once the checkpoints in MODEL_DIR
+are accepted), the outermost lock removes those paths on its way out, so a refused run leaves the directory as it
+found it. Nothing else is ever removed: a run that fails after `accept()` keeps what it wrote, to resume.
+
+The lock file is written in full or not at all: on a full disk no empty lock file is left behind, and the
+error names the directory and the space left there.
+
 Taking the lock again in the same process (a protocol that trains into the directory it writes) is a no-op.
 `flock` locks are advisory and local to a host where the file system does not support them across hosts
 (some NFS set-ups): the host name in the file is there to tell such a case apart.
@@ -20,20 +28,45 @@ import contextlib
 import fcntl
 import json
 import logging
+import errno
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
 from typing import Iterator, Optional
 
 from gr_jax.errors import UserError
-from gr_jax.io_utils import make_dirs
+from gr_jax.io_utils import fault_point, free_space, make_dirs, no_space
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".gr_jax.lock"
 
 _held: dict[str, int] = {}  # realpath → depth, for re-entry in one process
+_provisional: list[Path] = []  # written by this run before it was accepted: removed if it is refused
+
+
+def provisional(path: str | os.PathLike) -> None:
+    """`path` (a file or folder this run just created) is removed if the run is refused before `accept()`."""
+    _provisional.append(Path(path))
+
+
+def accept() -> None:
+    """The run is accepted: what it wrote so far stays, whatever happens next."""
+    _provisional.clear()
+
+
+def _remove_provisional(inside: str) -> None:
+    for p in reversed(list(_provisional)):
+        if not os.path.realpath(p).startswith(inside + os.sep):
+            continue
+        _provisional.remove(p)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        log.info("the run was refused: removed %s, which it had written", p)
 
 
 class LockedError(UserError, OSError):
@@ -107,15 +140,27 @@ def output_lock(path: str | os.PathLike, command: str, suffix: str = "") -> Iter
                         "output there may be unfinished, and is resumed or replaced by this run", path,
                         _describe(left))
         record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command, "started": time.time()}
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, json.dumps(record).encode())
-        os.fsync(fd)
+        try:
+            fault_point("lock", lock_path)
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, json.dumps(record).encode())
+            os.fsync(fd)
+        except OSError as e:
+            lock_path.unlink(missing_ok=True)  # no empty or partial lock file left behind
+            if no_space(e):
+                raise OSError(errno.ENOSPC, f"no space left on the device to write the lock file {lock_path} "
+                              f"({free_space(path)} free there); free some space and run the command again") from None
+            raise OSError(e.errno, f"cannot write the lock file {lock_path}: {e.strerror}") from None
         _held[key] = 1
         try:
             yield path
+        except BaseException:
+            _remove_provisional(key)
+            raise
         finally:
             _held.pop(key, None)
+            _provisional[:] = [p for p in _provisional if not os.path.realpath(p).startswith(key + os.sep)]
             lock_path.unlink(missing_ok=True)
     finally:
         os.close(fd)

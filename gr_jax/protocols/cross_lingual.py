@@ -189,7 +189,6 @@ def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str
     foreign_sets = _foreign_query_sets(languages, ds, split, max_queries)  # every file read before any write
     gin_checks.check_bindings_used(("run_cross_lingual",))
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_text(out_dir / "config.gin", gin.config_str(), keep_previous=True)
 
     english_text = dict(zip(ds.queries[split].qids, ds.queries[split].texts))
     result: dict[str, Any] = {"system": f"{system.describe()} step {step}", "split": split, "k": k, "ell": ell,
@@ -213,6 +212,9 @@ def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str
         qrels = {q: ds.qrels[split][q] for q in q_l.qids}
         result["languages"][lang] = {"queries": len(q_l), "settings": _setting_rows(
             probes, qrels, metrics, rel_threshold, run_names(system), k, ell)}
+    # config.gin with the results it produced: a run refused on the way (a reused file built from other
+    # settings) leaves the one beside the earlier results as it was
+    write_text(out_dir / "config.gin", gin.config_str(), keep_previous=True)
     write_text(out_dir / "cross_lingual.json", json_text(result, indent=1, sort_keys=True), keep_previous=True)
     write_text(out_dir / "cross_lingual.md", cross_lingual_markdown(result), keep_previous=True)
     plot_effectiveness(result, out_dir / "cross_lingual.png")

@@ -63,9 +63,12 @@ class GeneratedQueries:
 
 def generate_for_corpus(lm: LMContext, corpus: Corpus, generator: PseudoQueryGenerator,
                         num_queries: int, seed: int, batch_size: int, path: Path, built_from: dict,
-                        progress: bool = True) -> GeneratedQueries:
-    """Writes (or resumes, or reuses) the pseudo-queries of every document of `corpus` at `path`."""
+                        progress: bool = True, on_start=None) -> GeneratedQueries:
+    """Writes (or resumes, or reuses) the pseudo-queries of every document of `corpus` at `path`. `on_start()`
+    runs once a file already there has been accepted (a refused run has written nothing by then)."""
     held = reuse(path, built_from, GeneratedQueries.load, "the pseudo-query file")
+    if on_start is not None:
+        on_start()
     if held is None:
         held = GeneratedQueries({}, normalized(built_from))
     todo = pending_batches(corpus, batch_size, set(held.queries), path)
@@ -99,11 +102,12 @@ def write_pseudo_queries(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED
     ctx, lm_digest = LMContext.load(lm)
     gin_checks.check_bindings_used(("write_pseudo_queries",))
     model_dir.mkdir(parents=True, exist_ok=True)
-    write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True)
     built_from = {"lm": lm_digest, "corpus": corpus.fingerprint(), "generator": dataclasses.asdict(generator),
                   "num_queries": num_queries, "seed": seed, "batch_size": batch_size}
     path = model_dir / QUERIES_FILE
-    held = generate_for_corpus(ctx, corpus, generator, num_queries, seed, batch_size, path, built_from)
+    held = generate_for_corpus(ctx, corpus, generator, num_queries, seed, batch_size, path, built_from,
+                               on_start=lambda: write_text(model_dir / "config.gin", gin.config_str(),
+                                                           keep_previous=True))
     summary = {"file": str(path), "documents": len(held.queries),
                "queries": sum(len(q) for q in held.queries.values()),
                "distinct_per_document": round(sum(len(set(q)) for q in held.queries.values())

@@ -176,7 +176,6 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
     generators = {v: given.get(v) or V.generator_for(v) for v in variations}  # built before the check of
     gin_checks.check_bindings_used(("run_robustness",))                      # unused bindings
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_text(out_dir / "config.gin", gin.config_str(), keep_previous=True)
 
     bar = progress_bar(total=len(splits) * (1 + len(variations) * len(seeds)), desc="robustness", unit="condition",
                disable=not progress)
@@ -194,6 +193,9 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
     bar.close()
     primary, planning = run_names(sut)
     result["system_runs"] = {"primary": primary, "planning": planning}
+    # config.gin with the results it produced: a run refused on the way (a reused file built from other
+    # settings) leaves the one beside the earlier results as it was
+    write_text(out_dir / "config.gin", gin.config_str(), keep_previous=True)
     write_text(out_dir / "robustness.json", json_text(result, indent=1, sort_keys=True), keep_previous=True)
     write_text(out_dir / "robustness.md", tables_markdown(result), keep_previous=True)
     plot(result, out_dir, var_dir)

@@ -37,7 +37,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from gr_jax import distributed, host_memory, io_utils, provenance, validation
+from gr_jax import distributed, host_memory, io_utils, locks, provenance, validation
 from gr_jax.progress import bar as progress_bar
 from gr_jax.errors import UserError
 from gr_jax.io_utils import fault_point, free_space, json_text, no_space, write_text
@@ -521,6 +521,7 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     if step > train_steps:
         raise TrainingError(f"{model_dir / 'checkpoints'} holds step {step}, past TRAIN_STEPS = {train_steps}; "
                             f"raise TRAIN_STEPS or use a new MODEL_DIR")
+    locks.accept()  # what preparing wrote (vocabulary, docid scheme) stays from here on
     if on_start is not None:
         on_start()
 

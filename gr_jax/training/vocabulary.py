@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 from typing import Optional, Sequence
 
+from gr_jax import locks
 from gr_jax.data.readers import Dataset, fingerprint
 from gr_jax.io_utils import atomic_dir, read_json
 from gr_jax.models import llama_io
@@ -57,6 +58,7 @@ def run_vocabulary(vocabulary: Optional[str], model_dir: Path, dataset: Dataset,
     with atomic_dir(vdir) as tmp:
         vocab = train_sentencepiece([t for part in texts for t in part], tmp / "spiece.model", vocab_size)
         (tmp / "provenance.json").write_text(json.dumps({**built_from, "spiece": vocab.fingerprint}, indent=1))
+    locks.provisional(vdir)  # removed if the run is refused before it is accepted
     return load_vocabulary(vdir / "spiece.model")
 
 

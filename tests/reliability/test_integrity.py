@@ -445,6 +445,69 @@ def test_a_lock_on_a_new_directory_leaves_nothing_when_nothing_was_written(tmp_p
             pass
 
 
+def _tree(folder: Path) -> dict:
+    """Every file under `folder` → its bytes' digest: what 'byte-identical' compares."""
+    return {str(p.relative_to(folder)): provenance.file_digest(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _refused(files, bindings, fn, where: Path, match: str) -> None:
+    """`fn` configured by `files` + `bindings`, under the output lock its command takes, refused with `match`."""
+    gin.clear_config()
+    gin_utils.parse([str(f) for f in files], bindings)
+    try:
+        with pytest.raises(ValueError, match=match):
+            with locks.output_lock(where, "gr_jax test"):
+                gin_utils.call_configured(fn)
+    finally:
+        gin.clear_config()
+
+
+def test_a_refused_training_leaves_the_directory_as_it_found_it(tiny_dsi, tmp_path):
+    """A training refused after preparing used to leave vocabulary/ and docid_scheme/ behind in a new MODEL_DIR
+    (they are provisional until the run is accepted); in a MODEL_DIR that holds a run, nothing changes, byte for
+    byte, config.gin included."""
+    from gr_jax import compose
+
+    exp, shared = tiny_dsi
+    new = tmp_path / "new" / "run"
+    _refused([exp], [f"MODEL_DIR = '{new}'", "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 1}"], compose.train,
+             new, "shorter than the longest docid")
+    assert not (tmp_path / "new").exists()
+    held = copy_of(shared, tmp_path / "held")
+    before = _tree(held)
+    _refused([exp], [f"MODEL_DIR = '{held}'", "load_dataset.demo_docs = 30", "make_optimizer.learning_rate = 0.5"],
+             compose.train, held, "vocabulary")
+    assert _tree(held) == before
+
+
+def test_a_refused_pseudo_query_rerun_keeps_its_config_gin(tiny_hf_llama, tmp_path):
+    """The refused re-run rewrote config.gin before refusing, then pointed at "the config.gin beside it"."""
+    from gr_jax.protocols import pseudo_queries
+
+    run = tmp_path / "run"
+    bindings = [f"MODEL_DIR = '{run}'", f"LM = '{tiny_hf_llama}'", "write_pseudo_queries.max_documents = 2",
+                "write_pseudo_queries.num_queries = 1", "PseudoQueryGenerator.max_query_tokens = 2"]
+    gin.clear_config()
+    gin_utils.parse(["experiments/demo/pseudo_queries_smollm2.gin"], bindings)
+    with locks.output_lock(run, "gr_jax test"):
+        gin_utils.call_configured(pseudo_queries.write_pseudo_queries)
+    gin.clear_config()
+    before = _tree(run)
+    assert "config.gin" in before
+    _refused(["experiments/demo/pseudo_queries_smollm2.gin"], [*bindings, "write_pseudo_queries.seed = 7"],
+             pseudo_queries.write_pseudo_queries, run, "built with another seed")
+    assert _tree(run) == before
+
+
+def test_a_full_disk_at_lock_time_leaves_no_lock_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("GR_JAX_FAULT", "lock:1:enospc")
+    with pytest.raises(OSError, match=f"no space left on the device to write the lock file {tmp_path / 'new'}/"
+                                      r"\.gr_jax\.lock \(.* free there\)"):
+        with locks.output_lock(tmp_path / "new", "gr_jax train"):
+            pass
+    assert list(tmp_path.iterdir()) == []  # no lock file, and the folder it made is gone
+
+
 def test_tools_validate_their_numeric_arguments(capsys):
     """No tool takes a bare `type=int` / `type=float` (argparse would accept 0 or -5 and fail later with a
     traceback); one of them run with a bad value stops at once."""

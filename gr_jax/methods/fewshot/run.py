@@ -41,9 +41,12 @@ BANK_FILE = "docid_bank.jsonl"
 
 
 def build_bank(lm: LMContext, corpus: Corpus, writer: fewshot.DocidWriter, path: Path,
-               built_from: dict, progress: bool = True) -> fewshot.DocidBank:
-    """Writes (or resumes, or reuses) the docid bank of `corpus` at `path`."""
+               built_from: dict, progress: bool = True, on_start=None) -> fewshot.DocidBank:
+    """Writes (or resumes, or reuses) the docid bank of `corpus` at `path`. `on_start()` runs once a bank already
+    there has been accepted (a refused run has written nothing by then)."""
     bank = reuse(path, built_from, fewshot.DocidBank.load, "the docid bank")
+    if on_start is not None:
+        on_start()
     if bank is None:
         bank = fewshot.DocidBank(built_from=normalized(built_from))
     todo = pending_batches(corpus, writer.batch_size, set(bank.documents()), path)
@@ -88,11 +91,10 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
     retriever = fewshot.FewShotRetriever(ctx, writer.prompt, max_query_tokens=max_query_tokens)
     gin_checks.check_bindings_used(("run_fewshot",))
     model_dir.mkdir(parents=True, exist_ok=True)
-    write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True)
-
     built_from = {"lm": lm_digest, "corpus": dataset.corpus.fingerprint(), "writer": writer.settings()}
     t0 = time.time()
-    bank = build_bank(ctx, dataset.corpus, writer, model_dir / BANK_FILE, built_from)
+    bank = build_bank(ctx, dataset.corpus, writer, model_dir / BANK_FILE, built_from,
+                      on_start=lambda: write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True))
     index_seconds = time.time() - t0
 
     qrels = dataset.qrels[split]
