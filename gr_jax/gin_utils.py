@@ -315,10 +315,31 @@ def parse(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[
         raise GinConfigError(f"required gin macros not set: {missing}; set them in a gin file or on the command "
                              f"line ({examples}; gin strings keep their quotes: --gin.MODEL_DIR=\"'runs/x'\")")
     check_bound_values()
+    _resolve_output_paths()
     try:
         gin.finalize()
     except ValueError as e:
         raise GinConfigError(f"bad gin configuration: {e}") from None
+
+
+# the macros that name where a command writes: recorded in its outputs (final_metrics.json, rank data's record)
+# and compared on a re-run, so each is made absolute and normalised once, here
+OUTPUT_PATH_MACROS = ("MODEL_DIR", "OUTPUT_DIR", "VARIATIONS_DIR")
+
+
+def _resolve_output_paths() -> None:
+    """MODEL_DIR 'runs/x', './runs/x' and its absolute spelling are one place: bound as the absolute, normalised
+    path before anything runs (the same infer spelt two ways otherwise kept a `.prev-1` of identical results, and
+    rank data refused its own file as built for "another model_dir")."""
+    for name in OUTPUT_PATH_MACROS:
+        try:
+            value = gin.query_parameter(f"{name}/macro.value")
+        except ValueError:
+            continue
+        if isinstance(value, (str, os.PathLike)) and str(value):
+            placed = os.path.abspath(os.path.expanduser(str(value)))
+            if placed != str(value):
+                gin.bind_parameter(f"{name}/macro.value", placed)
 
 
 def _bound_value(value, depth: int = 0):

@@ -508,6 +508,25 @@ def test_a_full_disk_at_lock_time_leaves_no_lock_file(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # no lock file, and the folder it made is gone
 
 
+def test_a_path_is_a_place_not_a_spelling(tiny_dsi, tmp_path, monkeypatch):
+    """The same infer with MODEL_DIR spelt absolute, then relative: the second run's results are the first's
+    (no `.prev-1` kept, no "different result" warning), as MODEL_DIR is resolved once, when the flags are
+    parsed."""
+    from gr_jax import compose
+
+    exp, shared = tiny_dsi
+    model = copy_of(shared, tmp_path / "m")
+    for spelling in (str(model), "./m/../m"):
+        gin.clear_config()
+        gin_utils.parse([str(exp), "runs/eval.gin"], [f"MODEL_DIR = '{spelling}'", "NUM_BEAMS = 3"])
+        assert gin.query_parameter("MODEL_DIR/macro.value") == str(model)
+        gin_utils.call_configured(compose.infer)
+        gin.clear_config()
+        monkeypatch.chdir(tmp_path)
+    kept = sorted(p.name for p in model.rglob("*.prev-*"))
+    assert kept == [], kept
+
+
 def test_tools_validate_their_numeric_arguments(capsys):
     """No tool takes a bare `type=int` / `type=float` (argparse would accept 0 or -5 and fail later with a
     traceback); one of them run with a bad value stops at once."""
