@@ -201,6 +201,9 @@ class _GinFile:
                                  f"closed; the file ends at line {line})") from None
         if issubclass(exc_type, (SyntaxError, ValueError, KeyError)):
             raise GinConfigError(f"gin file {self.path}: {_explain(exc)}") from None
+        if issubclass(exc_type, OSError):  # an `include` that names no file: say which file includes it
+            first = (str(exc).splitlines() or [""])[0]
+            raise GinConfigError(f"gin file {self.path}: one of its includes cannot be opened ({first})") from None
         return False
 
 
@@ -273,8 +276,23 @@ def _references(value, out: set[str]) -> None:
             _references(v, out)
 
 
-def check_macros(ignore: Iterable[str] = ()) -> None:
-    """A macro that no binding references does nothing: most often a typo of one that is used."""
+def _library_macro_readers() -> dict[str, list[str]]:
+    """{macro: ['train.seed (runs/train.gin)', ...]}: the bindings of the library's own gin files that read a
+    macro (`x.y = %MACRO`)."""
+    readers: dict[str, list[str]] = {}
+    for path in sorted(GIN_CONFIGS.rglob("*.gin")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            m = re.match(r"\s*([\w./]+)\s*=\s*%(\w+)\s*$", line)
+            if m:
+                readers.setdefault(m.group(2), []).append(f"{m.group(1)} ({path.relative_to(GIN_CONFIGS)})")
+    return readers
+
+
+def check_macros(ignore: Iterable[str] = (), bindings: Sequence[str] = ()) -> None:
+    """A macro that no binding references does nothing: most often a typo of one that is used. A macro of the
+    library's own gin files (SEED of runs/train.gin) goes unused when the user binds the parameter that read it
+    (`--gin.train.seed=1` replaces `train.seed = %SEED`): that is what the user asked for, not an error — unless
+    the user set the macro too, and one of the two settings would be lost."""
     defined, used = set(), set()
     for (scope, selector), params in gin.config._CONFIG.items():
         if selector == MACRO:
@@ -282,9 +300,22 @@ def check_macros(ignore: Iterable[str] = ()) -> None:
         for value in params.values():
             _references(value, used)
     unused = sorted(defined - used - set(ignore))
-    if unused:
-        hints = "".join(f"\n  {m}: nothing uses it{did_you_mean(m, sorted(used))}" for m in unused)
-        raise GinConfigError(f"gin macros that no binding uses:{hints}\nRemove them or fix the name.")
+    if not unused:
+        return
+    readers = _library_macro_readers()
+    set_by_user = {b.split("=", 1)[0].strip() for b in bindings if "=" in b}
+    problems = []
+    for m in unused:
+        if m in readers and m not in set_by_user:
+            log.debug("%s: its reader %s is bound directly instead", m, ", ".join(readers[m]))
+            continue
+        if m in readers:
+            problems.append(f"\n  {m}: read by {', '.join(readers[m])}, but that binding is replaced by yours, so "
+                            f"--gin.{m} does nothing; set one of the two")
+        else:
+            problems.append(f"\n  {m}: nothing uses it{did_you_mean(m, sorted(used))}")
+    if problems:
+        raise GinConfigError(f"gin macros that no binding uses:{''.join(problems)}\nRemove them or fix the name.")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -308,7 +339,7 @@ def parse(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[
             if isinstance(e, GinConfigError) and message.startswith("gin file "):  # names the file: gin's
                 message = message.splitlines()[0]                                 # "In bindings…" is noise
             raise GinConfigError(f"bad gin configuration: {message}") from None
-    check_macros(ignore_unused_macros)
+    check_macros(ignore_unused_macros, bindings)
     missing = [m for m in re.findall(r"^(\w+) = %gin.REQUIRED$", gin.config_str(), re.M)]
     if missing:
         examples = " ".join(f"--gin.{m}=..." for m in missing)

@@ -222,6 +222,13 @@ def _add_unique(seen: dict, key: str, path: Path, line_no: int, what: str) -> No
     seen[key] = line_no
 
 
+def _with_rows(n: int, path: Path, what: str) -> None:
+    """A file with no rows is an error that says so (it used to surface later as a qrels error: every judged
+    document or query missing)."""
+    if n == 0:
+        raise DataError(f"{path}: no {what} (the file is empty, or holds blank lines only)")
+
+
 def _queries_and_qrels(rows, path: Path, corpus: Optional[Corpus], prefix: str):
     """rows: (line, query text, doc id) → (QuerySet with one qid per row, qrels with grade 1)."""
     qids, texts, qrels = [], [], {}
@@ -400,6 +407,7 @@ def read_msmarco_collection(path: str | os.PathLike, repair_utf8: bool = False) 
             lines.append(i)
     # the bytearrays become the buffers as they are (no copy: a copy would double the peak memory)
     doc_ids = PackedStrings(ids, np.frombuffer(id_off, np.int64))
+    _with_rows(len(lines), path, "passages")
     _check_unique_ids(doc_ids, np.frombuffer(hashes, np.int64), np.frombuffer(lines, np.int64), path, "pid")
     corpus = Corpus(doc_ids, PackedStrings(texts, np.frombuffer(text_off, np.int64)))
     log.info("read %d passages from %s", len(corpus), path)
@@ -431,6 +439,7 @@ def read_queries_tsv(path: str | os.PathLike, repair_utf8: bool = False) -> Quer
         text = _nonempty(f[1], "query", path, i)
         qids.append(qid)
         texts.append(fix_double_utf8(text) if repair_utf8 else text)
+    _with_rows(len(qids), path, "queries")
     return QuerySet(qids, texts)
 
 
@@ -528,6 +537,7 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
     else:
         with _open(path) as f:
             first = _decode(f.readline(), path, 1)
+        _with_rows(len(first.strip()), path, "documents")
         n = len(first.rstrip("\r\n").split("\t"))
         if n not in (2, 3, 4):
             raise DataError(f"{path}:1: expected 2 to 4 tab-separated fields (id, text[, title[, url]])")
@@ -538,6 +548,7 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
             texts.append(_nonempty(fields[1], "text", path, i))
             titles.append(fields[2] if n > 2 else "")
             urls.append(fields[3] if n > 3 else "")
+    _with_rows(len(ids), path, "documents")
     return Corpus(ids, texts, titles if any(titles) else None, urls if any(urls) else None)
 
 
@@ -552,4 +563,5 @@ def read_queries(path: str | os.PathLike) -> QuerySet:
         _add_unique(seen, qid, path, i, "query id")
         qids.append(qid)
         texts.append(_first_key(obj, _TEXT_KEYS, path, i, "query"))
+    _with_rows(len(qids), path, "queries")
     return QuerySet(qids, texts)

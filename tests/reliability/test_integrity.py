@@ -527,6 +527,34 @@ def test_a_path_is_a_place_not_a_spelling(tiny_dsi, tmp_path, monkeypatch):
     assert kept == [], kept
 
 
+def test_messages_name_what_is_wrong(tmp_path, monkeypatch):
+    """Three messages that misled: a parameter bound directly instead of through the library's macro was refused
+    as "SEED: nothing uses it"; an empty corpus file surfaced as a qrels error; a missing include did not name
+    the file that includes it."""
+    gin_utils.parse(["experiments/demo/dsi_atomic.gin"], ["MODEL_DIR = 'm'", "train.seed = 1"])
+    assert gin.query_parameter("train.seed") == 1  # what the user asked for, accepted
+    gin.clear_config()
+    with pytest.raises(gin_utils.GinConfigError, match=r"SEED: read by train.seed \(runs/train.gin\), but that "
+                                                       r"binding is replaced by yours"):
+        gin_utils.parse(["experiments/demo/dsi_atomic.gin"], ["MODEL_DIR = 'm'", "train.seed = 1", "SEED = 3"])
+    gin.clear_config()
+    from gr_jax.data import readers
+
+    for name in ("corpus.jsonl", "corpus.tsv"):
+        (tmp_path / name).write_text("\n")
+        with pytest.raises(readers.DataError, match=f"{tmp_path / name}: no documents \\(the file is empty"):
+            readers.read_corpus(tmp_path / name)
+    (tmp_path / "queries.tsv").write_text("")
+    with pytest.raises(readers.DataError, match="queries.tsv: no queries"):
+        readers.read_queries(tmp_path / "queries.tsv")
+    (tmp_path / "inner.gin").write_text("include 'nosuch/file.gin'\n")
+    (tmp_path / "outer.gin").write_text("include 'inner.gin'\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(gin_utils.GinConfigError, match=f"gin file {tmp_path / 'inner.gin'}: one of its includes "
+                                                       f"cannot be opened .*nosuch/file.gin"):
+        gin_utils.parse(["outer.gin"], [])
+
+
 def test_tools_validate_their_numeric_arguments(capsys):
     """No tool takes a bare `type=int` / `type=float` (argparse would accept 0 or -5 and fail later with a
     traceback); one of them run with a bad value stops at once."""
