@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import filecmp
+import inspect
 import importlib.util
 import json
 import logging
@@ -39,7 +40,9 @@ import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -255,13 +258,35 @@ class atomic_dir:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            if isinstance(exc, OSError) and not _names(exc, self.path):
+                raise _named(exc, self.path) from None
             return False
         try:
             _publish(self.tmp, self.path, self.keep_previous)
+        except OSError as e:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise e if _names(e, self.path) else _named(e, self.path) from None
         except BaseException:
             shutil.rmtree(self.tmp, ignore_errors=True)
             raise
         return False
+
+
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
+
+
+def _names(e: OSError, path: Path) -> bool:
+    """Whether `e` needs no rewording: it names `path` already, is one of ours, or is not a failed write."""
+    return str(path) in str(e) or isinstance(e, UserError) or not (no_space(e) or e.errno in _WRITE_ERRNOS)
+
+
+def _named(e: OSError, path: Path) -> OSError:
+    """An OSError of a write (a full disk: `[Errno 28] No space left on device`, no path) as one that names the
+    output and the space left where it is written."""
+    if no_space(e):
+        return OSError(errno.ENOSPC, f"no space left on the device while writing {path} ({free_space(path)} free "
+                                     f"there); free some space and run the same command again")
+    return OSError(e.errno, f"cannot write {path}: {e.strerror or e} ({free_space(path)} free there)")
 
 
 @contextlib.contextmanager
@@ -277,6 +302,9 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", keep_previous: bool = 
             yield f
             fault_point("write", path)
         _publish(tmp, path, keep_previous)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise e if _names(e, path) else _named(e, path) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -405,6 +433,66 @@ def free_space(path: str | os.PathLike) -> str:
     while not path.exists() and path != path.parent:
         path = path.parent
     return f"{shutil.disk_usage(path).free / 2**20:.0f} MiB"
+
+
+class _OrbaxThreadNoise(logging.Filter):
+    """orbax's worker threads log the error they hit (a full disk, an unreadable file) with its traceback, at
+    ERROR, before the call that started them raises it; the caller then reports it once, naming the path. Those
+    records (from orbax's own files, with a traceback) go to our debug log instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname:
+            log.debug("orbax worker: %s", record.getMessage()[:300])
+            return False
+        return True
+
+
+_ORBAX_NOISE = _OrbaxThreadNoise()
+
+
+def quiet_orbax_threads() -> None:
+    """Routes orbax's worker-thread tracebacks to the debug log (idempotent; every module that calls orbax
+    calls it at import, so every path is covered)."""
+    for name in ("absl", "orbax"):
+        logger = logging.getLogger(name)
+        if _ORBAX_NOISE not in logger.filters:
+            logger.addFilter(_ORBAX_NOISE)
+
+
+@contextlib.contextmanager
+def abandoned_reads_quiet():
+    """When one array of a checkpoint cannot be read, orbax gives up on the others while tensorstore still
+    completes them: each completion then reports "Event loop is closed" (or a coroutine never awaited) as an
+    unraisable exception — a dozen tracebacks around the one error message, some after it. Those go to the
+    debug log: for the restore, and, if it failed, for the rest of the process (the abandoned reads finish
+    later). Other unraisable exceptions still reach the previous hook."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if inspect.iscoroutine(unraisable.object) or "Event loop is closed" in str(unraisable.exc_value):
+            log.debug("abandoned checkpoint read: %s", unraisable.exc_value)
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    except BaseException:
+        warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+        if _abandoned_read_tasks not in logging.getLogger("asyncio").filters:  # "… exception was never retrieved"
+            logging.getLogger("asyncio").addFilter(_abandoned_read_tasks)
+        raise
+    sys.unraisablehook = previous
+
+
+def _abandoned_read_tasks(record: logging.LogRecord) -> bool:
+    """asyncio's "Task / _GatheringFuture exception was never retrieved", which follows a failed checkpoint read
+    (the filter is installed only then): the abandoned reads' futures, to the debug log."""
+    message = record.getMessage()
+    if "exception was never retrieved" in message.split("\n", 1)[0]:
+        log.debug("abandoned checkpoint read: %s", message[:200])
+        return False
+    return True
 
 
 def package_data(package: str, relative: str, install: str) -> Path:

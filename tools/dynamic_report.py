@@ -161,7 +161,7 @@ def main(argv=None) -> int:
                 plot_published(labels, results, published, tmp / "report.png")
             else:
                 plot(results, tmp / "report.png")
-    except OSError as e:
+    except (OSError, ValueError) as e:  # FileFormatError (a part of --out is a file) is a ValueError
         sys.stderr.write(f"error: {e}\n")
         return 2
     sys.stdout.write(text)

@@ -21,11 +21,12 @@ from typing import Any, Iterator, Mapping
 import jax
 import numpy as np
 
-from gr_jax.io_utils import FileFormatError, atomic_dir, read_json
+from gr_jax.io_utils import FileFormatError, abandoned_reads_quiet, atomic_dir, quiet_orbax_threads, read_json
 from gr_jax.provenance import array_digests, changed_arrays
 from gr_jax.models.t5 import T5Config, init_params
 
 log = logging.getLogger(__name__)
+quiet_orbax_threads()  # orbax worker-thread tracebacks to the debug log (io_utils)
 
 FORMAT_TAG = "gr_jax.t5.v2"  # v2: config.json records the arrays' checksums
 _UNCHECKED_TAG = "gr_jax.t5.v1"  # written before checksums existed: read unchecked
@@ -396,7 +397,7 @@ def load_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[T5Config, dict]:
         raise CheckpointError(f"{params_dir}: _METADATA is missing (orbax's record of the arrays): the checkpoint "
                               f"is incomplete; convert it again")
     try:
-        with ocp.StandardCheckpointer() as ckptr:
+        with abandoned_reads_quiet(), ocp.StandardCheckpointer() as ckptr:
             stored = getattr(ckptr.metadata(params_dir).item_metadata, "tree", None)
             if stored is None:
                 raise CheckpointError(f"{params_dir}/_METADATA: unreadable (orbax's record of the arrays): the "

@@ -29,6 +29,7 @@ import orbax.checkpoint as ocp
 
 from gr_jax import compose, gin_checks, gin_utils, validation
 from gr_jax.cli import setup_logging
+from gr_jax.io_utils import abandoned_reads_quiet
 from gr_jax.t5x.models import SYSTEM_RECORD, T5xAdapterError, _read_record, empty_paths, t5x_steps, with_empty
 from gr_jax.training import trainer
 
@@ -47,14 +48,18 @@ def read_t5x_params(path: Path) -> dict:
         try:
             # read as numpy, whatever devices wrote it (a checkpoint of a run over several devices names them, and
             # restoring it as device arrays on another machine fails)
-            checkpointer = ocp.PyTreeCheckpointer()
-            where = str((path / "state").absolute())
-            meta = checkpointer.metadata(where)
-            tree = getattr(getattr(meta, "item_metadata", meta), "tree", getattr(meta, "item_metadata", meta))
-            state = checkpointer.restore(where, restore_args=_as_numpy(tree))
+            with abandoned_reads_quiet():  # the reads orbax abandons after the first error: debug log
+                checkpointer = ocp.PyTreeCheckpointer()
+                where = str((path / "state").absolute())
+                meta = checkpointer.metadata(where)
+                tree = getattr(getattr(meta, "item_metadata", meta), "tree", getattr(meta, "item_metadata", meta))
+                if tree is None:
+                    raise ValueError("state/_METADATA is missing or unreadable")
+                state = checkpointer.restore(where, restore_args=_as_numpy(tree))
         except Exception as e:  # orbax/tensorstore raise many types for unreadable files
-            raise T5xAdapterError(f"{path}: cannot read the t5x checkpoint ({type(e).__name__}); is it complete?") \
-                from None
+            cause = (str(e).splitlines() or [""])[0].split(" See full TensorStore details")[0][:200]
+            raise T5xAdapterError(f"{path}: cannot read the t5x checkpoint ({type(e).__name__}: {cause}); is it "
+                                  f"complete?") from None
     elif (path / "checkpoint").is_file():  # t5x's older layout (msgpack + tensorstore)
         from t5x import checkpoints as t5x_checkpoints
 

@@ -19,14 +19,10 @@ drew; the data order is the iterator's, whose state is saved in every checkpoint
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import inspect
 import json
 import logging
-import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -46,6 +42,7 @@ from gr_jax.training.sam import global_norm, sam
 from gr_jax.validation import Positive
 
 log = logging.getLogger(__name__)
+io_utils.quiet_orbax_threads()  # orbax worker-thread tracebacks to the debug log (io_utils)
 
 
 class TrainingError(UserError, RuntimeError):
@@ -229,7 +226,7 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
     its parameters for finite values. Anything else → `DamagedCheckpoint` naming the checkpoint and the array."""
     error = None
     try:
-        with _abandoned_reads_quiet():
+        with io_utils.abandoned_reads_quiet():
             if template is None:  # onto this process's first device, whatever layout saved it (devices, processes)
                 template = _local_template(Path(manager.directory) / str(step) / "state")
             items = {"state": ocp.args.StandardRestore(template)}
@@ -298,42 +295,6 @@ def _local_template(state_dir: Path):
     tree = getattr(tree, "tree", tree)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     return jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
-
-
-@contextlib.contextmanager
-def _abandoned_reads_quiet():
-    """When one array of a checkpoint cannot be read, orbax gives up on the others while tensorstore still
-    completes them: each completion then reports "Event loop is closed" (or a coroutine never awaited) as an
-    unraisable exception — a dozen tracebacks around the one error message, some after it. Those go to the
-    debug log: for the restore, and, if it failed, for the rest of the process (the abandoned reads finish
-    later). Other unraisable exceptions still reach the previous hook."""
-    previous = sys.unraisablehook
-
-    def hook(unraisable) -> None:
-        if inspect.iscoroutine(unraisable.object) or "Event loop is closed" in str(unraisable.exc_value):
-            log.debug("abandoned checkpoint read: %s", unraisable.exc_value)
-        else:
-            previous(unraisable)
-
-    sys.unraisablehook = hook
-    try:
-        yield
-    except BaseException:
-        warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
-        if _abandoned_tasks not in logging.getLogger("asyncio").filters:  # "… exception was never retrieved"
-            logging.getLogger("asyncio").addFilter(_abandoned_tasks)
-        raise
-    sys.unraisablehook = previous
-
-
-def _abandoned_tasks(record: logging.LogRecord) -> bool:
-    """asyncio's "Task / _GatheringFuture exception was never retrieved", which follows a failed checkpoint read
-    (the filter is installed only then): the abandoned reads' futures, to the debug log."""
-    message = record.getMessage()
-    if "exception was never retrieved" in message.split("\n", 1)[0]:
-        log.debug("abandoned checkpoint read: %s", message[:200])
-        return False
-    return True
 
 
 def save_checkpoint(manager: ocp.CheckpointManager, step: int, state, **json_items) -> None:

@@ -555,6 +555,68 @@ def test_messages_name_what_is_wrong(tmp_path, monkeypatch):
         gin_utils.parse(["outer.gin"], [])
 
 
+def test_a_failed_write_names_the_file_and_the_space_left(tmp_path, monkeypatch):
+    """A full disk raises `[Errno 28] No space left on device` with no path (the write of a run file, say): the
+    error names the output and the free space there, and nothing is left half-written."""
+    import errno
+
+    real = os.fdopen
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, _):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, *a, **k: Full(real(fd, *a, **k)))
+    out = tmp_path / "runs" / "dev.step2.run"
+    with pytest.raises(OSError, match=f"no space left on the device while writing {out} \\(.* MiB free there\\)"):
+        io_utils.write_text(out, "q1 Q0 d1 1 0.5 gr_jax\n")
+    assert list((tmp_path / "runs").iterdir()) == []
+    monkeypatch.undo()
+    with pytest.raises(OSError, match=f"cannot write {tmp_path / 'ro'}"):
+        with io_utils.atomic_dir(tmp_path / "ro"):
+            raise PermissionError(errno.EACCES, "Permission denied")
+
+
+def test_orbax_worker_tracebacks_go_to_the_debug_log(caplog):
+    """A full disk during a checkpoint save printed ~117 lines of orbax worker-thread tracebacks before the one
+    message that names the folder: such records (orbax's files, ERROR, a traceback) now reach the debug log only."""
+    io_utils.quiet_orbax_threads()
+    try:
+        raise ValueError("RESOURCE_EXHAUSTED: No space left on device")
+    except ValueError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("absl", logging.ERROR, f"{os.sep}site-packages{os.sep}orbax{os.sep}checkpoint"
+                               f"{os.sep}future.py", 1, "_SignalingThread.run() raised an exception", None, exc_info)
+    other = logging.LogRecord("absl", logging.ERROR, f"{os.sep}elsewhere{os.sep}x.py", 1, "kept", None, exc_info)
+    with caplog.at_level(logging.DEBUG):
+        logging.getLogger("absl").handle(record)
+        logging.getLogger("absl").handle(other)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == ["kept"]
+    assert any(r.levelno == logging.DEBUG and "raised an exception" in r.getMessage() for r in caplog.records)
+
+
+def test_dynamic_report_under_a_file_is_one_message(tmp_path, capsys):
+    d = tmp_path / "run" / "dynamic"
+    d.mkdir(parents=True)
+    from gr_jax.protocols.dynamic_corpora import summarize
+
+    P = [[0.75, float("nan")], [0.5, 0.25]]
+    (d / "dynamic.json").write_text(io_utils.json_text({"P": P, "method": "bm25", "idbi": [0.0, 0.1], **summarize(P)}))
+    (tmp_path / "afile").write_text("x")
+    rc, _, err = run_tool("dynamic_report", [tmp_path / "run", "--out", tmp_path / "afile" / "report"], capsys)
+    assert rc == 2 and "afile is a file, not a directory" in err and "Traceback" not in err
+
+
 def test_tools_validate_their_numeric_arguments(capsys):
     """No tool takes a bare `type=int` / `type=float` (argparse would accept 0 or -5 and fail later with a
     traceback); one of them run with a bad value stops at once."""
