@@ -29,6 +29,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import signal
+import sys
+import threading
 from typing import Iterator, Optional, Sequence
 
 import jax
@@ -70,14 +74,74 @@ def initialize(multiprocess: bool = False, coordinator_address: Optional[str] = 
     if _started:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of several processes
-    kwargs = {} if initialization_timeout is None else {"initialization_timeout": int(initialization_timeout)}
-    jax.distributed.initialize(coordinator_address, process_count, process_index, **kwargs)
+    deadline = int(initialization_timeout) if initialization_timeout is not None else JOIN_DEADLINE_S
+    where = coordinator_address or "the cluster's coordinator"
+    log.info("process %s of %s: joining the other processes at %s (up to %d s: --initialization_timeout)",
+             process_index if process_index is not None else "?", process_count or "?", where, deadline)
+    # JAX's own timeout aborts the process with a C++ stack trace (exit 134), or a process whose partner never
+    # comes waits on: ours ends it first, with one message
+    watchdog = threading.Timer(deadline, _join_failed, (where, process_count, process_index, deadline))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        jax.distributed.initialize(coordinator_address, process_count, process_index,
+                                   initialization_timeout=deadline + 60)
+    except Exception as e:  # noqa: BLE001 — JAX raises XlaRuntimeError and others for a failed join
+        raise ValueError(f"process {process_index} of {process_count} could not join the run at {where}: "
+                         f"{(str(e).splitlines() or [''])[0][:300]}") from None
+    finally:
+        watchdog.cancel()
     _started = True
     index, count = jax.process_index(), jax.process_count()
     log.info("process %d of %d; %d local and %d global devices", index, count, jax.local_device_count(),
              jax.device_count())
     if index:
         read_only(f"process {index} of a {count}-process run (process 0 writes)")
+    if count > 1:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _stop_on_signal)
+
+
+JOIN_DEADLINE_S = 300  # JAX's default initialization_timeout
+
+RESTART_NOTE = ("the other processes of this run stop too. Start all of them again with the same command: training "
+                "resumes from the last checkpoint")
+
+
+def _join_failed(where: str, count, index, deadline: int) -> None:
+    sys.stderr.write(f"error: process {index} of {count}: the other processes did not join at {where} within "
+                     f"{deadline} s. Start all {count or 'N'} processes with the same --coordinator_address and "
+                     f"--process_count (each with its own --process_index), or raise --initialization_timeout\n")
+    sys.stderr.flush()
+    os._exit(2)
+
+
+def _stop_on_signal(signum, frame) -> None:
+    """SIGTERM / SIGINT in a process of a multi-process run: the restart note, then out at once (JAX's shutdown
+    would wait for the processes it can no longer reach; the others stop when this one is gone)."""
+    sys.stderr.write(f"\nnote: process {jax.process_index()} of {jax.process_count()} stopped by "
+                     f"{signal.Signals(signum).name}; {RESTART_NOTE}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(128 + signum)
+
+
+def agree(settings: dict) -> None:
+    """Every process of a run must run the same settings (`settings`: name → value as text, e.g. the bound gin
+    parameters): compared at start, and a mismatch refused on every process in one line naming the settings
+    that differ (two processes given different TRAIN_STEPS otherwise train until a collective hangs)."""
+    if jax.process_count() == 1:
+        return
+    everyone = gather_json(settings)
+    first = everyone[0]
+    for i, other in enumerate(everyone[1:], 1):
+        differs = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+        if differs:
+            shown = "; ".join(f"{k}: {first.get(k, '(unset)')} in process 0, {other.get(k, '(unset)')} in process {i}"
+                              for k in differs[:5])
+            raise ValueError(f"the processes of this run were started with different settings ({shown}"
+                             f"{f'; and {len(differs) - 5} more' if len(differs) > 5 else ''}): start every process "
+                             f"with the same flags and gin files")
 
 
 def several() -> bool:

@@ -458,6 +458,17 @@ def output_dirs() -> list[str]:
     return []
 
 
+def bound_settings() -> dict[str, str]:
+    """Every value the parsed configuration binds, as text: {'TRAIN_STEPS': '4', 'train.log_period': '1', ...}
+    (macros by name, parameters as `[scope/]selector.param`)."""
+    out = {}
+    for (scope, selector), params in gin.config._CONFIG.items():
+        for name, value in params.items():
+            key = scope if selector == MACRO else f"{scope + '/' if scope else ''}{selector}.{name}"
+            out[key] = repr(value)
+    return out
+
+
 def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = (), root: str | None = None,
               allow_unused: Sequence[str] = (), multiprocess: bool = False):
     """The body of a `python -m gr_jax.<command>` entry point: split the flags, parse gin, call the configured
@@ -504,6 +515,7 @@ def _run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str], root: Op
             parse(files, [*extra_bindings, *bindings], paths, ignore_unused_macros=extra_macros)
             cpu_runtime()  # read when JAX makes its CPU client: before `initialize` asks for the devices
             distributed.initialize(**processes)
+            distributed.agree(bound_settings())  # every process the same settings, or none runs
             index = distributed.process_index() if processes.get("multiprocess") else 0
             with contextlib.ExitStack() as held:
                 for path in output_dirs():

@@ -201,3 +201,60 @@ def test_multi_process_flags_are_checked_before_anything_runs(tiny_gin, tmp_path
     argv = [f"--gin_file={tiny_gin}", f"--gin.MODEL_DIR='{tmp_path / 'model'}'", "--multiprocess"]
     assert dynamic_cmd.main(argv) == 2
     assert "are for gr_jax.train and gr_jax.infer" in _one_error_line(capsys.readouterr().err)
+
+
+def test_processes_that_do_not_agree_or_do_not_come_stop_with_exit_2(tiny_gin, tmp_path):
+    """Two processes given different TRAIN_STEPS trained until a collective hung, with no message; one process
+    without its partner waited silently or aborted with a C++ stack trace (exit 134). Now: exit 2 on each, in one
+    line naming the differing setting or the missing processes, well within the bound below (the deadline is 5 s;
+    a hang would take the test's TIMEOUT). Nothing is written to MODEL_DIR."""
+    import time
+
+    port = _free_port()
+    t = time.time()
+    procs = [subprocess.Popen(_args(tiny_gin, tmp_path / "m") + ["--multiprocess", f"--coordinator_address=localhost:{port}",
+                                                                 "--process_count=2", f"--process_index={i}",
+                                                                 f"--gin.TRAIN_STEPS={4 + 2 * i}"],
+                              cwd=REPO, env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    results = _finish(procs)
+    for rc, _, err in results:
+        assert rc == 2, err[-3000:]
+        line = _one_error_line(err)
+        assert "different settings (TRAIN_STEPS: 4 in process 0, 6 in process 1" in line, line
+    assert not (tmp_path / "m").exists()
+    lone = subprocess.run(_args(tiny_gin, tmp_path / "lone") + [
+        "--multiprocess", f"--coordinator_address=localhost:{_free_port()}", "--process_count=2", "--process_index=0",
+        "--initialization_timeout=5"], cwd=REPO, env=_env(1), capture_output=True, text=True, timeout=TIMEOUT)
+    assert lone.returncode == 2, lone.stderr[-3000:]
+    assert "the other processes did not join at localhost:" in _one_error_line(lone.stderr)
+    assert time.time() - t < 150  # two starts and a 5 s deadline, not a hang
+    assert not (tmp_path / "lone").exists()
+
+
+def test_sigterm_stops_every_process_with_the_restart_note(tiny_gin, tmp_path):
+    """JAX catches SIGTERM, so `timeout` could not stop a multi-process run: now the signalled process stops with
+    the restart note and the other stops too, once its partner is gone."""
+    import signal
+    import time
+
+    model_dir = tmp_path / "m"
+    # a long run (checkpoints every 2 steps): signalled once its first checkpoint is there
+    port = _free_port()
+    procs = [subprocess.Popen(_args(tiny_gin, model_dir) + ["--multiprocess", f"--coordinator_address=localhost:{port}",
+                                                            "--process_count=2", f"--process_index={i}",
+                                                            "--gin.TRAIN_STEPS=100000"],
+                              cwd=REPO, env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    deadline = time.time() + TIMEOUT
+    while not (model_dir / "checkpoints" / "2").is_dir() and time.time() < deadline:
+        assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+        time.sleep(0.5)
+    procs[1].send_signal(signal.SIGTERM)
+    t = time.time()
+    results = _finish(procs)
+    assert results[1][0] == 128 + signal.SIGTERM, results[1][2][-3000:]
+    assert "stopped by SIGTERM" in results[1][2] and "Start all of them again with the same command" in results[1][2]
+    assert results[0][0] != 0 and "Start all of them again with the same command" in results[0][2], \
+        results[0][2][-3000:]
+    assert time.time() - t < 120
