@@ -17,6 +17,7 @@ import numpy as np
 from gr_jax import validation
 from gr_jax.data.pipeline import ExampleStore, eval_batches
 from gr_jax.data.trec import Run, check_finite
+from gr_jax.progress import bar as progress_bar
 from gr_jax.validation import Count
 
 
@@ -65,6 +66,9 @@ def retrieve(model, params, query_tokens: np.ndarray, qids: Sequence[str], index
     qids = [str(q) for q in qids]
     done = 0
     store = {"inputs": query_tokens} if plan_tokens is None else {"inputs": query_tokens, "plan": plan_tokens}
+    # a search of many batches says how far it is (SEAL's host scoring took minutes without a word)
+    bar = progress_bar(total=len(qids), desc=f"search ({type(model).__name__})", unit="query",
+                       disable=len(qids) <= batch_size, mininterval=2.0)
     for batch, mask in eval_batches(ExampleStore(store), batch_size):  # one compiled shape
         if plan_tokens is None:
             q, d, s = model.rank(params, batch["inputs"], index, num_beams)
@@ -76,5 +80,7 @@ def retrieve(model, params, query_tokens: np.ndarray, qids: Sequence[str], index
         for b in range(int(np.sum(mask))):
             run[qids[done + b]] = dict(zip(names[bounds[b]:bounds[b + 1]], scores[bounds[b]:bounds[b + 1]]))
         done += int(np.sum(mask))
+        bar.update(int(np.sum(mask)))
+    bar.close()
     check_finite(run, "beam search")
     return run

@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax import gin_checks, validation
+from gr_jax import gin_checks, host_memory, validation
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus, Dataset, QuerySet
 from gr_jax.data.splits import PROTOCOLS, DynamicSplit, dynamic_split, pooled_qrels
@@ -357,7 +357,8 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
         P[o, : o + 1], idbi, timing = _evaluate_step(system, data, parts_q, o)
         per_query.append(timing.pop("hits"))
         steps[-1]["queries"] = timing.pop("queries")
-        timings[-1].update(timing)
+        host_memory.release_between_steps()  # the next step's index has other shapes: this step's programs go
+        timings[-1].update(timing, rss_mb=host_memory.resident_mb())  # after indexing and evaluating D_o
         if o > 0:
             if not len(data.part_rows[o]):
                 idbi, why_null[f"idbi[{o}]"] = None, f"D{o} added no documents"

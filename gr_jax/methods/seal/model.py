@@ -30,6 +30,7 @@ import gin
 import jax
 import numpy as np
 
+from gr_jax.decoding import rankers
 from gr_jax.index.substring import DeviceSubstrings, SubstringIndex
 from gr_jax.methods.seal.docids import MARKERS, Markers
 from gr_jax.methods.seal.scoring import Key, rank_documents
@@ -105,6 +106,22 @@ def _walk(dev: DeviceSubstrings, ngrams, lengths):
     return dev.walk(ngrams, lengths)
 
 
+@dataclasses.dataclass(frozen=True)
+class SealScoring:
+    """The ranker a SEAL-family model ranks with, as result files record it (`"ranker"`): documents scored from
+    the generated keys on the host (`scoring.rank_documents`, or the best key), not from the beams. Not callable
+    on beams: `GenerativeRetriever.ranker` bound for a SEAL model is refused (it would go unused)."""
+
+    document_score: str
+    smoothing: float
+    score_exponent: float
+    repetition_penalty: float
+    max_hits: int
+
+    def __call__(self, *args, **kwargs):
+        raise ValueError("SealScoring scores documents from keys, not beams: use the model's rank")
+
+
 def _pad_rows(a: np.ndarray, rows: int, value=0) -> np.ndarray:
     return np.concatenate([a, np.full((rows - len(a), *a.shape[1:]), value, a.dtype)]) if rows > len(a) else a
 
@@ -124,6 +141,12 @@ class _SealRanking:
                              f"score_mode='log_softmax' and length_penalty=0 (got {self.score_mode!r}, "
                              f"{self.length_penalty})")
         self.search = self.search if self.search is not None else SealSearch()
+        if type(self.ranker) is not rankers.FirstOccurrence:
+            raise ValueError(f"{type(self).__name__} ranks documents by SEAL's scoring of its keys; the bound "
+                             f"GenerativeRetriever.ranker ({type(self.ranker).__name__}) would go unused: remove it "
+                             f"(SealSearch.document_score chooses the scoring)")
+        s = self.search
+        self.ranker = SealScoring(s.document_score, s.smoothing, s.score_exponent, s.repetition_penalty, s.max_hits)
         self._markers: Optional[Markers] = None
         self._identifiers = None
 
@@ -152,6 +175,32 @@ class _SealRanking:
         where[table.doc_rows] = np.arange(len(table))
         seqs = table.sequences  # int32
         self._identifiers = (where, np.where(np.arange(seqs.shape[1]) < table.lengths[:, None], seqs, -1))
+        self._warn_unreachable(self._identifiers[1])
+
+    def _warn_unreachable(self, ids_NxW: np.ndarray) -> None:
+        """A title (pseudo-query) that needs more tokens than the view generates cannot be found by that view:
+        the documents it names are then found by body keys only. Said at index time, with the count and the
+        length that reaches them all."""
+        m, s = self._markers, self.search
+        for view, start, limit in (("title", m.doc_start, s.title_length), ("query", m.query_start, s.query_length)):
+            if view not in s.views:
+                continue
+            N, W = ids_NxW.shape
+            flat = ids_NxW.reshape(-1)
+            opens, ends = np.flatnonzero(flat == start), np.flatnonzero(flat == m.title_end)
+            nxt = np.searchsorted(ends, opens)  # each segment's TITLE_END: the first after its start, in its row
+            closed = nxt < len(ends)
+            opens, close = opens[closed], ends[nxt[closed]]
+            same = close // W == opens // W
+            longest = np.zeros(N, np.int64)  # per document, its longest segment's tokens and TITLE_END
+            np.maximum.at(longest, opens[same] // W, (close - opens)[same])
+            over = int((longest > limit).sum())
+            if over:
+                log.warning("SEAL %s view: %d of %d documents have a %s longer than SealSearch.%s_length = %d "
+                            "tokens (the longest needs %d): the %s view cannot generate it, so those documents are "
+                            "found by body keys only; set SealSearch.%s_length = %d to reach them all", view, over,
+                            len(ids_NxW), "title" if view == "title" else "pseudo-query", view, limit,
+                            int(longest.max()), view, view, int(longest.max()))
 
     @property
     def markers(self) -> Markers:
