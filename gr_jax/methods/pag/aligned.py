@@ -26,10 +26,13 @@ def load_aligned(directory: str | Path, params: dict, teacher: Optional[dict] = 
         raise FileNotFoundError(f"{directory}: no aligned planner ({PARAMS_FILE}, {META_FILE}); run "
                                 f"python -m gr_jax.align_planner first")
     meta = read_json(meta_path)
-    if teacher is not None and meta.get("teacher") != teacher:
+    if teacher is not None and (not isinstance(meta, dict) or meta.get("teacher") != teacher):
         raise ValueError(f"{meta_path}: aligned from {meta.get('teacher')}, not from {teacher}; align again")
     blob = path.read_bytes()
-    if "params_digest" in meta and hashlib.blake2b(blob, digest_size=12).hexdigest() != meta["params_digest"]:
+    if not isinstance(meta, dict) or not isinstance(meta.get("params_digest"), str):  # never read unchecked
+        raise ValueError(f"{meta_path}: no checksum of {PARAMS_FILE} recorded (damaged, or written by hand); run "
+                         f"python -m gr_jax.align_planner again")
+    if hashlib.blake2b(blob, digest_size=12).hexdigest() != meta["params_digest"]:
         raise ValueError(f"{path}: its bytes differ from the checksum {meta_path} recorded when it was written "
                          f"(damaged or replaced); run python -m gr_jax.align_planner again")
     try:
