@@ -314,9 +314,9 @@ def test_keyword_arguments_of_a_configurable_have_ranges_too():
         t5.T5Config.from_dict({**dataclasses.asdict(t5.T5Config()), "layer_norm_epsilon": -1.0})
 
 
-def test_list_arguments_name_something(capsys):
-    """`gr_jax.eval --metrics ','` printed an empty table with exit 0; a malformed fault variable said "not enough
-    values to unpack"; `bench_train --configs nosuch` ended in a traceback."""
+@pytest.mark.slow
+def test_eval_refuses_a_metric_list_that_names_nothing(capsys):
+    """`gr_jax.eval --metrics ','` printed an empty table with exit 0: now argparse's usage error, exit 2."""
     from gr_jax import eval as eval_cmd
 
     with pytest.raises(SystemExit) as e:
@@ -325,6 +325,23 @@ def test_list_arguments_name_something(capsys):
     with pytest.raises(SystemExit):
         eval_cmd.main(["--run", "r", "--qrels", "q", "--metrics", "Hit@1,,MRR@10"])
     assert "an empty metric between commas" in capsys.readouterr().err
+
+
+def test_list_arguments_name_something(capsys):
+    """The list type of the commands and tools (`cli.name_list`, behind `gr_jax.eval --metrics`, which printed an
+    empty table with exit 0 for ','); a malformed fault variable said "not enough values to unpack";
+    `bench_train --configs nosuch` ended in a traceback."""
+    import argparse
+
+    from gr_jax import cli
+    from gr_jax.evaluation import metrics
+
+    metric_list = cli.name_list(what="metric", parse=lambda m: metrics.Metric.parse(m).name)
+    assert metric_list("Hit@1, MRR@10") == ["Hit@1", "MRR@10"]
+    for text, message in ((",", "names no metric"), ("", "names no metric"), ("Hit@1,,MRR@10", "an empty metric"),
+                          ("Hit@x", "Hit@x")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            metric_list(text)
     rc, _, err = run_tool("bench_train", ["--configs", "tiny,nosuch", "--no_write"], capsys)
     assert rc == 2 and "unknown T5 config ['nosuch']" in err and "Traceback" not in err
     os.environ["GR_JAX_FAULT"] = "checkpoint"
