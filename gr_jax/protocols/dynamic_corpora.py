@@ -306,8 +306,12 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
                 test_split: str = "test", split_protocol: str = "dataset", test_fraction: Fraction = 0.2,
                 k: Count = 10, embedder=None, replay: Optional[Replay] = None,
                 eval_batch_size: int = 32, max_test_queries_per_part: int = 0,
-                memory_limit_mb: Optional[int] = None, label: Optional[str] = None, progress: bool = True) -> dict:
-    """Runs the protocol for one system and writes OUTPUT_DIR/{dynamic.json, dynamic.md, dynamic.png}."""
+                memory_limit_mb: Optional[int] = None, label: Optional[str] = None, progress: bool = True,
+                release_programs: bool = True) -> dict:
+    """Runs the protocol for one system and writes OUTPUT_DIR/{dynamic.json, dynamic.md, dynamic.png}.
+    `release_programs`: after each step, drop the programs JAX compiled (the next step's index has other shapes;
+    kept, they grew SEAL's demo run from 1.5 to 3.1 GB over five steps). It empties JAX's caches for the whole
+    process: a caller that runs the protocol beside programs of its own it wants kept sets it False."""
     _validate(method, k, n_parts, seed, eval_batch_size, max_test_queries_per_part, memory_limit_mb,
               initial_fraction)
     out_dir = Path(output_dir)
@@ -357,7 +361,8 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
         P[o, : o + 1], idbi, timing = _evaluate_step(system, data, parts_q, o)
         per_query.append(timing.pop("hits"))
         steps[-1]["queries"] = timing.pop("queries")
-        host_memory.release_between_steps()  # the next step's index has other shapes: this step's programs go
+        if release_programs:
+            host_memory.release_between_steps()  # the next step's index has other shapes: this step's programs go
         timings[-1].update(timing, rss_mb=host_memory.resident_mb())  # after indexing and evaluating D_o
         if o > 0:
             if not len(data.part_rows[o]):

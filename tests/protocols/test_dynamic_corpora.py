@@ -21,6 +21,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PROTOCOL = """
 load_dataset.demo_docs = 60
 run_dynamic.progress = False
+run_dynamic.release_programs = False
 """
 SMALL = PROTOCOL + """
 TRAIN_STEPS = 4
@@ -495,6 +496,7 @@ def test_memory_stays_flat_over_the_steps(tmp_path):
     0.1 MB); 5% leaves room for the allocator, a third of what the growth was."""
     f = tmp_path / "dsi.gin"
     f.write_text("include 'experiments/demo/dynamic_dsi_title.gin'\n" + PROTOCOL + """
+run_dynamic.release_programs = True
 load_dataset.demo_docs = 30
 run_dynamic.max_test_queries_per_part = 4
 run_dynamic.n_parts = 5
