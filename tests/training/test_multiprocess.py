@@ -58,10 +58,11 @@ def _args(gin_file: Path, model_dir: Path) -> list[str]:
     return [sys.executable, "-m", "gr_jax.train", f"--gin_file={gin_file}", f"--gin.MODEL_DIR='{model_dir}'"]
 
 
-def _start_two(gin_file: Path, model_dir: Path, faults=(None, None)) -> list[subprocess.Popen]:
+def _start_two(gin_file: Path, model_dir: Path, faults=(None, None), extra=((), ())) -> list[subprocess.Popen]:
+    """Both processes of a two-process training; `extra`: each one's own further flags."""
     port = _free_port()
     return [subprocess.Popen(_args(gin_file, model_dir) + ["--multiprocess", f"--coordinator_address=localhost:{port}",
-                                                           "--process_count=2", f"--process_index={i}"],
+                                                           "--process_count=2", f"--process_index={i}", *extra[i]],
                              cwd=REPO, env=_env(1, faults[i]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
             for i in range(2)]
@@ -210,14 +211,8 @@ def test_processes_that_do_not_agree_or_do_not_come_stop_with_exit_2(tiny_gin, t
     a hang would take the test's TIMEOUT). Nothing is written to MODEL_DIR."""
     import time
 
-    port = _free_port()
     t = time.time()
-    procs = [subprocess.Popen(_args(tiny_gin, tmp_path / "m") + ["--multiprocess", f"--coordinator_address=localhost:{port}",
-                                                                 "--process_count=2", f"--process_index={i}",
-                                                                 f"--gin.TRAIN_STEPS={4 + 2 * i}"],
-                              cwd=REPO, env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    results = _finish(procs)
+    results = _finish(_start_two(tiny_gin, tmp_path / "m", extra=(["--gin.TRAIN_STEPS=4"], ["--gin.TRAIN_STEPS=6"])))
     for rc, _, err in results:
         assert rc == 2, err[-3000:]
         line = _one_error_line(err)
@@ -240,12 +235,7 @@ def test_sigterm_stops_every_process_with_the_restart_note(tiny_gin, tmp_path):
 
     model_dir = tmp_path / "m"
     # a long run (checkpoints every 2 steps): signalled once its first checkpoint is there
-    port = _free_port()
-    procs = [subprocess.Popen(_args(tiny_gin, model_dir) + ["--multiprocess", f"--coordinator_address=localhost:{port}",
-                                                            "--process_count=2", f"--process_index={i}",
-                                                            "--gin.TRAIN_STEPS=100000"],
-                              cwd=REPO, env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
+    procs = _start_two(tiny_gin, model_dir, extra=(["--gin.TRAIN_STEPS=100000"],) * 2)
     deadline = time.time() + TIMEOUT
     while not (model_dir / "checkpoints" / "2").is_dir() and time.time() < deadline:
         assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
