@@ -11,6 +11,7 @@ import pytest
 
 from gr_jax.provenance import records_text
 
+import jax
 import jax.numpy as jnp
 
 from gr_jax.data import batches, demo
@@ -115,19 +116,32 @@ def test_pseudo_query_docids_are_each_querys_own_greedy_continuation(lm):
 
 
 def _oracle_scores(ctx, retriever, query_text, docids):
-    """log p(docid tokens, newline | few-shot prefix, query slot, ':') by one full forward pass each."""
+    """log p(docid tokens, newline | few-shot prefix, query slot, ':') by a full forward pass of each sequence,
+    all of them in one batch padded on the right to a multiple of 64 (a causal LM: padding after a position does
+    not change its logits; few shapes, so the forward pass compiles once or twice, not once a sequence)."""
     prefix = ctx.encode(retriever.prompt.prefix())
     row = retriever.query_tokens([query_text])[0]
     prompt = prefix + [int(t) for t in row if t >= 0] + [retriever.start_token]
-    out = []
-    for tokens in docids:
-        seq = prompt + list(tokens) + [ctx.newline_id]
-        logits = np.asarray(ctx.model.apply({"params": ctx.params}, jnp.asarray([seq])))[0]
-        logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-            - logits.max(-1, keepdims=True)
-        targets = seq[len(prompt):]
-        out.append(float(sum(logp[len(prompt) - 1 + i, t] for i, t in enumerate(targets))))
-    return np.array(out)
+    seqs = [prompt + list(tokens) + [ctx.newline_id] for tokens in docids]
+    length = -(-max(map(len, seqs)) // 64) * 64
+    batch = np.zeros((len(seqs), length), np.int32)
+    for i, seq in enumerate(seqs):
+        batch[i, :len(seq)] = seq
+    logits = np.asarray(_forward(ctx.model)(ctx.params, jnp.asarray(batch)), np.float64)
+    logp = logits - logits.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    return np.array([sum(logp[i, len(prompt) - 1 + j, t] for j, t in enumerate(seq[len(prompt):]))
+                     for i, seq in enumerate(seqs)])
+
+
+_FORWARD: dict = {}
+
+
+def _forward(model):
+    """The model's forward pass, jitted once per model object."""
+    if id(model) not in _FORWARD:
+        _FORWARD[id(model)] = (model, jax.jit(lambda params, tokens: model.apply({"params": params}, tokens)))
+    return _FORWARD[id(model)][1]
 
 
 def test_retrieval_equals_exhaustive_oracle(lm):
