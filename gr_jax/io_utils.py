@@ -459,6 +459,12 @@ def quiet_orbax_threads() -> None:
             logger.addFilter(_ORBAX_NOISE)
 
 
+def orbax_error_line(e: BaseException, limit: int = 200) -> str:
+    """The first line of an orbax / tensorstore error, without tensorstore's "See full TensorStore details"
+    tail: the cause a message about an unreadable checkpoint keeps."""
+    return (str(e).splitlines() or [""])[0].split(" See full TensorStore details")[0][:limit]
+
+
 @contextlib.contextmanager
 def abandoned_reads_quiet():
     """When one array of a checkpoint cannot be read, orbax gives up on the others while tensorstore still

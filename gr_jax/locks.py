@@ -57,9 +57,13 @@ def accept() -> None:
     _provisional.clear()
 
 
+def _inside(p: Path, folder: str) -> bool:
+    return os.path.realpath(p).startswith(folder + os.sep)
+
+
 def _remove_provisional(inside: str) -> None:
     for p in reversed(list(_provisional)):
-        if not os.path.realpath(p).startswith(inside + os.sep):
+        if not _inside(p, inside):
             continue
         _provisional.remove(p)
         if p.is_dir() and not p.is_symlink():
@@ -160,7 +164,7 @@ def output_lock(path: str | os.PathLike, command: str, suffix: str = "") -> Iter
             raise
         finally:
             _held.pop(key, None)
-            _provisional[:] = [p for p in _provisional if not os.path.realpath(p).startswith(key + os.sep)]
+            _provisional[:] = [p for p in _provisional if not _inside(p, key)]
             lock_path.unlink(missing_ok=True)
     finally:
         os.close(fd)

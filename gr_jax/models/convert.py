@@ -372,12 +372,17 @@ def save_checkpoint(params: Mapping, config: T5Config, out_dir: str | os.PathLik
 
 
 def load_checkpoint_config(ckpt_dir: str | os.PathLike) -> T5Config:
+    return _checkpoint_meta(ckpt_dir)[0]
+
+
+def _checkpoint_meta(ckpt_dir) -> tuple[T5Config, dict]:
+    """(the config, config.json's whole record) of a gr_jax checkpoint directory, its format tag checked."""
     path = Path(ckpt_dir) / "config.json"
     meta = _read_json_object(path, f"is {ckpt_dir} a gr_jax checkpoint?")
     if meta.get("format") not in (FORMAT_TAG, _UNCHECKED_TAG):
         raise CheckpointError(f"{path}: format tag {meta.get('format')!r}, expected {FORMAT_TAG!r}")
     try:
-        return T5Config.from_dict(meta["t5_config"])
+        return T5Config.from_dict(meta["t5_config"]), meta
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: bad t5_config ({e})") from None
 
@@ -386,8 +391,8 @@ def load_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[T5Config, dict]:
     """Reads a directory written by `save_checkpoint`; checks every array against the config."""
     import orbax.checkpoint as ocp
 
-    config = load_checkpoint_config(ckpt_dir)
-    recorded = _recorded_checksums(Path(ckpt_dir) / "config.json")
+    config, meta = _checkpoint_meta(ckpt_dir)
+    recorded = _recorded_checksums(meta, Path(ckpt_dir) / "config.json")
     abstract = _abstract_params(config)
     target = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), abstract)
     params_dir = (Path(ckpt_dir) / "params").resolve()
@@ -420,10 +425,9 @@ def load_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[T5Config, dict]:
     return config, params
 
 
-def _recorded_checksums(path: Path):
-    """config.json's checksums; None for a v1 directory (before checksums). A v2 directory without a readable
-    record is damaged: refused, never read unchecked."""
-    meta = _read_json_object(path, "")
+def _recorded_checksums(meta: dict, path: Path):
+    """config.json's checksums (`meta`, read from `path`); None for a v1 directory (before checksums). A v2
+    directory without a readable record is damaged: refused, never read unchecked."""
     if meta.get("format") == _UNCHECKED_TAG:
         return None
     checksums = meta.get("checksums")

@@ -29,7 +29,7 @@ import orbax.checkpoint as ocp
 
 from gr_jax import compose, gin_checks, gin_utils, validation
 from gr_jax.cli import setup_logging
-from gr_jax.io_utils import abandoned_reads_quiet
+from gr_jax.io_utils import abandoned_reads_quiet, orbax_error_line
 from gr_jax.t5x.models import SYSTEM_RECORD, T5xAdapterError, _read_record, empty_paths, t5x_steps, with_empty
 from gr_jax.training import trainer
 
@@ -57,7 +57,7 @@ def read_t5x_params(path: Path) -> dict:
                     raise ValueError("state/_METADATA is missing or unreadable")
                 state = checkpointer.restore(where, restore_args=_as_numpy(tree))
         except Exception as e:  # orbax/tensorstore raise many types for unreadable files
-            cause = (str(e).splitlines() or [""])[0].split(" See full TensorStore details")[0][:200]
+            cause = orbax_error_line(e)
             raise T5xAdapterError(f"{path}: cannot read the t5x checkpoint ({type(e).__name__}: {cause}); is it "
                                   f"complete?") from None
     elif (path / "checkpoint").is_file():  # t5x's older layout (msgpack + tensorstore)

@@ -234,7 +234,7 @@ def read_checkpoint(manager: ocp.CheckpointManager, step: int, where, template=N
                 items["data"] = ocp.args.JsonRestore()
             restored = manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as e:  # orbax/tensorstore raise many types for unreadable files
-        detail = (str(e).splitlines() or [""])[0].split(" See full TensorStore details")[0][:200]
+        detail = io_utils.orbax_error_line(e)
         error = DamagedCheckpoint(f"{where}: damaged, its arrays cannot be read ({type(e).__name__}: {detail})")
     # several processes decide together (the checks below are collectives where the state spans processes)
     failed = [i for i, bad in enumerate(distributed.gather_json(error is not None)) if bad]
