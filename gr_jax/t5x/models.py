@@ -61,17 +61,17 @@ from t5x import optimizers
 
 from gr_jax import compose, gin_checks, gin_utils, locks, validation
 from gr_jax.decoding import rankers
-from gr_jax.errors import UserError
 from gr_jax.evaluation.retrieval import EvalConfig
-from gr_jax.io_utils import json_text, read_json, write_text
+from gr_jax.io_utils import json_text, write_text
 from gr_jax.t5x import system_task
+from gr_jax.t5x.records import (_STEP_DIR, SYSTEM_RECORD, T5xAdapterError, _read_record, empty_paths, t5x_steps,
+                                with_empty, without_empty)
 from gr_jax.training import trainer
 
 log = logging.getLogger(__name__)
 
 COMMANDS = {"t5x.train": "train", "t5x.eval": "eval", "t5x.infer": "infer"}
 RUN_TIERS = Path(__file__).resolve().parent / "configs" / "runs"
-SYSTEM_RECORD = "t5x_system.json"  # in MODEL_DIR: what the t5x training run built (compose.provenance)
 
 
 def t5x_command() -> Optional[str]:
@@ -97,10 +97,6 @@ gin_utils.register_configurables()
 for _prefix in [str(RUN_TIERS / (t5x_command() or "none")), str(gin_utils.GIN_CONFIGS)]:
     if _prefix not in gin.config._LOCATION_PREFIXES:  # runs/none/t5x_run.gin: an error naming the commands
         gin.config._LOCATION_PREFIXES.insert(0, _prefix)
-
-
-class T5xAdapterError(UserError, ValueError):
-    pass
 
 
 class SystemBatches:
@@ -133,41 +129,6 @@ def axes_collection(axes) -> dict:
     return convert(axes)
 
 
-def all_empty(tree: Mapping) -> bool:
-    """A mapping with no array under it (a head without parameters)."""
-    return all(isinstance(v, Mapping) and all_empty(v) for v in tree.values())
-
-
-def empty_paths(tree: Mapping, prefix: tuple = ()) -> list[tuple]:
-    """(path, subtree) of each subtree without arrays: flax's axis names drop them, so t5x's train state holds the
-    parameters without them (`without_empty`) and `with_empty` puts them back, as they were, for our model."""
-    out = []
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            out += ([(prefix + (key,), _plain(value))] if all_empty(value)
-                    else empty_paths(value, prefix + (key,)))
-    return out
-
-
-def _plain(tree: Mapping) -> dict:
-    return {k: _plain(v) for k, v in tree.items()}
-
-
-def without_empty(tree: Mapping) -> dict:
-    return {k: without_empty(v) if isinstance(v, Mapping) else v for k, v in tree.items()
-            if not (isinstance(v, Mapping) and all_empty(v))}
-
-
-def with_empty(tree: Mapping, paths: list[tuple]) -> dict:
-    out = {k: with_empty(v, []) if isinstance(v, Mapping) else v for k, v in tree.items()}
-    for path, subtree in paths:
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node.setdefault(path[-1], _plain(subtree))
-    return out
-
-
 def _bound(name: str, default=None):
     """The value bound to `configurable.param` with macros resolved (no configurable is called: t5x's `train`
     binds the model itself); `default` when unbound or when the configurable is not registered in this process
@@ -177,23 +138,6 @@ def _bound(name: str, default=None):
     except (KeyError, ValueError):
         return default
     return default if value is gin_utils._UNKNOWN else value
-
-
-_STEP_DIR = re.compile(r"checkpoint_(\d+)$")
-
-
-def t5x_steps(model_dir: Path) -> list[int]:
-    """The steps of the complete t5x checkpoints in `model_dir` (a checkpoint still being written has a
-    temporary name)."""
-    return sorted(int(m.group(1)) for p in model_dir.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name)))
-
-
-def _read_record(path: Path) -> dict:
-    try:
-        return read_json(path)
-    except (OSError, ValueError) as e:
-        raise T5xAdapterError(f"{path}: cannot read the record of the t5x run's system ({e}); it is damaged: "
-                              f"use a new MODEL_DIR") from None
 
 
 def refuse_what_t5x_cannot_run(model_dir: str, command: str = "train") -> None:
