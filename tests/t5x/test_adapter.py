@@ -8,7 +8,6 @@ Every run is a subprocess from the repository root, as a user types it, on 60 de
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import xla_flags
+from tests.t5x.forked import Forker
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "gr_jax/t5x/configs/dsi_demo.gin"
@@ -23,11 +23,14 @@ CONFIG = "gr_jax/t5x/configs/dsi_demo.gin"
 SMALL = ["load_dataset.demo_docs=60", "prepare.vocab_size=300", "BATCH_SIZE=8", "make_optimizer.warmup_steps=0"]
 
 
+# t5x's train step and ours are compared within 1e-6: XLA's default emitters (conftest.xla_flags)
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": xla_flags(across_programs=True)}
+# each command a fresh `python -m` process, forked from one that has imported t5x and TensorFlow once
+FORKER = Forker(ENV, ROOT)
+
+
 def run(module: str, *args: str, expect: int = 0, cwd: Path = ROOT, env=None) -> subprocess.CompletedProcess:
-    # t5x's train step and ours are compared within 1e-6: XLA's default emitters (conftest.xla_flags)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": xla_flags(across_programs=True), **(env or {})}
-    res = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                         timeout=900)
+    res = FORKER.run(module, args, cwd=cwd, env={**ENV, **(env or {})}, timeout=900)
     assert res.returncode == expect, f"{module} {args}: exit {res.returncode}\n{res.stderr[-3000:]}"
     return res
 
