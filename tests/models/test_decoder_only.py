@@ -80,6 +80,11 @@ def test_a_t5_config_is_refused():
         DecoderOnlyRetriever(t5.get_config("tiny"))
 
 
+# the demo experiment at the smallest sizes that still train, evaluate and resume it: 60 documents, batch 8
+SMALL = ["--gin.load_dataset.demo_docs=60", "--gin.prepare.vocab_size=300", "--gin.BATCH_SIZE=8",
+         "--gin.EvalConfig.compare_bm25=False", "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 32}"]
+
+
 @pytest.mark.slow
 def test_demo_experiment_trains_evaluates_and_resumes(tmp_path):
     import gin
@@ -87,11 +92,12 @@ def test_demo_experiment_trains_evaluates_and_resumes(tmp_path):
     from gr_jax import train as entry
 
     args = ["--gin_file=experiments/demo/dsi_url_llama.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
-            "--gin.TRAIN_STEPS=6", "--gin.EvalConfig.max_queries=20", "--gin.train.checkpoint_period=3"]
+            "--gin.TRAIN_STEPS=6", "--gin.EvalConfig.max_queries=20", "--gin.train.checkpoint_period=3",
+            *SMALL]
     assert entry.main(args) == 0
     summary = json.loads((tmp_path / "m" / "final_metrics.json").read_text())
     assert summary["steps"] == 6 and 0.0 <= summary["metrics"]["Hit@10"] <= 1.0
     gin.clear_config()
     assert entry.main(args[:2] + ["--gin.TRAIN_STEPS=8", "--gin.EvalConfig.max_queries=20",
-                                  "--gin.train.checkpoint_period=3"]) == 0  # resumes at 6, trains to 8
+                                  "--gin.train.checkpoint_period=3", *SMALL]) == 0  # resumes at 6, trains to 8
     assert json.loads((tmp_path / "m" / "final_metrics.json").read_text())["steps"] == 8

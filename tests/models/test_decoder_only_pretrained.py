@@ -106,7 +106,8 @@ def test_fine_tuning_through_the_trainer(tiny_gguf, tmp_path):
     path = tiny_gguf[0]
     args = ["--gin_file=experiments/demo/dsi_url_smollm2.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
             f"--gin.VOCABULARY='{path}'", f"--gin.INITIAL_CHECKPOINT_PATH='{path}'", "--gin.TRAIN_STEPS=4",
-            "--gin.BATCH_SIZE=8", "--gin.EvalConfig.max_queries=16", "--gin.train.checkpoint_period=2"]
+            "--gin.BATCH_SIZE=8", "--gin.EvalConfig.max_queries=16", "--gin.train.checkpoint_period=2",
+            "--gin.load_dataset.demo_docs=60", "--gin.EvalConfig.compare_bm25=False"]
     assert entry.main(args) == 0
     summary = json.loads((tmp_path / "m" / "final_metrics.json").read_text())
     assert summary["steps"] == 4 and 0.0 <= summary["metrics"]["Hit@10"] <= 1.0
