@@ -24,6 +24,7 @@ run_dynamic.progress = False
 run_dynamic.release_programs = False
 """
 SMALL = PROTOCOL + """
+run_dynamic.max_test_queries_per_part = 8
 TRAIN_STEPS = 4
 BATCH_SIZE = 16
 prepare.vocab_size = 300

@@ -119,6 +119,6 @@ def test_a_text_docid_scheme_is_refused():
 def test_a_small_nci_run_restores_through_infer(tmp_path):
     exp, model_dir, metrics = train_small(tmp_path, "experiments/demo/nci.gin", 8,
                                           "SemanticDocids.k = 4\nSemanticDocids.c = 8\nTfidfSvdEmbedder.dim = 8\n"
-                                          "PawaHead.adaptor_ffn = 32\n")
+                                          "PawaHead.adaptor_ffn = 32\nPawaHead.adaptor_layers = 1\n")
     assert all("consistency_kl" in m for m in metrics if "loss" in m)
     assert_infer_repeats_the_final_run(tmp_path, exp, model_dir, 8)
