@@ -9,4 +9,6 @@ experiment files. This file imports nothing: the package can be listed without t
              `loss_fn` is our objective, its parameters and logical axes ours
     data     `get_dataset`: the t5x `get_dataset_fn` that hands t5x our training batches, in our order
     checkpoints  a t5x checkpoint → our MODEL_DIR/checkpoints/<step> (`python -m gr_jax.t5x.checkpoints`)
+    records  what the adapter keeps in a MODEL_DIR (t5x_system.json, checkpoint steps) and its error, without
+             importing t5x: `checkpoints` needs only this and orbax
 """
