@@ -7,8 +7,6 @@ import atexit
 import hashlib
 import importlib
 import importlib.util
-import json
-import math
 import os
 import shutil
 import subprocess
@@ -104,31 +102,6 @@ def pytest_report_header(config):
     tier = {"not slow": "default (the slow tier: -m slow)", "slow": "slow"}.get(config.option.markexpr,
                                                                               repr(config.option.markexpr or "all"))
     return [f"gr_jax tier: {tier}; XLA compilation cache: {os.environ.get('JAX_COMPILATION_CACHE_DIR')}"]
-
-
-# The order in which workers take files (`--dist loadfile`, `--no-loadscope-reorder`): the longest first, by the
-# figures of a whole run in tests/durations.json (tools/test_durations.py writes it), so that the last files to
-# start are short and neither worker waits long on the other at the end (xdist's own order, by the number of
-# tests, put single long tests last: a worker idled through them). A file without a figure goes first (it may be
-# long); ties by path. Only whole files move: a file's tests keep their order.
-DURATIONS = Path(__file__).with_name("durations.json")
-
-
-def longest_first(paths, recorded: dict) -> list[str]:
-    """The distinct `paths` by recorded seconds, longest first; one without a figure first; ties by path."""
-    seconds = {p: float(recorded.get(p, math.inf)) for p in paths}
-    return sorted(seconds, key=lambda p: (-seconds[p], p))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(session, config, items):
-    try:
-        recorded = json.loads(DURATIONS.read_text())["slow" if config.option.markexpr == "slow" else "default"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # no figures: collection order
-    path = lambda item: item.nodeid.split("::")[0]  # noqa: E731
-    rank = {p: i for i, p in enumerate(longest_first([path(item) for item in items], recorded))}
-    items.sort(key=lambda item: rank[path(item)])  # stable: a file's tests keep their order
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -141,35 +141,6 @@ def test_a_default_tier_test_cannot_launch_python_at_run_time(tmp_path):
     assert not (tmp_path / "bm25" / "dynamic").exists()
 
 
-def test_workers_take_the_longest_files_first(tmp_path, capsys):
-    """tools/test_durations.py sums each file's tests from junit XML (a test class is not part of the path), and
-    the conftest orders files by those figures: the longest first, a file without a figure before all (it may be
-    long), ties by path."""
-    import json
-
-    from tests.conftest import longest_first, run_tool
-
-    junit = ('<testsuites><testsuite name="pytest">'
-             '<testcase classname="tests.a.test_x" name="t1" time="2.5"/>'
-             '<testcase classname="tests.a.test_x.TestShapes" name="t2" time="1.0"/>'
-             '<testcase classname="tests.test_y" name="t3" time="0.25"/></testsuite></testsuites>')
-    (tmp_path / "d.xml").write_text(junit)
-    (tmp_path / "s.xml").write_text(junit.replace('time="2.5"', 'time="7"'))
-    out = tmp_path / "durations.json"
-    rc, _, _ = run_tool("test_durations", ["--default", str(tmp_path / "d.xml"), "--slow", str(tmp_path / "s.xml"),
-                                           "--out", str(out)], capsys)
-    assert rc == 0
-    assert json.loads(out.read_text()) == {"default": {"tests/a/test_x.py": 3.5, "tests/test_y.py": 0.2},
-                                           "slow": {"tests/a/test_x.py": 8.0, "tests/test_y.py": 0.2}}
-    (tmp_path / "bad.xml").write_text("<testsuites")
-    rc, _, err = run_tool("test_durations", ["--default", str(tmp_path / "bad.xml"), "--slow", str(tmp_path / "s.xml"),
-                                             "--out", str(out)], capsys)
-    assert rc == 2 and "bad.xml: not a readable junit XML file" in err and "Traceback" not in err
-    recorded = {"b.py": 5.0, "a.py": 5.0, "c.py": 9.0, "d.py": 0.5}
-    assert longest_first(["d.py", "a.py", "new.py", "b.py", "c.py", "a.py"], recorded) == \
-        ["new.py", "c.py", "a.py", "b.py", "d.py"]
-
-
 @pytest.mark.slow
 def test_core_imports_without_torch_and_tensorflow():
     """Every gr_jax module imports with torch, transformers and tensorflow made unimportable."""
