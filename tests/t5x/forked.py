@@ -97,12 +97,12 @@ class Forker:
 
     def __init__(self, env: dict, cwd: Path):
         self.env, self.cwd, self.proc = dict(env), Path(cwd), None
+        atexit.register(self.close)
 
     def _start(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.t5x.forked"], cwd=self.cwd, env=self.env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True)
-        atexit.register(self.close)
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
