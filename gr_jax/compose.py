@@ -51,7 +51,7 @@ from gr_jax.docids.base import DocidTable, FitContext, load_scheme_state, save_s
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.docids.pseudo_query import queries_by_document
 from gr_jax.evaluation.metrics import evaluate
-from gr_jax.evaluation.retrieval import EvalConfig, retrieve
+from gr_jax.evaluation.retrieval import EvalConfig, evaluation_settings, retrieve
 from gr_jax.io_utils import json_text, write_text
 from gr_jax.models import contract, t5
 from gr_jax.models.heads import head_for_space
@@ -522,19 +522,21 @@ def _import(model_dir: Path, initial_checkpoint_path: str) -> dict:
 
 
 @gin_checks.entry_configurable(not_under="t5x.infer")  # t5x.infer looks its own `infer` up by that name
-def infer(model_dir: str = gin.REQUIRED, split: str = "dev", num_beams: Count = 10, step: Optional[int] = None,
-          evaluate: bool = False, batch_size: Count = 32) -> dict:
-    """Queries of `split` → TREC run with the checkpoint of `step` (default: latest) in `model_dir`.
+def infer(model_dir: str = gin.REQUIRED, step: Optional[int] = None, evaluate: bool = False,
+          split: Optional[str] = None, num_beams: Optional[Count] = None, batch_size: Optional[Count] = None) -> dict:
+    """Queries of a split → TREC run with the checkpoint of `step` (default: latest) in `model_dir`.
 
+    The split, the number of beams and the batch size are `EvalConfig`'s, as the experiment binds them (the
+    command line's `--gin.EvalConfig.num_beams=…` over the file's); `split`, `num_beams`, `batch_size` are
+    their earlier names in gin (read as EvalConfig's) and, from Python, values that replace them.
     Refuses a vocabulary, corpus or docid table other than the checkpoint's (its recorded provenance). The
     run goes to MODEL_DIR/runs/<split>.step<N>.run (and `.metrics.json` with `evaluate`); an earlier,
     different result there is kept as `.prev-<n>` (io_utils)."""
-    validation.integer("NUM_BEAMS (infer.num_beams)", num_beams)
-    validation.integer("infer.batch_size", batch_size)
     if step is not None:
         validation.integer("CHECKPOINT_STEP (infer.step)", step, minimum=0)
-    cfg = EvalConfig(split=split, num_beams=num_beams, batch_size=batch_size).validate()  # before prepare's
-    setup, params, step = restore(model_dir, step)                                       # check of bindings
+    cfg = evaluation_settings(split, num_beams, batch_size)  # before prepare's check of bindings
+    split, num_beams = cfg.split, cfg.num_beams
+    setup, params, step = restore(model_dir, step)
     model_dir = Path(model_dir)
     run, qrels, metrics = evaluate_split(setup, params, split, cfg)  # over several processes: split, gathered
     run_path = model_dir / "runs" / f"{split}.step{step}.run"

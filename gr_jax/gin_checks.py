@@ -1,14 +1,17 @@
 """The part of our gin handling that library code calls: the configuration error type, `call_configured`,
-and `check_bindings_used` (every binding must have been used once a command has built what gin configures).
-It imports only `gr_jax.errors`, so library modules use it without importing the entry-point side
-(`gin_utils`, which imports every configurable module).
+`check_bindings_used` (every binding must have been used once a command has built what gin configures), and
+one name per setting (`renamed`, `settle_renamed`: the earlier names of a setting keep working, are read as its
+one name, and two of them bound to different values are refused). It imports only `gr_jax.errors`, so library
+modules use it without importing the entry-point side (`gin_utils`, which imports every configurable module).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
-from typing import Optional, Sequence
+import tokenize
+from typing import NamedTuple, Optional, Sequence
 
 import gin
 import gin.config
@@ -16,6 +19,8 @@ import gin.config
 from gr_jax.errors import UserError
 
 MACRO = "gin.macro"
+
+log = logging.getLogger(__name__)
 
 
 class GinConfigError(UserError, ValueError):
@@ -134,3 +139,150 @@ def check_bindings_used(roots: str | Sequence[str], allow: Sequence[str] = ()) -
             "gin bindings that this run never used (they would be ignored):\n  " + "\n  ".join(sorted(unused))
             + "\nRemove them, or bind the parameter of what this run calls (a caller may pass that value "
               "itself; see the run's config.gin for what was used).")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one name per setting
+# ----------------------------------------------------------------------------------------------------------
+
+# {a setting's name: its earlier names}: `Configurable.param`, or a MACRO; declared by the module that owns an
+# earlier name (`renamed`), so a method's command declares its own
+_RENAMED: dict[str, tuple[str, ...]] = {}
+
+
+def renamed(name: str, *earlier: str) -> None:
+    """Declares `earlier` (parameters `fn.param` or macros `NAME`) as earlier names of the setting `name`
+    (`EvalConfig.num_beams`): a binding of one of them is read as a binding of `name` (`settle_renamed`). The
+    configurable that had the earlier parameter keeps it in its signature, so that gin still parses the files
+    that bind it; after `settle_renamed` nothing binds it any more."""
+    _RENAMED[name] = tuple(dict.fromkeys((*_RENAMED.get(name, ()), *earlier)))
+
+
+def renamed_settings() -> dict[str, tuple[str, ...]]:
+    return dict(_RENAMED)
+
+
+class _Bound(NamedTuple):
+    name: str  # as declared: 'NUM_BEAMS', 'infer.num_beams'
+    key: tuple  # its (scope, selector) in gin's configuration
+    param: str
+    raw: object  # as bound (a macro reference stays one)
+    value: object  # macros replaced by their values
+    command_line: bool
+
+
+def _matches(selector: str, configurable: str) -> bool:
+    """A gin selector ('gr_jax.evaluation.retrieval.EvalConfig', 'infer') names `configurable` ('EvalConfig')."""
+    return selector == configurable or selector.endswith("." + configurable)
+
+
+def _macro_value(value, depth: int = 0):
+    if isinstance(value, gin.config.ConfigurableReference) and value.configurable.selector == MACRO and depth < 20:
+        held = gin.config._CONFIG.get((value.scoped_selector.rsplit("/", 1)[0], MACRO), {})
+        return _macro_value(held.get("value"), depth + 1)
+    return value
+
+
+def _command_line_keys(bindings: Sequence[str]) -> set:
+    """{(scope, selector, param)} that the command line's bindings set (a macro: (name, MACRO, 'value'))."""
+    from gin import config_parser
+
+    keys = set()
+    for binding in bindings:
+        try:
+            for st in config_parser.ConfigParser(binding, gin.config.ParserDelegate(skip_unknown=True)):
+                if isinstance(st, config_parser.BindingStatement):
+                    keys.add((st.selector, MACRO, "value") if not st.arg_name else
+                             (st.scope, st.selector, st.arg_name))
+        except (SyntaxError, ValueError, tokenize.TokenError):
+            continue  # gin's own parse names it
+    return keys
+
+
+def _bindings_of(name: str, command_line: set) -> list[_Bound]:
+    """Every binding of one name, in any scope (a macro has none)."""
+    if "." not in name:
+        params = gin.config._CONFIG.get((name, MACRO), {})
+        if "value" not in params:
+            return []
+        return [_Bound(name, (name, MACRO), "value", params["value"], _macro_value(params["value"]),
+                       (name, MACRO, "value") in command_line)]
+    configurable, param = name.rsplit(".", 1)
+    found = []
+    for (scope, selector), params in sorted(gin.config._CONFIG.items()):
+        if selector != MACRO and param in params and _matches(selector, configurable):
+            from_cli = any(s == scope and _matches(sel, configurable) and p == param for s, sel, p in command_line)
+            found.append(_Bound(name, (scope, selector), param, params[param], _macro_value(params[param]),
+                                from_cli))
+    return found
+
+
+def _label(b: _Bound) -> str:
+    scope = b.key[0] if b.key[1] != MACRO else ""
+    return f"{scope + '/' if scope else ''}{b.name}"
+
+
+def settle_renamed(command_line: Sequence[str] = ()) -> set[str]:
+    """Reads every binding of a setting's earlier name as a binding of its one name, after parsing and before
+    anything runs. Which value counts: the command line's (`command_line`: the `--gin.` bindings) over the gin
+    files'; two bindings of the same setting at the same level (both in files, or both on the command line)
+    with different values are refused with a message naming both — one of them would otherwise be lost without
+    a word. Each earlier name that was bound logs one line naming the setting that replaces it; its binding is
+    then dropped and the setting's own name bound. Returns the macros that nothing reads any more because of
+    that (an earlier name that is a macro, or one that a dropped binding read), for the unused-macro check."""
+    cli = _command_line_keys(command_line)
+    released: set[str] = set()
+    for name, earlier in sorted(_RENAMED.items()):
+        bound = [b for n in (name, *earlier) for b in _bindings_of(n, cli)]
+        if not any(b.name != name for b in bound):
+            continue
+        scopes = sorted({b.key[0] for b in bound if b.key[1] != MACRO} | ({""} if any(
+            b.key[1] == MACRO for b in bound) else set()))
+        if len(scopes) > 1:
+            raise GinConfigError(f"{name} is bound in several scopes under its earlier names "
+                                 f"({', '.join(_label(b) for b in bound)}): bind {name} itself in each scope")
+        scope = scopes[0]
+        level = [b for b in bound if b.command_line] or bound
+        values = {repr(b.value) for b in level}
+        if len(values) > 1:
+            where = "on the command line" if level[0].command_line else "in the gin files"
+            raise GinConfigError(
+                f"one setting is bound {where} under two names with different values: "
+                + ", ".join(f"{_label(b)} = {b.value!r}" for b in level)
+                + f". {', '.join(n for n in earlier)} {'is an earlier name' if len(earlier) == 1 else 'are earlier names'}"
+                f" of {name}: bind {name} once")
+        value = level[0].value
+        for b in bound:
+            if b.name != name:
+                log.info("gin: %s is an earlier name of %s; read as %s = %r", _label(b), name, name, value)
+            elif b not in level:
+                log.info("gin: the command line's value replaces %s = %r", _label(b), b.value)
+        for b in bound:
+            if b.name == name:
+                continue
+            if b.key[1] == MACRO:
+                released.add(b.name)
+            else:
+                refs: set = set()
+                _macro_refs(b.raw, refs)
+                released |= refs
+                del gin.config._CONFIG[b.key][b.param]
+                if not gin.config._CONFIG[b.key]:
+                    del gin.config._CONFIG[b.key]
+        configurable, param = name.rsplit(".", 1)
+        own = [b for b in bound if b.name == name]
+        selector = own[0].key[1] if own else configurable
+        gin.bind_parameter(f"{scope + '/' if scope else ''}{selector}.{param}", value)
+    return released
+
+
+def _macro_refs(value, out: set) -> None:
+    if isinstance(value, gin.config.ConfigurableReference):
+        if value.configurable.selector == MACRO:
+            out.add(value.scoped_selector.rsplit("/", 1)[0])
+    elif isinstance(value, dict):
+        for v in value.values():
+            _macro_refs(v, out)
+    elif isinstance(value, (list, tuple, set)):
+        for v in value:
+            _macro_refs(v, out)

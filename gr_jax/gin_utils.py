@@ -12,7 +12,9 @@ What becomes a `GinConfigError` with a message that says what to change, before 
 * a macro that no binding uses (`--gin.TRAIN_STEP=5` for TRAIN_STEPS), with a suggestion;
 * macros still `%gin.REQUIRED` after parsing;
 * after a command has built everything it configures (`check_bindings_used`, called by the library function
-  the command runs), a binding that nothing used — it would otherwise be ignored without a word.
+  the command runs), a binding that nothing used — it would otherwise be ignored without a word;
+* one setting bound under two of its names with different values (`gin_checks.settle_renamed`: an earlier name
+  of a setting is read as the setting, the command line's value over the files').
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import gin
 import gin.config
 from gin import config_parser
 
-from gr_jax import distributed, host_memory, locks, validation
+from gr_jax import distributed, gin_checks, host_memory, locks, validation
 from gr_jax.errors import UserError
 from gr_jax.io_utils import FileFormatError, free_space, no_space, read_text
 from gr_jax.gin_checks import MACRO, GinConfigError, call_configured, command  # noqa: F401 (re-exported)
@@ -339,7 +341,8 @@ def parse(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[
             if isinstance(e, GinConfigError) and message.startswith("gin file "):  # names the file: gin's
                 message = message.splitlines()[0]                                 # "In bindings…" is noise
             raise GinConfigError(f"bad gin configuration: {message}") from None
-    check_macros(ignore_unused_macros, bindings)
+    released = gin_checks.settle_renamed(bindings)  # a setting's earlier names → its one name
+    check_macros([*ignore_unused_macros, *released], bindings)
     missing = [m for m in re.findall(r"^(\w+) = %gin.REQUIRED$", gin.config_str(), re.M)]
     if missing:
         examples = " ".join(f"--gin.{m}=..." for m in missing)

@@ -50,9 +50,29 @@ def test_infer(tiny_dsi, tmp_path):
     """`gr_jax.infer` with runs/eval.gin on the dev split of a copy of the TINY DSI: a run and its metrics."""
     exp, shared = tiny_dsi
     model = copy_of(shared, tmp_path / "m")
-    out = _call([exp, "runs/eval.gin"], [f"MODEL_DIR = '{model}'", "NUM_BEAMS = 3"], compose.infer)
+    out = _call([exp, "runs/eval.gin"], [f"MODEL_DIR = '{model}'", "EvalConfig.num_beams = 3"], compose.infer)
     assert out["step"] == 2 and (model / "runs" / "dev.step2.run").is_file()
     assert all(0.0 <= v <= 1.0 for v in out["metrics"].values())
+
+
+def test_infer_searches_with_the_experiments_beams(tiny_dsi, tmp_path):
+    """`gr_jax.infer --gin_file=runs/infer.gin --gin_file=<experiment with EvalConfig.num_beams = 100>` searches
+    with 100 beams (runs/infer.gin used to bind NUM_BEAMS = 10 over the experiment's value without a word); the
+    same setting bound on the command line under two names with different values is refused, naming both."""
+    exp, shared = tiny_dsi
+    model = copy_of(shared, tmp_path / "m")
+    wide = tmp_path / "wide.gin"
+    wide.write_text(f"include '{exp}'\nEvalConfig.num_beams = 100\n")
+    out = _call(["runs/infer.gin", wide], [f"MODEL_DIR = '{model}'"], compose.infer)
+    assert out["num_beams"] == 100
+    per_query: dict[str, int] = {}
+    for line in (model / "runs" / "dev.step2.run").read_text().splitlines():
+        per_query[line.split()[0]] = per_query.get(line.split()[0], 0) + 1
+    assert max(per_query.values()) > 10  # more documents than 10 beams (or TINY's 3) can return
+    with pytest.raises(gin_utils.GinConfigError) as e:
+        _call(["runs/infer.gin", wide], [f"MODEL_DIR = '{model}'", "NUM_BEAMS = 20", "EvalConfig.num_beams = 30"],
+              compose.infer)
+    assert "NUM_BEAMS = 20" in str(e.value) and "EvalConfig.num_beams = 30" in str(e.value)
 
 
 def test_robustness(tmp_path):
@@ -87,7 +107,7 @@ def test_fewshot(tiny_hf_llama, tmp_path):
     out = _call(["experiments/demo/fewshot_smollm2.gin"],
                 [f"MODEL_DIR = '{tmp_path / 'run'}'", f"LM = '{tiny_hf_llama}'", "run_fewshot.max_documents = 4",
                  "DocidWriter.num_docids = 1", "DocidWriter.min_tokens = 1", "DocidWriter.max_tokens = 3",
-                 "DocidWriter.inputs = 'document'", "run_fewshot.bank_sizes = [1]", "run_fewshot.num_beams = 2",
+                 "DocidWriter.inputs = 'document'", "run_fewshot.bank_sizes = [1]", "EvalConfig.num_beams = 2",
                  "run_fewshot.compare_bm25 = False"], run.run_fewshot)
     assert out is not None
     result = json.loads((tmp_path / "run" / "fewshot.json").read_text())
@@ -109,7 +129,7 @@ def test_cross_lingual(tiny_pag, tmp_path):
     out = _call([exp, "runs/cross_lingual.gin"],
                 [f"MODEL_DIR = '{model}'", f"CROSS_LINGUAL_QUERIES = {{'de': '{dev}'}}",
                  f"OUTPUT_DIR = '{tmp_path / 'xl'}'", "run_cross_lingual.settings = ['naive']",
-                 "run_cross_lingual.num_beams = 4", "run_cross_lingual.k = 10", "run_cross_lingual.ell = 20",
+                 "EvalConfig.num_beams = 4", "run_cross_lingual.k = 10", "run_cross_lingual.ell = 20",
                  "run_cross_lingual.max_queries = 12"], cross_lingual.run_cross_lingual)
     assert out is not None
     rows = json.loads((tmp_path / "xl" / "cross_lingual.json").read_text())["languages"]["de"]["settings"]

@@ -95,15 +95,15 @@ def infer(mode=''): return mode
 t5x_train, t5x_infer = gin.configurable(train), gin.configurable(infer)  # as t5x's mains do, in __main__
 from gr_jax import compose, gin_utils
 gin_utils.register_configurables()
-gin_utils.parse(["experiments/demo/dsi_atomic.gin"], ["MODEL_DIR = 'x'", "infer.split = 'test'",
+gin_utils.parse(["experiments/demo/dsi_atomic.gin"], ["MODEL_DIR = 'x'", "infer.evaluate = True",
                                                      "__main__.train.total_steps = 7"])
 ours = gin.get_bindings(compose.train)
-print(ours["checkpoint_period"], gin.get_bindings(compose.infer)["split"], t5x_train(), t5x_infer())
+print(ours["checkpoint_period"], gin.get_bindings(compose.infer)["evaluate"], t5x_train(), t5x_infer())
 """
     res = subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(__file__).resolve().parents[1],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.split() == ["1000", "test", "7"]
+    assert res.stdout.split() == ["1000", "True", "7"]
 
 
 @pytest.mark.slow

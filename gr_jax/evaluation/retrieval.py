@@ -1,6 +1,8 @@
 """A retriever's run over a query set, and how a trained system is evaluated.
 
-* `EvalConfig` (gin) — split, beams, batch, metrics, relevance threshold of an evaluation;
+* `EvalConfig` (gin) — split, beams, batch, metrics, relevance threshold of an evaluation: the one place every
+  command reads the number of beams, the evaluation batch size and the split from (`evaluation_settings`;
+  their earlier per-command names are read as these, `gin_checks.renamed`);
 * `retrieve(model, params, query tokens, ...)` — constrained search of every query through the model
   contract's `rank` (or `rank_with_plan` with a planning model and plan tokens) → a run holding the ranker's
   scores, read in trec_eval's order.
@@ -14,7 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax import validation
+from gr_jax import gin_checks, validation
 from gr_jax.data.pipeline import ExampleStore, eval_batches
 from gr_jax.data.trec import Run, check_finite
 from gr_jax.progress import bar as progress_bar
@@ -51,6 +53,22 @@ class EvalConfig:
         validation.integer("EvalConfig.batch_size", self.batch_size)
         validation.integer("EvalConfig.max_queries (0: all)", self.max_queries, minimum=0)
         return self
+
+
+# earlier names of EvalConfig's fields in the library's own gin files and commands (a command's own earlier
+# parameter is declared by its module); each keeps working, logged once, and is read as the field
+gin_checks.renamed("EvalConfig.num_beams", "NUM_BEAMS", "infer.num_beams")
+gin_checks.renamed("EvalConfig.split", "EVAL_SPLIT", "infer.split")
+gin_checks.renamed("EvalConfig.batch_size", "infer.batch_size")
+
+
+def evaluation_settings(split: Optional[str] = None, num_beams: Optional[int] = None,
+                        batch_size: Optional[int] = None) -> EvalConfig:
+    """The evaluation settings a command runs with: `EvalConfig` as the gin configuration binds it, with the
+    values a Python caller passes in place of its fields (None: the configuration's)."""
+    given = {k: v for k, v in (("split", split), ("num_beams", num_beams), ("batch_size", batch_size))
+             if v is not None}
+    return dataclasses.replace(gin_checks.call_configured(EvalConfig), **given).validate()
 
 
 def retrieve(model, params, query_tokens: np.ndarray, qids: Sequence[str], index, doc_ids: Sequence[str],

@@ -39,10 +39,16 @@ from gr_jax.evaluation.report import fmt, markdown_table
 from gr_jax.io_utils import atomic_file, write_text, json_text
 from gr_jax.provenance import file_digest
 from gr_jax.evaluation.metrics import mean_metric
+from gr_jax.evaluation.retrieval import evaluation_settings
 from gr_jax.protocols.systems import Probe, TrainedSystem, probe, run_names
 from gr_jax.validation import Count
 
 log = logging.getLogger(__name__)
+
+# the split, beams and batch are EvalConfig's (the experiment's); these were their names here
+gin_checks.renamed("EvalConfig.split", "run_cross_lingual.split", "CROSS_LINGUAL_SPLIT")
+gin_checks.renamed("EvalConfig.num_beams", "run_cross_lingual.num_beams")
+gin_checks.renamed("EvalConfig.batch_size", "run_cross_lingual.batch_size")
 
 SETTINGS = ("naive", "seq_only", "translate", "aligned")
 LANGUAGE_NAMES = {"de": "German", "fr": "French", "nl": "Dutch", "zh": "Chinese", "es": "Spanish", "it": "Italian",
@@ -152,14 +158,15 @@ class _AsGenerator:
 
 @gin.configurable
 def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str] = gin.REQUIRED,
-                      split: str = "dev", output_dir: Optional[str] = None, settings: Sequence[str] = SETTINGS,
+                      split: Optional[str] = None, output_dir: Optional[str] = None, settings: Sequence[str] = SETTINGS,
                       translator=None, aligned_dirs: Optional[Mapping[str, str]] = None, max_queries: int = 0,
                       metrics: Sequence[str] = ("MRR@10", "Recall@10"), primary_metric: str = "MRR@10",
-                      rel_threshold: int = 1, k: Count = 100, ell: Count = 100, num_beams: Count = 10,
-                      batch_size: Count = 32) -> dict:
-    """`languages`: {language code: mMARCO query file (qid<TAB>text) of `split`'s queries}. Settings that
+                      rel_threshold: int = 1, k: Count = 100, ell: Count = 100, num_beams: Optional[Count] = None,
+                      batch_size: Optional[Count] = None) -> dict:
+    """`languages`: {language code: mMARCO query file (qid<TAB>text) of the split's queries}. Settings that
     need what is not given are refused: 'translate' without a translator, 'aligned' without a directory per
-    language, 'seq_only' for a model without that mode."""
+    language, 'seq_only' for a model without that mode. The split, beams and batch size are `EvalConfig`'s
+    (`split`, `num_beams`, `batch_size`: their earlier names in gin; from Python, values that replace them)."""
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown or not settings:
         raise ValueError(f"run_cross_lingual.settings: unknown {unknown} (known: {', '.join(SETTINGS)})")
@@ -172,9 +179,11 @@ def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str
     if "aligned" in settings and set(languages) - set(aligned_dirs):
         raise ValueError(f"setting 'aligned' needs run_cross_lingual.aligned_dirs for "
                          f"{sorted(set(languages) - set(aligned_dirs))} (python -m gr_jax.align_planner)")
-    for name, v in (("k", k), ("ell", ell), ("num_beams", num_beams), ("batch_size", batch_size)):
+    evaluation = evaluation_settings(split, num_beams, batch_size)
+    split = evaluation.split
+    for name, v in (("k", k), ("ell", ell)):
         validation.integer(f"run_cross_lingual.{name}", v)
-    system, step = TrainedSystem.restore(model_dir, num_beams, batch_size)
+    system, step = TrainedSystem.restore(model_dir, evaluation.num_beams, evaluation.batch_size)
     planner = system.planner
     if ("seq_only" in settings or "aligned" in settings) and planner is None:
         raise ValueError("settings 'seq_only' and 'aligned' need a model that plans (PAG in mode 'pag'); "

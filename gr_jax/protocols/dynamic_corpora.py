@@ -42,7 +42,7 @@ from gr_jax.evaluation import dynamic as measures
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.data.trec import Run, ranked
 from gr_jax.docids.embed import TfidfSvdEmbedder
-from gr_jax.evaluation.retrieval import EvalConfig
+from gr_jax.evaluation.retrieval import evaluation_settings
 from gr_jax.progress import bar as progress_bar
 from gr_jax.io_utils import atomic_dir, json_text, write_text
 from gr_jax.provenance import file_digest
@@ -50,6 +50,8 @@ from gr_jax.protocols.systems import BM25System, DenseSystem, ProtocolError, Tra
 from gr_jax.validation import Count, Fraction, Positive
 
 log = logging.getLogger(__name__)
+
+gin_checks.renamed("EvalConfig.batch_size", "run_dynamic.eval_batch_size")  # its earlier name here
 
 METHODS = ("bm25", "dense", "gr")
 
@@ -209,16 +211,17 @@ class Replay:
         return out
 
 
-def trained_system(data: DynamicData, model_dir: Path, k: int, eval_batch: int) -> TrainedSystem:
+def trained_system(data: DynamicData, model_dir: Path, k: int, eval_batch: Optional[int] = None) -> TrainedSystem:
     """A generative retriever trained on D0 by `compose.train` (or resumed from MODEL_DIR/model), over the whole
-    corpus (its D0 rows first); new documents get docids from the frozen scheme and go into its prefix tree."""
+    corpus (its D0 rows first); new documents get docids from the frozen scheme and go into its prefix tree. It
+    searches with EvalConfig's beams (at least k) and batch size (`eval_batch`, from Python, replaces it)."""
     from gr_jax import compose
 
     summary = gin_checks.call_configured(lambda: compose.train(model_dir=str(model_dir), dataset=data.d0,
                                                               final_eval=False))
-    eval_config = gin_checks.call_configured(EvalConfig).validate()
+    eval_config = evaluation_settings(batch_size=eval_batch)
     setup = dataclasses.replace(summary["setup"], iterator=None)  # the training data is not needed now
-    system = TrainedSystem(setup, summary["state"]["params"], max(eval_config.num_beams, k), eval_batch,
+    system = TrainedSystem(setup, summary["state"]["params"], max(eval_config.num_beams, k), eval_config.batch_size,
                            corpus=data.full.corpus)
     system.check_can_add()
     return system
@@ -305,14 +308,16 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
                 initial_fraction: Fraction = 0.5, n_parts: Count = 5, train_split: str = "train",
                 test_split: str = "test", split_protocol: str = "dataset", test_fraction: Fraction = 0.2,
                 k: Count = 10, embedder=None, replay: Optional[Replay] = None,
-                eval_batch_size: int = 32, max_test_queries_per_part: int = 0,
+                eval_batch_size: Optional[Count] = None, max_test_queries_per_part: int = 0,
                 memory_limit_mb: Optional[int] = None, label: Optional[str] = None, progress: bool = True,
                 release_programs: bool = True) -> dict:
     """Runs the protocol for one system and writes OUTPUT_DIR/{dynamic.json, dynamic.md, dynamic.png}.
     `release_programs`: after each step, drop the programs JAX compiled (the next step's index has other shapes;
     kept, they grew SEAL's demo run from 1.5 to 3.1 GB over five steps). It empties JAX's caches for the whole
-    process: a caller that runs the protocol beside programs of its own it wants kept sets it False."""
-    _validate(method, k, n_parts, seed, eval_batch_size, max_test_queries_per_part, memory_limit_mb,
+    process: a caller that runs the protocol beside programs of its own it wants kept sets it False. A trained
+    system searches with EvalConfig's beams and batch size (`eval_batch_size`: the batch's earlier name in gin;
+    from Python, a value that replaces it)."""
+    _validate(method, k, n_parts, seed, max_test_queries_per_part, memory_limit_mb,
               initial_fraction)
     out_dir = Path(output_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -389,14 +394,13 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
     return {**result, "timings": timings}
 
 
-def _validate(method: str, k: int, n_parts: int, seed: int, eval_batch_size: int, max_test_queries_per_part: int,
+def _validate(method: str, k: int, n_parts: int, seed: int, max_test_queries_per_part: int,
               memory_limit_mb: Optional[int], initial_fraction: float) -> None:
     if method not in METHODS:
         raise ProtocolError(f"run_dynamic.method must be one of {METHODS}, got {method!r}")
     validation.integer("run_dynamic.k", k)
     validation.integer("run_dynamic.n_parts", n_parts)
     validation.integer("run_dynamic.seed", seed, minimum=0)
-    validation.integer("run_dynamic.eval_batch_size", eval_batch_size)
     validation.integer("run_dynamic.max_test_queries_per_part (0: all)", max_test_queries_per_part, minimum=0)
     if memory_limit_mb is not None:
         validation.integer("run_dynamic.memory_limit_mb", memory_limit_mb)

@@ -39,6 +39,7 @@ from gr_jax.data.readers import Dataset, QuerySet
 from gr_jax.data.trec import Run, write_run
 from gr_jax.evaluation import drift
 from gr_jax.evaluation.metrics import mean_metric, metric_values
+from gr_jax.evaluation.retrieval import evaluation_settings
 from gr_jax.evaluation.report import fmt, markdown_table
 from gr_jax.progress import bar as progress_bar
 from gr_jax.io_utils import write_text, json_text
@@ -46,6 +47,10 @@ from gr_jax.protocols.systems import BM25System, DenseSystem, Probe, TrainedSyst
 from gr_jax.validation import Count
 
 log = logging.getLogger(__name__)
+
+# a trained system's beams and batch are EvalConfig's (the experiment's); these were their names here
+gin_checks.renamed("EvalConfig.num_beams", "run_robustness.num_beams")
+gin_checks.renamed("EvalConfig.batch_size", "run_robustness.batch_size")
 
 CLEAN = "clean"
 
@@ -147,14 +152,17 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
                    seeds: Sequence[int] = V.SEEDS, generators: Optional[Mapping[str, Any]] = None,
                    max_queries: int = 0, metrics: Sequence[str] = ("MRR@10", "Hit@10"),
                    primary_metric: Any = "MRR@10", rel_threshold: Any = 1, k: Count = 100, ell: Count = 100,
-                   num_beams: Count = 10, batch_size: Count = 32, depth: Count = 100, embedder=None,
+                   num_beams: Optional[Count] = None, batch_size: Optional[Count] = None,
+                   depth: Count = 100, embedder=None,
                    percentile: float = 10.0, delta: float = 0.05, sweep_percentiles: Sequence[float] = (5, 10, 25),
                    sweep_deltas: Sequence[float] = (0.025, 0.05, 0.1), progress: bool = True) -> dict:
     """The protocol (module docstring). `primary_metric` and `rel_threshold`: one value or {split: value}
     (TREC DL: nDCG@10 and 2). `generators`: {variation: generator} overriding `data.variations.generator_for`
-    (e.g. the LM paraphraser). `max_queries`: the first N judged queries of each split by id (0: all)."""
-    for name, v in (("k", k), ("ell", ell), ("num_beams", num_beams), ("batch_size", batch_size),
-                    ("depth", depth)):
+    (e.g. the LM paraphraser). `max_queries`: the first N judged queries of each split by id (0: all). A trained
+    system searches with `EvalConfig.num_beams` and `.batch_size` (`num_beams`, `batch_size`: their earlier
+    names in gin; from Python, values that replace them)."""
+    evaluation = evaluation_settings(num_beams=num_beams, batch_size=batch_size)
+    for name, v in (("k", k), ("ell", ell), ("depth", depth)):
         validation.integer(f"run_robustness.{name}", v)
     validation.integer("run_robustness.max_queries (0: all)", max_queries, minimum=0)
     unknown = [v for v in variations if v not in V.VARIATIONS]
@@ -163,7 +171,8 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
     if not seeds:
         raise ValueError("run_robustness.seeds is empty")
     per_split = lambda value, split: value.get(split) if isinstance(value, Mapping) else value  # noqa: E731
-    sut, dataset, described = build_system(system, model_dir, task, num_beams, batch_size, depth, embedder, k)
+    sut, dataset, described = build_system(system, model_dir, task, evaluation.num_beams, evaluation.batch_size,
+                                           depth, embedder, k)
     out_dir = Path(output_dir) if output_dir else (Path(model_dir) / "robustness" if model_dir else None)
     if out_dir is None:
         raise ValueError("run_robustness needs OUTPUT_DIR (or MODEL_DIR)")

@@ -59,7 +59,7 @@ from flax.linen import partitioning as flax_partitioning
 from t5x import models as t5x_models
 from t5x import optimizers
 
-from gr_jax import compose, gin_checks, gin_utils, locks, validation
+from gr_jax import compose, gin_checks, gin_utils, locks
 from gr_jax.decoding import rankers
 from gr_jax.evaluation.retrieval import EvalConfig
 from gr_jax.io_utils import json_text, write_text
@@ -69,6 +69,8 @@ from gr_jax.t5x.records import (_STEP_DIR, SYSTEM_RECORD, T5xAdapterError, _read
 from gr_jax.training import trainer
 
 log = logging.getLogger(__name__)
+
+gin_checks.renamed("EvalConfig.num_beams", "RetrieverModel.num_beams")  # its earlier name under t5x
 
 COMMANDS = {"t5x.train": "train", "t5x.eval": "eval", "t5x.infer": "infer"}
 RUN_TIERS = Path(__file__).resolve().parent / "configs" / "runs"
@@ -179,12 +181,14 @@ def absolute_path(path: str) -> str:
 
 
 class RetrieverModel(t5x_models.BaseModel):
-    """A t5x model around our model object (module docstring). `num_beams` (t5x.eval, t5x.infer): NUM_BEAMS of the
-    run tiers, 10 as `gr_jax.infer`'s; `command`: default the t5x command running (`t5x_command`)."""
+    """A t5x model around our model object (module docstring). It searches (t5x.eval, t5x.infer) with the
+    experiment's `EvalConfig.num_beams`, as `gr_jax.infer` does: `num_beams`, its earlier name here, and NUM_BEAMS
+    are read as it (`gin_checks.settle_renamed` after t5x's parse; the command line's value over the files').
+    `command`: default the t5x command running (`t5x_command`)."""
 
     FEATURE_CONVERTER_CLS = seqio.EncDecFeatureConverter  # replaced per instance by `SystemBatches`
 
-    def __init__(self, num_beams: int = 10, command: Optional[str] = None):
+    def __init__(self, num_beams: Optional[int] = None, command: Optional[str] = None):
         self.command = command or t5x_command() or "train"
         if self.command not in COMMANDS.values():
             raise T5xAdapterError(f"RetrieverModel.command must be one of {sorted(COMMANDS.values())}, got "
@@ -202,9 +206,10 @@ class RetrieverModel(t5x_models.BaseModel):
         self.seed = int(bindings.get("seed", 0))
         self.task = bindings["task"]
         self.batch_size = int(bindings["batch_size"])
-        self.eval_config = EvalConfig().validate()  # the experiment's metrics and thresholds (gin)
-        validation.integer("RetrieverModel.num_beams (NUM_BEAMS)", num_beams)
-        self.num_beams = int(num_beams)
+        with gin.unlock_config():  # t5x parsed the gin files: earlier names of a setting → its one name
+            gin_checks.settle_renamed(gin_utils.split_flags(sys.argv[1:])[1])
+        self.eval_config = gin_checks.call_configured(EvalConfig).validate()  # beams, metrics, thresholds (gin)
+        self.num_beams = self.eval_config.num_beams
         self._held = contextlib.ExitStack()
         atexit.register(self._held.close)
         self._empty: Optional[list] = None

@@ -191,9 +191,11 @@ def test_device_and_host_ranking_in_the_infer_step_equal_rank(tmp_path):
         pass
 
     gin_utils.parse(["experiments/demo/dsi_atomic.gin"], [f"MODEL_DIR = '{tmp_path / 'run'}'", "BATCH_SIZE = 8",
-                                                           "load_dataset.demo_docs = 60", "prepare.vocab_size = 300"])
+                                                           "load_dataset.demo_docs = 60", "prepare.vocab_size = 300",
+                                                           "EvalConfig.num_beams = 6"])
     try:
-        model = RetrieverModel(num_beams=6)
+        model = RetrieverModel()
+        assert model.num_beams == 6  # the experiment's EvalConfig, as gr_jax.infer's
         ex = system_task.split_examples(model.setup, "dev")
         q = np.zeros((8, model.setup.feature_lengths["inputs"]), np.int32)
         for i, row in enumerate(ex["inputs"][:8]):

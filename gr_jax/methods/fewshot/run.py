@@ -20,13 +20,14 @@ from typing import Optional, Sequence
 
 import gin
 
-from gr_jax import gin_checks, validation
+from gr_jax import gin_checks
 from gr_jax.progress import bar as progress_bar
 from gr_jax.baselines.bm25 import BM25
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus
 from gr_jax.data.trec import write_qrels, write_run
 from gr_jax.evaluation.metrics import evaluate
+from gr_jax.evaluation.retrieval import evaluation_settings, retrieve
 from gr_jax.evaluation.report import markdown_table
 from gr_jax.data.batches import batch_seed, pending_batches, restrict
 from gr_jax.io_utils import write_text, json_text
@@ -36,6 +37,11 @@ from gr_jax.models.lm import LMContext
 from gr_jax.validation import Count
 
 log = logging.getLogger(__name__)
+
+# the split, beams and query batch are EvalConfig's; these were their names here
+gin_checks.renamed("EvalConfig.split", "run_fewshot.split")
+gin_checks.renamed("EvalConfig.num_beams", "run_fewshot.num_beams")
+gin_checks.renamed("EvalConfig.batch_size", "run_fewshot.batch_size")
 
 BANK_FILE = "docid_bank.jsonl"
 
@@ -71,18 +77,21 @@ def build_bank(lm: LMContext, corpus: Corpus, writer: fewshot.DocidWriter, path:
 @gin.configurable
 def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str = "smollm2_135m",
                 writer: Optional[fewshot.DocidWriter] = None, bank_sizes: Sequence[int] = (1, 3, 10),
-                policy: str = "first", split: str = "test", num_beams: Count = 10, batch_size: Count = 16,
+                policy: str = "first", split: Optional[str] = None, num_beams: Optional[Count] = None,
+                batch_size: Optional[Count] = None,
                 max_queries: int = 0, max_documents: int = 0, max_query_tokens: Count = 48,
                 metrics: Sequence[str] = ("Hit@1", "Hit@10", "MRR@10"), compare_bm25: bool = True) -> dict:
     """Few-Shot GR on `task`: the docid bank, then retrieval of `split` for each bank size; writes
-    MODEL_DIR/{docid_bank.jsonl, fewshot.json, fewshot.md, runs/<split>.fewshot_n<n>.run}."""
+    MODEL_DIR/{docid_bank.jsonl, fewshot.json, fewshot.md, runs/<split>.fewshot_n<n>.run}. The split, beams and
+    query batch are `EvalConfig`'s (`split`, `num_beams`, `batch_size`: their earlier names in gin; from Python,
+    values that replace them)."""
     writer = writer if writer is not None else fewshot.DocidWriter()
     sizes = sorted(set(int(n) for n in bank_sizes))
     if not sizes or sizes[0] < 1 or sizes[-1] > writer.num_docids:
         raise ValueError(f"run_fewshot.bank_sizes must lie in 1..DocidWriter.num_docids ({writer.num_docids}), "
                          f"got {list(bank_sizes)}")
-    for name, v in (("num_beams", num_beams), ("batch_size", batch_size)):
-        validation.integer(f"run_fewshot.{name}", v)
+    evaluation = evaluation_settings(split, num_beams, batch_size)
+    split, num_beams, batch_size = evaluation.split, evaluation.num_beams, evaluation.batch_size
     model_dir = Path(model_dir)
     dataset = restrict(sources.load_dataset(task), max_documents)
     if split not in dataset.queries:
@@ -106,7 +115,6 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
     tokens = retriever.query_tokens([text_of[q] for q in qids])
     sub = {q: qrels[q] for q in qids}
     rows = {d: i for i, d in enumerate(dataset.corpus.doc_ids)}
-    from gr_jax.evaluation.retrieval import retrieve
 
     results = {"lm": lm, "split": split, "queries": len(qids), "documents": len(dataset.corpus),
                "num_beams": num_beams, "policy": policy, "writer": writer.settings(), "bank_sizes": {}}
