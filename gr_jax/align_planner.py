@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import sys
 
-from gr_jax import gin_utils
-from gr_jax.cli import setup_logging
+from gr_jax.runtime import gin_utils
+from gr_jax.runtime.cli import setup_logging
 
 
 def main(argv=None) -> int:

@@ -40,7 +40,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from gr_jax import distributed, gin_checks, io_utils, locks, validation
+from gr_jax.runtime import distributed, gin_checks, io_utils, locks, validation
 from gr_jax.data import pairs as dsi_pairs
 from gr_jax.data import sources
 from gr_jax.data.pipeline import MixtureIterator, tokenize
@@ -52,7 +52,7 @@ from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.docids.pseudo_query import queries_by_document
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.retrieval import EvalConfig, evaluation_settings, retrieve
-from gr_jax.io_utils import json_text, write_text
+from gr_jax.runtime.io_utils import json_text, write_text
 from gr_jax.models import contract, t5
 from gr_jax.models.heads import head_for_space
 from gr_jax.models.retriever import GenerativeRetriever
@@ -61,7 +61,7 @@ from gr_jax.training.objectives import ObjectiveInputs, Objectives, Start
 from gr_jax.training.sam import sam
 from gr_jax.training.trainer import TrainingError, check_provenance
 from gr_jax.training.vocabulary import run_vocabulary
-from gr_jax.validation import Count
+from gr_jax.runtime.validation import Count
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from gr_jax import io_utils
-from gr_jax import cli
-from gr_jax.cli import setup_logging
+from gr_jax.runtime import io_utils
+from gr_jax.runtime import cli
+from gr_jax.runtime.cli import setup_logging
 from gr_jax.data import trec
 from gr_jax.evaluation import metrics, report
 

@@ -16,8 +16,8 @@ import json
 import logging
 import sys
 
-from gr_jax import distributed, gin_utils
-from gr_jax.cli import setup_logging
+from gr_jax.runtime import distributed, gin_utils
+from gr_jax.runtime.cli import setup_logging
 
 log = logging.getLogger("gr_jax.infer")
 

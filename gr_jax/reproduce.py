@@ -14,8 +14,8 @@ import argparse
 import contextlib
 import sys
 
-from gr_jax import gin_utils, locks
-from gr_jax.cli import setup_logging
+from gr_jax.runtime import gin_utils, locks
+from gr_jax.runtime.cli import setup_logging
 
 
 def main(argv=None) -> int:

@@ -30,7 +30,7 @@ import tensorflow as tf
 from gr_jax.data import demo, readers
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.data.trec import run_from_rankings
-from gr_jax.vocab import SentencePieceVocabulary
+from gr_jax.data.vocab import SentencePieceVocabulary
 from gr_jax.data.pairs import indexing_pairs, query_pairs
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 
 Parses the gin flags, calls `compose.train` (which writes the final config to MODEL_DIR/config.gin), and
 prints where the checkpoint, run file and metrics went (with BM25 next to the model when configured).
-With `--multiprocess` it is one of N processes of one run (`gr_jax/distributed.py`); process 0 prints.
+With `--multiprocess` it is one of N processes of one run (`gr_jax/runtime/distributed.py`); process 0 prints.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import logging
 import sys
 from pathlib import Path
 
-from gr_jax.cli import setup_logging
-from gr_jax import distributed, gin_utils
+from gr_jax.runtime.cli import setup_logging
+from gr_jax.runtime import distributed, gin_utils
 
 log = logging.getLogger("gr_jax.train")
 

@@ -295,7 +295,8 @@ def _train_in_process(gin_file: Path, text: str) -> None:
     `python -m gr_jax.train` calls (`compose.train` under the parsed configuration), in this process."""
     import gin
 
-    from gr_jax import compose, gin_utils
+    from gr_jax import compose
+    from gr_jax.runtime import gin_utils
 
     gin_file.write_text(text)
     gin.clear_config()

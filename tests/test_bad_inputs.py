@@ -14,7 +14,7 @@ import pytest
 
 from gr_jax import dynamic as dynamic_cmd
 from gr_jax import eval as eval_cmd
-from gr_jax import gin_utils
+from gr_jax.runtime import gin_utils
 from gr_jax import infer as infer_cmd
 from gr_jax import train as train_cmd
 from gr_jax.data import readers, sources
@@ -87,7 +87,7 @@ def test_entry_points_run_from_a_directory_with_runs_experiments_and_models_fold
 @pytest.mark.slow
 def test_infer_refuses_another_vocabulary_or_corpus_and_keeps_earlier_results(trained, tmp_path, capsys, caplog):
     exp, model = trained[0], copy_of(trained[1], tmp_path / "model")
-    from gr_jax.vocab import train_sentencepiece
+    from gr_jax.data.vocab import train_sentencepiece
 
     other = train_sentencepiece(["some other text about rivers", "and bridges of stone"] * 50, tmp_path / "o.model",
                                 200)
@@ -120,7 +120,7 @@ def test_state_left_in_model_dir_is_checked_before_reuse(trained, tmp_path, caps
     shutil.copytree(model, run_dir)
     base = [f"--gin_file={exp}", f"--gin.MODEL_DIR='{run_dir}'"]
     # a vocabulary file swapped after training
-    from gr_jax.vocab import train_sentencepiece
+    from gr_jax.data.vocab import train_sentencepiece
 
     spiece = run_dir / "vocabulary" / "spiece.model"
     original = spiece.read_bytes()

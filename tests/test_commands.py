@@ -18,7 +18,8 @@ import json
 import gin
 import pytest
 
-from gr_jax import compose, gin_utils
+from gr_jax import compose
+from gr_jax.runtime import gin_utils
 from tests.shared import copy_of
 
 

@@ -10,7 +10,7 @@ import gin
 import pytest
 
 from gr_jax import dynamic as dynamic_cmd
-from gr_jax import gin_utils
+from gr_jax.runtime import gin_utils
 from gr_jax import infer as infer_cmd
 from gr_jax import robustness as robustness_cmd
 from gr_jax import train as train_cmd
@@ -93,7 +93,8 @@ import gin
 def train(total_steps=0): return total_steps
 def infer(mode=''): return mode
 t5x_train, t5x_infer = gin.configurable(train), gin.configurable(infer)  # as t5x's mains do, in __main__
-from gr_jax import compose, gin_utils
+from gr_jax import compose
+from gr_jax.runtime import gin_utils
 gin_utils.register_configurables()
 gin_utils.parse(["experiments/demo/dsi_atomic.gin"], ["MODEL_DIR = 'x'", "infer.evaluate = True",
                                                      "__main__.train.total_steps = 7"])
@@ -117,7 +118,7 @@ class Block:
         if name.split('.')[0] in ('t5x', 'tensorflow'):
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
-from gr_jax import gin_utils
+from gr_jax.runtime import gin_utils
 gin_utils.register_configurables()
 gin_utils.parse(["experiments/demo/dsi_atomic.gin"], ["MODEL_DIR = 'x'"])
 print(sorted(m for m in sys.modules if m.split('.')[0] in ('t5x', 'tensorflow')))

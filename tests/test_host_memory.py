@@ -7,14 +7,14 @@ import textwrap
 
 import pytest
 
-from gr_jax import host_memory
+from gr_jax.runtime import host_memory
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 PROBE = textwrap.dedent("""
     import resource
     import jax, jax.numpy as jnp
-    from gr_jax import host_memory
+    from gr_jax.runtime import host_memory
 
     # Executions on the calling thread, whose allocations glibc serves from its main arena: which of XLA's
     # threads allocates a buffer otherwise depends on timing, and a thread arena's heap has other limits.
@@ -71,7 +71,7 @@ def test_blocks_nest_and_the_outermost_restores():
 ENTRY = textwrap.dedent("""
     import resource, sys
     import jax, jax.numpy as jnp
-    from gr_jax import gin_utils, host_memory
+    from gr_jax.runtime import gin_utils, host_memory
 
     def probe():  # what an entry point's configured function runs (a search, a generation): a jitted step
         assert host_memory.active()  # run_entry holds the kept heap around the whole command

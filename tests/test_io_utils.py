@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from gr_jax import io_utils
+from gr_jax.runtime import io_utils
 
 
 def _dead_pid() -> int:

@@ -140,7 +140,7 @@ def test_the_contract_check_names_what_a_model_object_lacks():
 
 def test_gin_registration_walks_the_package():
     """Every module is imported for gin by walking the package: a module added under gr_jax/ needs no list."""
-    from gr_jax import gin_utils
+    from gr_jax.runtime import gin_utils
 
     names = set(gin_utils.register_configurables())
     on_disk = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")

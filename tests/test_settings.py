@@ -12,7 +12,7 @@ import re
 import gin
 import pytest
 
-from gr_jax import gin_checks, gin_utils
+from gr_jax.runtime import gin_checks, gin_utils
 from gr_jax.evaluation.retrieval import EvalConfig, evaluation_settings
 from tests.conftest import REPO
 
@@ -37,7 +37,7 @@ def _moved(caplog) -> list[str]:
 
 
 def test_an_earlier_name_alone_is_read_as_the_setting_and_logs_one_line(parse, caplog):
-    caplog.set_level(logging.INFO, logger="gr_jax.gin_checks")
+    caplog.set_level(logging.INFO, logger="gr_jax.runtime.gin_checks")
     cfg = parse("run_robustness.num_beams = 7\nrun_fewshot.split = 'test'\n")
     assert (cfg.num_beams, cfg.split, cfg.batch_size) == (7, "test", 32)  # batch: EvalConfig's default
     assert sorted(_moved(caplog)) == [
@@ -51,7 +51,7 @@ def test_an_earlier_name_alone_is_read_as_the_setting_and_logs_one_line(parse, c
 def test_the_experiments_value_is_used_when_nothing_else_binds_the_setting(parse, caplog):
     """The bug this fixes: runs/infer.gin bound NUM_BEAMS = 10 to infer.num_beams, so glen.gin's
     EvalConfig.num_beams = 100 became 10 under gr_jax.infer without a word."""
-    caplog.set_level(logging.INFO, logger="gr_jax.gin_checks")
+    caplog.set_level(logging.INFO, logger="gr_jax.runtime.gin_checks")
     infer_gin = (REPO / "gin_configs" / "runs" / "infer.gin").read_text()
     cfg = parse(infer_gin + "MODEL_DIR = 'm'\nEvalConfig.num_beams = 100\n")
     assert cfg.num_beams == 100 and not _moved(caplog)
@@ -68,14 +68,14 @@ def test_two_names_with_different_values_in_the_files_are_refused_naming_both(pa
 
 
 def test_two_names_with_the_same_value_are_one_setting(parse, caplog):
-    caplog.set_level(logging.INFO, logger="gr_jax.gin_checks")
+    caplog.set_level(logging.INFO, logger="gr_jax.runtime.gin_checks")
     cfg = parse("EvalConfig.num_beams = 15\nrun_robustness.num_beams = 15\n")
     assert cfg.num_beams == 15 and len(_moved(caplog)) == 1
 
 
 def test_the_command_line_replaces_the_files_value_under_either_name(parse, caplog):
     """The README's habit `--gin.EVAL_SPLIT="'test'"` with an experiment that binds EvalConfig.split = 'dev'."""
-    caplog.set_level(logging.INFO, logger="gr_jax.gin_checks")
+    caplog.set_level(logging.INFO, logger="gr_jax.runtime.gin_checks")
     cfg = parse("EvalConfig.split = 'dev'\nEvalConfig.num_beams = 100\n", ["EVAL_SPLIT = 'test'", "NUM_BEAMS = 20"])
     assert (cfg.split, cfg.num_beams) == ("test", 20)
     assert len(_moved(caplog)) == 2

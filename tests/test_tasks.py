@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gr_jax.data import demo
-from gr_jax.vocab import SentencePieceVocabulary, train_sentencepiece
+from gr_jax.data.vocab import SentencePieceVocabulary, train_sentencepiece
 from tests.conftest import require
 
 

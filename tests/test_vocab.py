@@ -8,7 +8,7 @@ import pytest
 
 from gr_jax.models import t5
 from gr_jax.models.convert import grow_vocab
-from gr_jax.vocab import DocidTokenSpace, SentencePieceVocabulary, load_vocabulary
+from gr_jax.data.vocab import DocidTokenSpace, SentencePieceVocabulary, load_vocabulary
 
 _TEXT = [
     "generative retrieval maps a query to a document identifier",

@@ -38,8 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax import cli
-from gr_jax.cli import setup_logging
+from gr_jax.runtime import cli
+from gr_jax.runtime.cli import setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS: list[dict] = []

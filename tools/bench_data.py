@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gr_jax import cli
-from gr_jax.cli import setup_logging
+from gr_jax.runtime import cli
+from gr_jax.runtime.cli import setup_logging
 from gr_jax.data.readers import read_msmarco_collection
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -44,8 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax import cli
-from gr_jax.cli import setup_logging
+from gr_jax.runtime import cli
+from gr_jax.runtime.cli import setup_logging
 from gr_jax.decoding import beam_search as bs
 from gr_jax.models.search import T5Searcher
 from gr_jax.index.trie import TrieIndex
@@ -427,7 +427,7 @@ def bench_glen(model_name: str, n_docs: int, beams: list[int], n_queries: int):
     from gr_jax.methods.glen import model as glen
     from gr_jax.methods.glen.torch_reference import glen_rank_torch
     from gr_jax.models.parity import load_torch_t5
-    from gr_jax.vocab import DocidTokenSpace
+    from gr_jax.data.vocab import DocidTokenSpace
 
     torch.set_num_threads(2)
     config = t5.get_config(model_name, dropout_rate=0.0)

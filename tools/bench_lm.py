@@ -38,8 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax import cli, host_memory
-from gr_jax.cli import setup_logging
+from gr_jax.runtime import cli, host_memory
+from gr_jax.runtime.cli import setup_logging
 from profile_search import matmul_gflops  # tools/, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax import cli, host_memory
-from gr_jax.cli import setup_logging
+from gr_jax.runtime import cli, host_memory
+from gr_jax.runtime.cli import setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG = logging.getLogger("gr_jax.bench_pag")
@@ -131,7 +131,7 @@ def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_term
     from gr_jax.methods.pag import planner
     from gr_jax.models import t5
     from gr_jax.methods.pag import model as pag
-    from gr_jax.vocab import DocidTokenSpace
+    from gr_jax.data.vocab import DocidTokenSpace
 
     M, K, base = 8, 2048, 32000  # base: T5's sentencepiece vocabulary, the planning vocabulary
     rng = np.random.default_rng(0)
@@ -205,7 +205,8 @@ def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_term
 def bench_demo(model_dir: str, n_eval: int, n_search_error: int, latency_only: bool = False):
     import gin
 
-    from gr_jax import compose, gin_utils
+    from gr_jax import compose
+    from gr_jax.runtime import gin_utils
     from gr_jax.data.pipeline import tokenize
     from gr_jax.decoding import rankers
     from gr_jax.docids.base import DocidTable

@@ -2,7 +2,7 @@
 batch 64) trained by the real entry point, `python -m gr_jax.train`, in each layout:
 
   1 process            one CPU device (the reference)
-  2 processes          one device each, a localhost coordinator (`--multiprocess`, gr_jax/distributed.py)
+  2 processes          one device each, a localhost coordinator (`--multiprocess`, gr_jax/runtime/distributed.py)
   8 host devices       one process, XLA_FLAGS=--xla_force_host_platform_device_count=8, data parallel
   8 host devices 4x2   the same, a 4 data × 2 model mesh (`train.num_partitions = 2`)
 
@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gr_jax import cli
+from gr_jax.runtime import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "experiments/demo/dsi_url.gin"

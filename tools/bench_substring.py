@@ -157,7 +157,7 @@ def _write(command: str, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from gr_jax import cli
+    from gr_jax.runtime import cli
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=cli.count, default=10_000_000, help="corpus tokens of parts a–c")

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def rows_of(output_dir: Path) -> list[dict]:
-    from gr_jax.io_utils import read_json
+    from gr_jax.runtime.io_utils import read_json
     from gr_jax.protocols.reproduce import directory_name
 
     status = read_json(output_dir / "reproduce_status.json", "reproduce status")
@@ -53,8 +53,8 @@ def main(argv=None) -> int:
     parser.add_argument("output_dir", help="OUTPUT_DIR of a python -m gr_jax.reproduce run")
     parser.add_argument("--no_write", action="store_true", help="print only, do not touch BENCHMARKS.md")
     args = parser.parse_args(argv)
-    from gr_jax import cli
-    from gr_jax.errors import UserError
+    from gr_jax.runtime import cli
+    from gr_jax.runtime.errors import UserError
     from gr_jax.evaluation.report import benchmark_section
 
     cli.setup_logging()

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import jax
 
-from gr_jax import cli
+from gr_jax.runtime import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def bench(experiment: str, steps: int, warmup: int, rounds: int) -> dict:
     from t5x import trainer as t5x_trainer
     from t5x import utils as t5x_utils
 
-    from gr_jax import gin_utils
+    from gr_jax.runtime import gin_utils
     from gr_jax.t5x.data import BatchIterator
     from gr_jax.t5x.models import RetrieverModel
     from gr_jax.training import partitioning, trainer
@@ -109,7 +109,7 @@ def bench_infer(experiment: str, steps: int, warmup: int, rounds: int) -> dict:
     from t5x import partitioning as t5x_partitioning
     from t5x import utils as t5x_utils
 
-    from gr_jax import gin_utils
+    from gr_jax.runtime import gin_utils
     from gr_jax.t5x import system_task
     from gr_jax.t5x.models import RetrieverModel
 
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     parser.add_argument("--infer", action="store_true", help="retrieval of a batch instead of a train step")
     parser.add_argument("--no_write", action="store_true")
     args = parser.parse_args(argv)
-    from gr_jax.cli import setup_logging
+    from gr_jax.runtime.cli import setup_logging
 
     setup_logging()
     try:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gr_jax import cli
+from gr_jax.runtime import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,7 +178,7 @@ def contender_process(name: str, spec: dict) -> int:
     """A child: builds its contender, warms it up, says "ready", then times one round per "round" line."""
     import contextlib
 
-    from gr_jax import host_memory
+    from gr_jax.runtime import host_memory
 
     if name == "ours":  # before the first computation, as the entry points do
         host_memory.cpu_dispatch(synchronous=spec["sync_dispatch"])
@@ -295,7 +295,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.contender:
         return contender_process(args.contender, json.loads(args.spec))
-    from gr_jax.cli import setup_logging
+    from gr_jax.runtime.cli import setup_logging
 
     setup_logging()
     with_torch = not args.no_torch

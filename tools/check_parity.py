@@ -37,9 +37,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gr_jax import cli
+from gr_jax.runtime import cli
 from gr_jax import methods
-from gr_jax.cli import setup_logging
+from gr_jax.runtime.cli import setup_logging
 from gr_jax.models import convert, parity
 
 # the methods whose package holds a checker against their authors' outputs (`methods/<name>/parity.py`)

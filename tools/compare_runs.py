@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gr_jax.cli import setup_logging
+from gr_jax.runtime.cli import setup_logging
 from gr_jax.evaluation.report import markdown_table, plot_curves, read_eval_curve
-from gr_jax.io_utils import atomic_dir
+from gr_jax.runtime.io_utils import atomic_dir
 
 
 def main(argv=None) -> int:

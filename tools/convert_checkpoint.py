@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 
-from gr_jax.cli import setup_logging
+from gr_jax.runtime.cli import setup_logging
 from gr_jax.models import convert
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gr_jax import cli
-from gr_jax.cli import setup_logging
+from gr_jax.runtime import cli
+from gr_jax.runtime.cli import setup_logging
 from gr_jax.data import sources
 from gr_jax.docids.atomic import AtomicDocids, NaiveDocids
 from gr_jax.docids.base import FitContext
@@ -34,7 +34,7 @@ from gr_jax.docids.lexical import FieldDocids, KeywordDocids
 from gr_jax.docids.ngram import NgramDocids, multi_docid_stats
 from gr_jax.docids.numeric import PQDocids, RQDocids, SemanticDocids
 from gr_jax.docids.pseudo_query import PseudoQueryDocids, queries_by_document
-from gr_jax.vocab import EOS_ID, PAD_ID, load_vocabulary, train_sentencepiece
+from gr_jax.data.vocab import EOS_ID, PAD_ID, load_vocabulary, train_sentencepiece
 
 SCHEMES = {
     "atomic": AtomicDocids, "naive": NaiveDocids, "title": lambda: FieldDocids("title"),

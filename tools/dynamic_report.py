@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gr_jax.cli import setup_logging
+from gr_jax.runtime.cli import setup_logging
 from gr_jax.evaluation.report import markdown_table
-from gr_jax.io_utils import atomic_dir
+from gr_jax.runtime.io_utils import atomic_dir
 from gr_jax.protocols.dynamic_corpora import plot, tables_markdown
 
 KINDS = ("initial", "new")

@@ -15,8 +15,8 @@ import argparse
 import logging
 import sys
 
-from gr_jax import cli
-from gr_jax.cli import setup_logging
+from gr_jax.runtime import cli
+from gr_jax.runtime.cli import setup_logging
 
 
 def main(argv=None) -> int:

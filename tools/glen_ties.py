@@ -18,9 +18,9 @@ from pathlib import Path
 
 import gin
 
-from gr_jax import cli
-from gr_jax import gin_utils
-from gr_jax.cli import setup_logging
+from gr_jax.runtime import cli
+from gr_jax.runtime import gin_utils
+from gr_jax.runtime.cli import setup_logging
 
 
 def compare(model_dir: str, split: str, num_beams: int, seeds: int) -> dict:
@@ -57,7 +57,7 @@ def compare(model_dir: str, split: str, num_beams: int, seeds: int) -> dict:
     out = {"split": split, "step": step, "num_beams": num_beams, "docids": stats,
            "collision_free": rows["collision-free"], "random": random_rows, "random_summary": summary,
            "table": "\n".join(lines)}
-    from gr_jax.io_utils import write_text
+    from gr_jax.runtime.io_utils import write_text
 
     base = Path(model_dir) / "ties"
     write_text(base / f"{split}.step{step}.json", json.dumps(out, indent=1), keep_previous=True)

@@ -33,7 +33,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 
 import numpy as np  # noqa: E402
 
-from gr_jax import cli  # noqa: E402
+from gr_jax.runtime import cli  # noqa: E402
 
 DENSE_BUDGET = 64 << 20  # TrieIndex.build's default dense_budget_bytes
 

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from gr_jax.data.trec import Run, fetch_deciding_ties, top_k
-from gr_jax.io_utils import atomic_dir, read_json
+from gr_jax.runtime.io_utils import atomic_dir, read_json
 
 log = logging.getLogger(__name__)
 

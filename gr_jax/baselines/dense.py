@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from gr_jax.progress import bar as progress_bar
+from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.data.trec import Run, fetch_deciding_ties, top_k
 from gr_jax.docids.quantize import exact_search
-from gr_jax.io_utils import atomic_dir, read_json
-from gr_jax.validation import Count, Positive
+from gr_jax.runtime.io_utils import atomic_dir, read_json
+from gr_jax.runtime.validation import Count, Positive
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
-from gr_jax.progress import bar as progress_bar
-from gr_jax.vocab import EOS_ID, PAD_ID
+from gr_jax.runtime.progress import bar as progress_bar
+from gr_jax.data.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 

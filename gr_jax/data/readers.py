@@ -25,7 +25,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 
 from gr_jax.data.trec import Qrels, read_qrels
-from gr_jax.io_utils import BOM, open_skipping_bom
+from gr_jax.runtime.io_utils import BOM, open_skipping_bom
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from gr_jax.io_utils import atomic_file, open_skipping_bom
+from gr_jax.runtime.io_utils import atomic_file, open_skipping_bom
 
 Run = dict[str, dict[str, float]]
 Qrels = dict[str, dict[str, int]]

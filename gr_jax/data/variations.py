@@ -41,8 +41,8 @@ import gin
 import numpy as np
 
 from gr_jax.data.readers import DataError, QuerySet, fingerprint
-from gr_jax.io_utils import package_data, write_text
-from gr_jax.provenance import file_digest, normalized, read_records, records_text, reuse
+from gr_jax.runtime.io_utils import package_data, write_text
+from gr_jax.runtime.provenance import file_digest, normalized, read_records, records_text, reuse
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import gin
 import numpy as np
 
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
-from gr_jax.vocab import DocidTokenSpace
+from gr_jax.data.vocab import DocidTokenSpace
 
 
 def _rows(corpus, rows) -> np.ndarray:

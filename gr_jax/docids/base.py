@@ -26,9 +26,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from gr_jax.io_utils import atomic_dir, read_json
-from gr_jax.vocab import EOS_ID, PAD_ID
-from gr_jax.vocab import DocidTokenSpace
+from gr_jax.runtime.io_utils import atomic_dir, read_json
+from gr_jax.data.vocab import EOS_ID, PAD_ID
+from gr_jax.data.vocab import DocidTokenSpace
 
 log = logging.getLogger(__name__)
 

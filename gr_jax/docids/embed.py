@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.validation import Count
+from gr_jax.runtime.validation import Count
 
 log = logging.getLogger(__name__)
 

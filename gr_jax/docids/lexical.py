@@ -11,8 +11,8 @@ import gin
 import numpy as np
 
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
-from gr_jax.vocab import DocidTokenSpace
-from gr_jax.validation import Count
+from gr_jax.data.vocab import DocidTokenSpace
+from gr_jax.runtime.validation import Count
 
 FIELDS = ("title", "url")
 

@@ -23,8 +23,8 @@ import numpy as np
 
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.docids.quantize import ProductQuantizer, ResidualQuantizer, kmeans
-from gr_jax.vocab import DocidTokenSpace
-from gr_jax.validation import Count
+from gr_jax.data.vocab import DocidTokenSpace
+from gr_jax.runtime.validation import Count
 
 
 def checked_embeddings(corpus, embeddings, rows, what: str) -> np.ndarray:

@@ -28,8 +28,8 @@ import numpy as np
 
 from gr_jax.data.readers import DataError, PackedStrings
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
-from gr_jax.vocab import DocidTokenSpace
-from gr_jax.validation import Count
+from gr_jax.data.vocab import DocidTokenSpace
+from gr_jax.runtime.validation import Count
 
 log = logging.getLogger(__name__)
 

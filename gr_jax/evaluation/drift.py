@@ -26,7 +26,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from gr_jax.data.trec import ranked
-from gr_jax.io_utils import atomic_file
+from gr_jax.runtime.io_utils import atomic_file
 
 QUANTILES = (10, 25, 50, 75, 90)
 

@@ -16,11 +16,11 @@ from typing import Any, Mapping, Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax import gin_checks, validation
+from gr_jax.runtime import gin_checks, validation
 from gr_jax.data.pipeline import ExampleStore, eval_batches
 from gr_jax.data.trec import Run, check_finite
-from gr_jax.progress import bar as progress_bar
-from gr_jax.validation import Count
+from gr_jax.runtime.progress import bar as progress_bar
+from gr_jax.runtime.validation import Count
 
 
 @gin.configurable

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from gr_jax.errors import UserError
+from gr_jax.runtime.errors import UserError
 from gr_jax.index.device import SHARD_AXIS, _taker, check_split
 
 log = logging.getLogger(__name__)

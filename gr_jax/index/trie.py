@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from gr_jax.io_utils import atomic_dir, read_json
+from gr_jax.runtime.io_utils import atomic_dir, read_json
 
 log = logging.getLogger(__name__)
 

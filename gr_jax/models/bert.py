@@ -28,8 +28,8 @@ import numpy as np
 
 from gr_jax.data.readers import DataError
 from gr_jax.docids.embed import Embedder
-from gr_jax.io_utils import read_json
-from gr_jax.validation import Count, Positive, check_fields
+from gr_jax.runtime.io_utils import read_json
+from gr_jax.runtime.validation import Count, Positive, check_fields
 
 log = logging.getLogger(__name__)
 

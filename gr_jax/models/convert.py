@@ -21,8 +21,8 @@ from typing import Any, Iterator, Mapping
 import jax
 import numpy as np
 
-from gr_jax.io_utils import FileFormatError, abandoned_reads_quiet, atomic_dir, quiet_orbax_threads, read_json
-from gr_jax.provenance import array_digests, changed_arrays
+from gr_jax.runtime.io_utils import FileFormatError, abandoned_reads_quiet, atomic_dir, quiet_orbax_threads, read_json
+from gr_jax.runtime.provenance import array_digests, changed_arrays
 from gr_jax.models.t5 import T5Config, init_params
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from jax.sharding import PartitionSpec as P
 
 from gr_jax.models import llama
 from gr_jax.models.retriever import GenerativeRetriever
-from gr_jax.vocab import PAD_ID
-from gr_jax.validation import Signed
+from gr_jax.data.vocab import PAD_ID
+from gr_jax.runtime.validation import Signed
 
 
 @gin.configurable

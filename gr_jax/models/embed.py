@@ -18,7 +18,7 @@ import numpy as np
 from gr_jax.data.pipeline import tokenize
 from gr_jax.docids.embed import Embedder, normalise
 from gr_jax.models import t5
-from gr_jax.validation import Count
+from gr_jax.runtime.validation import Count
 
 
 def t5_mean_pool(model, params, ids, mask=None):

@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from gr_jax.models import t5
-from gr_jax.vocab import PAD_ID
-from gr_jax.validation import Count, Positive
+from gr_jax.data.vocab import PAD_ID
+from gr_jax.runtime.validation import Count, Positive
 
 
 def _apply(network, params, *args, method, **kwargs):

@@ -39,7 +39,7 @@ import numpy as np
 
 from gr_jax.models import layer_stack, random_init
 from gr_jax.models.t5 import Dense, RMSNorm, _DTYPES, gathered_logits
-from gr_jax.validation import Count, Positive, check_fields
+from gr_jax.runtime.validation import Count, Positive, check_fields
 
 Array = jax.Array
 

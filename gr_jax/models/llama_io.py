@@ -16,8 +16,8 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from gr_jax.io_utils import package_data, read_json
-from gr_jax.provenance import file_digest
+from gr_jax.runtime.io_utils import package_data, read_json
+from gr_jax.runtime.provenance import file_digest
 from gr_jax.models.convert import (CheckpointError, CheckpointMismatchError, read_hf_config, read_hf_tensors)
 from gr_jax.models.gguf import GGUFFile
 from gr_jax.models.llama import LlamaConfig

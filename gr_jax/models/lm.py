@@ -12,7 +12,7 @@ from typing import Sequence
 import gin
 
 from gr_jax.models import llama, lm_generate
-from gr_jax.validation import Count, Positive
+from gr_jax.runtime.validation import Count, Positive
 
 # InPars-style pseudo-query prompt: document → a query it answers. Three demonstrations of our own.
 QG_DEMONSTRATIONS = (

@@ -21,7 +21,7 @@ import gin
 from gr_jax.data.variations import RuleParaphraser, split_word, stop_words
 from gr_jax.models import lm_generate
 from gr_jax.models.lm import LMContext
-from gr_jax.validation import Count, Fraction, Positive
+from gr_jax.runtime.validation import Count, Fraction, Positive
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from gr_jax.models.search import Searcher, share_encoder, t5_cache
 from gr_jax.models import t5
 from gr_jax.models.contract import Capabilities
 from gr_jax.models.heads import TextHead
-from gr_jax.validation import Count, Signed
+from gr_jax.runtime.validation import Count, Signed
 
 log = logging.getLogger(__name__)
 

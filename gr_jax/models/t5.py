@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.models import layer_stack, random_init
-from gr_jax.validation import Count, Fraction, Positive, check_fields
-from gr_jax.vocab import EOS_ID, PAD_ID
+from gr_jax.runtime.validation import Count, Fraction, Positive, check_fields
+from gr_jax.data.vocab import EOS_ID, PAD_ID
 
 Array = jax.Array
 

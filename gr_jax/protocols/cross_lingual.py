@@ -31,17 +31,17 @@ from typing import Any, Mapping, Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax import gin_checks, validation
+from gr_jax.runtime import gin_checks, validation
 from gr_jax.data import variations as V
 from gr_jax.data.readers import DataError, QuerySet, read_mmarco_queries, read_queries_tsv
 from gr_jax.evaluation import drift
 from gr_jax.evaluation.report import fmt, markdown_table
-from gr_jax.io_utils import atomic_file, write_text, json_text
-from gr_jax.provenance import file_digest
+from gr_jax.runtime.io_utils import atomic_file, write_text, json_text
+from gr_jax.runtime.provenance import file_digest
 from gr_jax.evaluation.metrics import mean_metric
 from gr_jax.evaluation.retrieval import evaluation_settings
 from gr_jax.protocols.systems import Probe, TrainedSystem, probe, run_names
-from gr_jax.validation import Count
+from gr_jax.runtime.validation import Count
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax import gin_checks, host_memory, validation
+from gr_jax.runtime import gin_checks, host_memory, validation
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus, Dataset, QuerySet
 from gr_jax.data.splits import PROTOCOLS, DynamicSplit, dynamic_split, pooled_qrels
@@ -43,11 +43,11 @@ from gr_jax.evaluation.metrics import evaluate
 from gr_jax.data.trec import Run, ranked
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.evaluation.retrieval import evaluation_settings
-from gr_jax.progress import bar as progress_bar
-from gr_jax.io_utils import atomic_dir, json_text, write_text
-from gr_jax.provenance import file_digest
+from gr_jax.runtime.progress import bar as progress_bar
+from gr_jax.runtime.io_utils import atomic_dir, json_text, write_text
+from gr_jax.runtime.provenance import file_digest
 from gr_jax.protocols.systems import BM25System, DenseSystem, ProtocolError, TrainedSystem
-from gr_jax.validation import Count, Fraction, Positive
+from gr_jax.runtime.validation import Count, Fraction, Positive
 
 log = logging.getLogger(__name__)
 

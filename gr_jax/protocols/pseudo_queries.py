@@ -23,15 +23,15 @@ from typing import Optional
 
 import gin
 
-from gr_jax import gin_checks, validation
+from gr_jax.runtime import gin_checks, validation
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus, DataError
-from gr_jax.progress import bar as progress_bar
-from gr_jax.io_utils import write_text
+from gr_jax.runtime.progress import bar as progress_bar
+from gr_jax.runtime.io_utils import write_text
 from gr_jax.models.lm import LMContext, PseudoQueryGenerator
 from gr_jax.data.batches import batch_seed, pending_batches, restrict
-from gr_jax.provenance import normalized, read_records, records_text, reuse
-from gr_jax.validation import Count
+from gr_jax.runtime.provenance import normalized, read_records, records_text, reuse
+from gr_jax.runtime.validation import Count
 
 log = logging.getLogger(__name__)
 

@@ -34,11 +34,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from gr_jax import gin_utils
-from gr_jax.errors import UserError
+from gr_jax.runtime import gin_utils
+from gr_jax.runtime.errors import UserError
 from gr_jax.evaluation import dynamic as measures
-from gr_jax.io_utils import atomic_dir, json_text, keep_aside, make_dirs, read_json, write_text
-from gr_jax.provenance import file_digest
+from gr_jax.runtime.io_utils import atomic_dir, json_text, keep_aside, make_dirs, read_json, write_text
+from gr_jax.runtime.provenance import file_digest
 
 log = logging.getLogger(__name__)
 

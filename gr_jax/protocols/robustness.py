@@ -32,7 +32,7 @@ from typing import Any, Mapping, Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax import gin_checks, validation
+from gr_jax.runtime import gin_checks, validation
 from gr_jax.data import sources
 from gr_jax.data import variations as V
 from gr_jax.data.readers import Dataset, QuerySet
@@ -41,10 +41,10 @@ from gr_jax.evaluation import drift
 from gr_jax.evaluation.metrics import mean_metric, metric_values
 from gr_jax.evaluation.retrieval import evaluation_settings
 from gr_jax.evaluation.report import fmt, markdown_table
-from gr_jax.progress import bar as progress_bar
-from gr_jax.io_utils import write_text, json_text
+from gr_jax.runtime.progress import bar as progress_bar
+from gr_jax.runtime.io_utils import write_text, json_text
 from gr_jax.protocols.systems import BM25System, DenseSystem, Probe, TrainedSystem, probe, run_names
-from gr_jax.validation import Count
+from gr_jax.runtime.validation import Count
 
 log = logging.getLogger(__name__)
 

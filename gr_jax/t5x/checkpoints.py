@@ -27,9 +27,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from gr_jax import compose, gin_checks, gin_utils, validation
-from gr_jax.cli import setup_logging
-from gr_jax.io_utils import abandoned_reads_quiet, orbax_error_line
+from gr_jax import compose
+from gr_jax.runtime import gin_checks, gin_utils, validation
+from gr_jax.runtime.cli import setup_logging
+from gr_jax.runtime.io_utils import abandoned_reads_quiet, orbax_error_line
 from gr_jax.t5x.records import SYSTEM_RECORD, T5xAdapterError, _read_record, empty_paths, t5x_steps, with_empty
 from gr_jax.training import trainer
 

@@ -16,7 +16,7 @@ import re
 import numpy as np
 from clu.data import dataset_iterator
 
-from gr_jax.io_utils import write_text
+from gr_jax.runtime.io_utils import write_text
 from gr_jax.t5x.models import SystemBatches, T5xAdapterError
 
 log = logging.getLogger(__name__)

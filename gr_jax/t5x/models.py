@@ -59,10 +59,11 @@ from flax.linen import partitioning as flax_partitioning
 from t5x import models as t5x_models
 from t5x import optimizers
 
-from gr_jax import compose, gin_checks, gin_utils, locks
+from gr_jax import compose
+from gr_jax.runtime import gin_checks, gin_utils, locks
 from gr_jax.decoding import rankers
 from gr_jax.evaluation.retrieval import EvalConfig
-from gr_jax.io_utils import json_text, write_text
+from gr_jax.runtime.io_utils import json_text, write_text
 from gr_jax.t5x import system_task
 from gr_jax.t5x.records import (_STEP_DIR, SYSTEM_RECORD, T5xAdapterError, _read_record, empty_paths, t5x_steps,
                                 with_empty, without_empty)

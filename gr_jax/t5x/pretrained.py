@@ -23,8 +23,8 @@ from typing import Mapping
 
 import numpy as np
 
-from gr_jax.cli import setup_logging
-from gr_jax.errors import UserError
+from gr_jax.runtime.cli import setup_logging
+from gr_jax.runtime.errors import UserError
 from gr_jax.models import convert
 from gr_jax.t5x.checkpoints import read_t5x_params
 

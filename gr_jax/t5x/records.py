@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 from typing import Mapping
 
-from gr_jax.errors import UserError
-from gr_jax.io_utils import read_json
+from gr_jax.runtime.errors import UserError
+from gr_jax.runtime.io_utils import read_json
 
 SYSTEM_RECORD = "t5x_system.json"  # in MODEL_DIR: what the t5x training run built (compose.provenance)
 

@@ -32,8 +32,8 @@ import tensorflow as tf
 from gr_jax.data.pipeline import tokenize
 from gr_jax.data.trec import write_run
 from gr_jax.evaluation.metrics import evaluate
-from gr_jax.io_utils import read_json, write_text
-from gr_jax.vocab import PAD_ID
+from gr_jax.runtime.io_utils import read_json, write_text
+from gr_jax.data.vocab import PAD_ID
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class DocumentVocabulary(seqio.Vocabulary):
 
 
 class ModelVocabulary(seqio.Vocabulary):
-    """The run's vocabulary (gr_jax/vocab.py: SentencePiece, a tokenizer.json, an LM's) as seqio's, for the task's
+    """The run's vocabulary (gr_jax/data/vocab.py: SentencePiece, a tokenizer.json, an LM's) as seqio's, for the task's
     inputs; the inputs come tokenized, so it only decodes them for t5x's logs."""
 
     def __init__(self, vocab):

@@ -31,7 +31,7 @@ import orbax.checkpoint as ocp
 from gr_jax.models import convert, llama_io, t5
 from gr_jax.training.trainer import TrainingError, read_checkpoint
 from gr_jax.training.vocabulary import VOCAB_DIR
-from gr_jax.vocab import load_vocabulary
+from gr_jax.data.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from gr_jax.validation import Count, Range
+from gr_jax.runtime.validation import Count, Range
 
 
 DEFAULT_RULES: tuple[tuple[str, Optional[str]], ...] = (

@@ -33,13 +33,13 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from gr_jax import distributed, host_memory, io_utils, locks, provenance, validation
-from gr_jax.progress import bar as progress_bar
-from gr_jax.errors import UserError
-from gr_jax.io_utils import fault_point, free_space, json_text, no_space, write_text
+from gr_jax.runtime import distributed, host_memory, io_utils, locks, provenance, validation
+from gr_jax.runtime.progress import bar as progress_bar
+from gr_jax.runtime.errors import UserError
+from gr_jax.runtime.io_utils import fault_point, free_space, json_text, no_space, write_text
 from gr_jax.training import partitioning
 from gr_jax.training.sam import global_norm, sam
-from gr_jax.validation import Positive
+from gr_jax.runtime.validation import Positive
 
 log = logging.getLogger(__name__)
 io_utils.quiet_orbax_threads()  # orbax worker-thread tracebacks to the debug log (io_utils)

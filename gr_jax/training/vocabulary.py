@@ -14,11 +14,11 @@ import logging
 from pathlib import Path
 from typing import Optional, Sequence
 
-from gr_jax import locks
+from gr_jax.runtime import locks
 from gr_jax.data.readers import Dataset, fingerprint
-from gr_jax.io_utils import atomic_dir, read_json
+from gr_jax.runtime.io_utils import atomic_dir, read_json
 from gr_jax.models import llama_io
-from gr_jax.vocab import load_vocabulary, train_sentencepiece
+from gr_jax.data.vocab import load_vocabulary, train_sentencepiece
 
 log = logging.getLogger(__name__)
 

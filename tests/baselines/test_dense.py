@@ -73,7 +73,7 @@ def test_in_batch_loss_by_hand():
 @pytest.mark.slow
 def test_dual_encoder_finetuning_improves_retrieval():
     from gr_jax.models import t5
-    from gr_jax.vocab import train_sentencepiece
+    from gr_jax.data.vocab import train_sentencepiece
     import tempfile
     from pathlib import Path
 

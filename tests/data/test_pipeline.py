@@ -5,7 +5,7 @@ import pytest
 
 from gr_jax.data import demo
 from gr_jax.data.pipeline import ExampleStore, MixtureIterator, eval_batches, pad_sequences, tokenize
-from gr_jax.vocab import train_sentencepiece
+from gr_jax.data.vocab import train_sentencepiece
 
 
 def _store(n, width=3, offset=0):

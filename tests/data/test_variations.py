@@ -10,7 +10,7 @@ import pytest
 from gr_jax.data import demo
 from gr_jax.data import variations as V
 from gr_jax.data.readers import QuerySet
-from gr_jax.provenance import ProvenanceError
+from gr_jax.runtime.provenance import ProvenanceError
 
 QUERIES = ["What is the capital of France?", "how do I bake sourdough bread", "running dogs are faster than cats",
            "who was the first president of the united states", "buy a used car", "ancient arches", "of the",

@@ -6,7 +6,7 @@ from gr_jax.data.readers import Corpus
 from gr_jax.docids.atomic import AtomicDocids, NaiveDocids
 from gr_jax.docids.base import DocidTable, FitContext, load_scheme_state, save_scheme
 from gr_jax.docids.lexical import FieldDocids
-from gr_jax.vocab import DocidTokenSpace, train_sentencepiece
+from gr_jax.data.vocab import DocidTokenSpace, train_sentencepiece
 
 
 @pytest.fixture(scope="module")

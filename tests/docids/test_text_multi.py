@@ -10,7 +10,7 @@ from gr_jax.data.readers import Corpus, DataError
 from gr_jax.docids.base import FitContext, load_scheme_state, save_scheme
 from gr_jax.docids.ngram import NgramDocids, multi_docid_stats
 from gr_jax.docids.pseudo_query import PseudoQueryDocids, queries_by_document, read_queries_file
-from gr_jax.vocab import train_sentencepiece
+from gr_jax.data.vocab import train_sentencepiece
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_ngram_docids_on_demo_corpus(data, tmp_path):
 
 def test_all_docids_expands_rows_in_order():
     from gr_jax.docids.base import DocidTable
-    from gr_jax.vocab import DocidTokenSpace
+    from gr_jax.data.vocab import DocidTokenSpace
 
     table = DocidTable.from_lists([[5], [6, 7], [8], [9], [10]], [0, 0, 1, 2, 2], DocidTokenSpace("text", 20))
     pos, idx = table.all_docids([2, 0, 2])

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from gr_jax.docids.base import DocidTable
-from gr_jax.errors import UserError
+from gr_jax.runtime.errors import UserError
 from gr_jax.index.substring import SubstringIndex, suffix_array, suffix_array_numpy
-from gr_jax.vocab import DocidTokenSpace
+from gr_jax.data.vocab import DocidTokenSpace
 
 
 def _naive_sa(text):

@@ -14,7 +14,7 @@ from gr_jax.index.trie import TrieIndex
 from gr_jax.models import llama
 from gr_jax.models.decoder_only import DecoderOnlyRetriever
 from gr_jax.models.heads import CodebookHead
-from gr_jax.vocab import EOS_ID, DocidTokenSpace
+from gr_jax.data.vocab import EOS_ID, DocidTokenSpace
 
 CONFIG = llama.get_config("llama_tiny", vocab_size=40, pad_token_id=0, bos_token_id=2)
 

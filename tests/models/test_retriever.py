@@ -10,7 +10,7 @@ from gr_jax.docids.base import DocidTable
 from gr_jax.models import t5
 from gr_jax.models.heads import CodebookHead, TextHead
 from gr_jax.models.retriever import GenerativeRetriever
-from gr_jax.vocab import DocidTokenSpace
+from gr_jax.data.vocab import DocidTokenSpace
 
 CONFIG = t5.get_config("tiny", dropout_rate=0.0)
 

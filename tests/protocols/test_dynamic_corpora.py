@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gr_jax import dynamic as dynamic_cmd
-from gr_jax import gin_utils
+from gr_jax.runtime import gin_utils
 from gr_jax.data import demo
 from gr_jax.docids.base import DocidTable, FitContext
 from gr_jax.docids.embed import TfidfSvdEmbedder
@@ -226,7 +226,7 @@ def test_command_with_generative_retrievers(tmp_path, name):
     if name in ("seal_replay", "pq_replay"):
         assert sorted(p.name for p in (tmp_path / name / "model" / "replay").iterdir()) == ["D1", "D2"]
     if name == "pq_replay":  # SAM in the D0 training and in the replay; the memory recorded by its digest
-        from gr_jax.provenance import file_digest
+        from gr_jax.runtime.provenance import file_digest
 
         config = (tmp_path / name / "model" / "config.gin").read_text()
         assert "make_optimizer.sam_rho = 0.05" in config and "Replay.sam_rho = 0.05" in config
@@ -291,7 +291,7 @@ def test_insert_equals_rebuild(tmp_path):
     from gr_jax.models import t5
     from gr_jax.models.heads import CodebookHead, TextHead
     from gr_jax.models.retriever import GenerativeRetriever
-    from gr_jax.vocab import train_sentencepiece
+    from gr_jax.data.vocab import train_sentencepiece
     from gr_jax.evaluation import retrieval
     from gr_jax.data.pipeline import tokenize
 
@@ -415,7 +415,7 @@ def test_retrieve_breaks_ties_by_document_id_not_by_row(tmp_path):
     from gr_jax.docids.base import DocidTable
     from gr_jax.models import t5
     from gr_jax.models.retriever import GenerativeRetriever
-    from gr_jax.vocab import DocidTokenSpace
+    from gr_jax.data.vocab import DocidTokenSpace
     from gr_jax.evaluation import retrieval
 
     model = GenerativeRetriever(t5.get_config("tiny", vocab_size=64, dropout_rate=0.0))

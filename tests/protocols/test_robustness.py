@@ -124,7 +124,7 @@ def _foreign(text: str) -> str:
 def test_cross_lingual_settings_and_alignment(tiny_pag, tmp_path, capsys):
     from gr_jax import align_planner as align_entry
     from gr_jax import cross_lingual as xl_entry
-    from gr_jax import gin_utils
+    from gr_jax.runtime import gin_utils
     from gr_jax.data import sources
 
     exp, model_dir = tiny_pag[0], copy_of(tiny_pag[1], tmp_path / "pag")  # the alignment is written into it

@@ -9,7 +9,7 @@ import numpy as np
 from gr_jax.data.readers import Corpus
 from gr_jax.docids.base import DocidTable
 from gr_jax.protocols.systems import TrainedSystem
-from gr_jax.vocab import DocidTokenSpace
+from gr_jax.data.vocab import DocidTokenSpace
 
 L, V = 2, 4
 SPACE = DocidTokenSpace.codebook(L, V)

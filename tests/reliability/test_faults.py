@@ -2,7 +2,7 @@
 subprocess): a process killed at a checkpoint save, while publishing an output, or at a random moment, and one
 that hits ENOSPC, is re-run with the same command and must give what an uninterrupted run gives, leaving no
 temporaries behind; a second writer on the same directory is refused, and a lock left by a dead process is taken
-over. Faults are injected with GR_JAX_FAULT=<point>:<n>:<kill|enospc> (gr_jax/io_utils.py `fault_point`).
+over. Faults are injected with GR_JAX_FAULT=<point>:<n>:<kill|enospc> (gr_jax/runtime/io_utils.py `fault_point`).
 
 Everything is tiny (40 demo documents, 4 training steps); the subprocesses share the session's XLA compilation
 cache (tests/conftest.py), so only the first training of the file compiles."""

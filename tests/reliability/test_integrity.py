@@ -21,7 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from gr_jax import gin_utils, io_utils, locks, progress, provenance, validation
+from gr_jax.runtime import gin_utils, io_utils, locks, progress, provenance, validation
 from gr_jax.training import trainer
 from tests.conftest import run_tool
 from tests.shared import copy_of
@@ -333,7 +333,7 @@ def test_list_arguments_name_something(capsys):
     `bench_train --configs nosuch` ended in a traceback."""
     import argparse
 
-    from gr_jax import cli
+    from gr_jax.runtime import cli
     from gr_jax.evaluation import metrics
 
     metric_list = cli.name_list(what="metric", parse=lambda m: metrics.Metric.parse(m).name)
@@ -390,7 +390,7 @@ def test_outputs_follow_the_umask(tmp_path):
 
 
 def test_progress_in_a_log_file_is_a_few_lines(caplog):
-    with caplog.at_level(logging.INFO, logger="gr_jax.progress"):
+    with caplog.at_level(logging.INFO, logger="gr_jax.runtime.progress"):
         bar = progress.LogProgress(1000, "train", "step")
         for _ in range(1000):
             bar.update(1)
@@ -429,7 +429,7 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_taken_over(tmp_path, ca
     d = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from gr_jax import locks
+        from gr_jax.runtime import locks
         with locks.output_lock({str(d)!r}, "gr_jax train"):
             print("held", flush=True)
             sys.stdin.readline()
@@ -444,7 +444,7 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_taken_over(tmp_path, ca
     d.mkdir(exist_ok=True)  # the holder removed it: it wrote nothing there
     (d / locks.LOCK_NAME).write_text(json.dumps({"pid": 2 ** 22 + 7, "host": "h", "command": "gr_jax train",
                                                  "started": 0}))
-    with caplog.at_level(logging.WARNING, logger="gr_jax.locks"):
+    with caplog.at_level(logging.WARNING, logger="gr_jax.runtime.locks"):
         with locks.output_lock(d, "gr_jax train"):
             held = json.loads((d / locks.LOCK_NAME).read_text())
             assert held["pid"] == os.getpid()

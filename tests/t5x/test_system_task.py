@@ -166,7 +166,7 @@ def test_the_task_over_an_mmarco_layout_holds_the_judged_queries_as_gr_jax_infer
         system_task.split_examples(setup, "dev")
     # a codebook docid holds code 0 as a token: the targets keep it (never filtered as padding)
     from gr_jax.docids.base import DocidTable
-    from gr_jax.vocab import DocidTokenSpace
+    from gr_jax.data.vocab import DocidTokenSpace
 
     codes = DocidTable(np.array([[0, 1], [2, 0], [0, 0]]), np.array([2, 2, 2]), np.arange(3),
                        DocidTokenSpace.codebook(2, 4))
@@ -182,7 +182,7 @@ def test_device_and_host_ranking_in_the_infer_step_equal_rank(tmp_path):
     import gin
     import jax
 
-    from gr_jax import gin_utils
+    from gr_jax.runtime import gin_utils
     from gr_jax.data.trec import ranked
     from gr_jax.decoding.rankers import FirstOccurrence
     from gr_jax.t5x.models import RetrieverModel

@@ -5,7 +5,7 @@ import gin
 import numpy as np
 
 from gr_jax.docids.base import DocidScheme, DocidTable
-from gr_jax.vocab import DocidTokenSpace
+from gr_jax.data.vocab import DocidTokenSpace
 
 
 @gin.configurable

@@ -1,4 +1,4 @@
-"""Training over several processes (`gr_jax/distributed.py`), on the real entry point: two processes of
+"""Training over several processes (`gr_jax/runtime/distributed.py`), on the real entry point: two processes of
 `python -m gr_jax.train --multiprocess` on this machine (a localhost coordinator, one CPU device each) train the
 tiny demo DSI of tests/reliability/test_faults.py (40 documents, 4 steps, checkpoints at 2 and 4).
 

@@ -5,7 +5,7 @@ import numpy as np
 from gr_jax.data.pairs import Pairs
 from gr_jax.docids.base import DocidTable
 from gr_jax.training.objectives import Objectives, ObjectivesConfig, example_store
-from gr_jax.vocab import DocidTokenSpace
+from gr_jax.data.vocab import DocidTokenSpace
 
 
 class _Chars:

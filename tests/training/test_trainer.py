@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from gr_jax import gin_utils
+from gr_jax.runtime import gin_utils
 from gr_jax import compose
 from tests.conftest import xla_flags
 
@@ -134,7 +134,7 @@ def test_sigkill_during_a_save_resumes_from_the_last_good_checkpoint(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import os, signal, sys
         import orbax.checkpoint as ocp
-        from gr_jax import gin_utils
+        from gr_jax.runtime import gin_utils
         from gr_jax import compose
 
         original = ocp.args.JsonSave.__init__

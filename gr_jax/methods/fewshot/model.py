@@ -33,13 +33,13 @@ import numpy as np
 from gr_jax.decoding import rankers
 from gr_jax.index.device import leaf_documents
 from gr_jax.index.trie import TrieIndex
-from gr_jax.io_utils import write_text
+from gr_jax.runtime.io_utils import write_text
 from gr_jax.models import llama, lm_generate
 from gr_jax.models.contract import Capabilities
 from gr_jax.models.lm import LMContext, PseudoQueryGenerator, batches, clean_text
 from gr_jax.models.search import Searcher
-from gr_jax.provenance import read_records, records_text
-from gr_jax.validation import Count, Positive
+from gr_jax.runtime.provenance import read_records, records_text
+from gr_jax.runtime.validation import Count, Positive
 
 log = logging.getLogger(__name__)
 

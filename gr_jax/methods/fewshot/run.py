@@ -20,8 +20,8 @@ from typing import Optional, Sequence
 
 import gin
 
-from gr_jax import gin_checks
-from gr_jax.progress import bar as progress_bar
+from gr_jax.runtime import gin_checks
+from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.baselines.bm25 import BM25
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus
@@ -30,11 +30,11 @@ from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.retrieval import evaluation_settings, retrieve
 from gr_jax.evaluation.report import markdown_table
 from gr_jax.data.batches import batch_seed, pending_batches, restrict
-from gr_jax.io_utils import write_text, json_text
-from gr_jax.provenance import normalized, reuse
+from gr_jax.runtime.io_utils import write_text, json_text
+from gr_jax.runtime.provenance import normalized, reuse
 from gr_jax.methods.fewshot import model as fewshot
 from gr_jax.models.lm import LMContext
-from gr_jax.validation import Count
+from gr_jax.runtime.validation import Count
 
 log = logging.getLogger(__name__)
 

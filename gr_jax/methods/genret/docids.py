@@ -20,9 +20,9 @@ import gin
 import numpy as np
 
 from gr_jax.docids.base import DocidScheme, DocidTable
-from gr_jax.io_utils import write_text
-from gr_jax.validation import Count
-from gr_jax.vocab import DocidTokenSpace
+from gr_jax.runtime.io_utils import write_text
+from gr_jax.runtime.validation import Count
+from gr_jax.data.vocab import DocidTokenSpace
 
 
 @gin.configurable

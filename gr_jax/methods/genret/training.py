@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.training.objectives import ObjectivesConfig
-from gr_jax.validation import Count, Positive
+from gr_jax.runtime.validation import Count, Positive
 
 log = logging.getLogger(__name__)
 

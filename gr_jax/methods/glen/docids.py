@@ -26,10 +26,10 @@ import gin
 import numpy as np
 
 from gr_jax.docids.base import DocidScheme, DocidTable
-from gr_jax.io_utils import write_text
-from gr_jax.provenance import file_digest
-from gr_jax.vocab import DocidTokenSpace
-from gr_jax.validation import Count
+from gr_jax.runtime.io_utils import write_text
+from gr_jax.runtime.provenance import file_digest
+from gr_jax.data.vocab import DocidTokenSpace
+from gr_jax.runtime.validation import Count
 
 SEP = "<->"
 

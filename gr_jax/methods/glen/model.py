@@ -37,7 +37,7 @@ from gr_jax.models.contract import Capabilities
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.models.search import Searcher
 from gr_jax.training import initial
-from gr_jax.validation import Count, Signed
+from gr_jax.runtime.validation import Count, Signed
 
 FEEDS = ("hidden", "tokens")
 PHASE1_KEY = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"

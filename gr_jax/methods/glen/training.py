@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.training.objectives import ObjectivesConfig
-from gr_jax.validation import Count
+from gr_jax.runtime.validation import Count
 
 
 def temperature(epoch: float, floor: float = 1e-5) -> float:

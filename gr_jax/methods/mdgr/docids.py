@@ -30,8 +30,8 @@ import numpy as np
 from gr_jax.data.pairs import Pairs
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
 from gr_jax.docids.quantize import ProductQuantizer
-from gr_jax.vocab import DocidTokenSpace
-from gr_jax.validation import Count
+from gr_jax.data.vocab import DocidTokenSpace
+from gr_jax.runtime.validation import Count
 
 log = logging.getLogger(__name__)
 

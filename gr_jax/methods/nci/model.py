@@ -38,7 +38,7 @@ from gr_jax.models import t5
 from gr_jax.models.heads import CodebookHead
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.models.search import share_encoder
-from gr_jax.validation import Count
+from gr_jax.runtime.validation import Count
 
 
 class AdaptorLayer(nn.Module):

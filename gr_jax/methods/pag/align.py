@@ -30,15 +30,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gr_jax import gin_checks, validation
+from gr_jax.runtime import gin_checks, validation
 from gr_jax.data.pipeline import tokenize
 from gr_jax.data.readers import DataError, QuerySet, fingerprint, read_queries_tsv
 from gr_jax.evaluation import drift
-from gr_jax.progress import bar as progress_bar
-from gr_jax.io_utils import atomic_dir, json_text
+from gr_jax.runtime.progress import bar as progress_bar
+from gr_jax.runtime.io_utils import atomic_dir, json_text
 from gr_jax.methods.pag.aligned import META_FILE, PARAMS_FILE, load_aligned  # noqa: F401 (re-exported)
 from gr_jax.methods.pag.model import PagRetriever, lexical_rep
-from gr_jax.validation import Count, Positive
+from gr_jax.runtime.validation import Count, Positive
 
 log = logging.getLogger(__name__)
 

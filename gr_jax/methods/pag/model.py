@@ -57,7 +57,7 @@ from gr_jax.models.contract import Capabilities
 from gr_jax.models.heads import TextHead
 from gr_jax.models.retriever import GenerativeRetriever
 from gr_jax.models.search import Searcher, share_encoder
-from gr_jax.validation import Count, Signed
+from gr_jax.runtime.validation import Count, Signed
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from gr_jax.decoding import rankers
 from gr_jax.methods.pag import docids as pag_docids
 from gr_jax.index.device import leaf_documents
 from gr_jax.methods.pag import model as pag
-from gr_jax.io_utils import load_npz, read_json
+from gr_jax.runtime.io_utils import load_npz, read_json
 
 FILES = ("model", "inputs.npz", "outputs.npz", "decoding.json", "smt_docid_to_tokenids.json",
          "lex_docid_to_tokenids.json", "lex_run.json", "meta.json")

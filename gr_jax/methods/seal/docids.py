@@ -37,10 +37,10 @@ import numpy as np
 
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext, added_field
 from gr_jax.docids.pseudo_query import read_queries_file
-from gr_jax.errors import UserError
-from gr_jax.provenance import file_digest
-from gr_jax.validation import Count
-from gr_jax.vocab import DocidTokenSpace
+from gr_jax.runtime.errors import UserError
+from gr_jax.runtime.provenance import file_digest
+from gr_jax.runtime.validation import Count
+from gr_jax.data.vocab import DocidTokenSpace
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from gr_jax.methods.seal.scoring import Key, rank_documents
 from gr_jax.models.contract import Capabilities
 from gr_jax.models.decoder_only import DecoderOnlyRetriever
 from gr_jax.models.retriever import GenerativeRetriever
-from gr_jax.validation import Count, Fraction, Positive
-from gr_jax.vocab import EOS_ID, PAD_ID
+from gr_jax.runtime.validation import Count, Fraction, Positive
+from gr_jax.data.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 

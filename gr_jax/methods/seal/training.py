@@ -30,8 +30,8 @@ from gr_jax.data.pipeline import ExampleStore, MixtureIterator, pad_sequences, t
 from gr_jax.methods.seal.docids import MARKERS, Markers
 from gr_jax.methods.seal.model import mark
 from gr_jax.training.objectives import ObjectivesConfig
-from gr_jax.validation import Count, Positive
-from gr_jax.vocab import EOS_ID, PAD_ID
+from gr_jax.runtime.validation import Count, Positive
+from gr_jax.data.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 

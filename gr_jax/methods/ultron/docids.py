@@ -11,7 +11,7 @@ import re
 import gin
 
 from gr_jax.docids.lexical import FieldDocids
-from gr_jax.validation import Count
+from gr_jax.runtime.validation import Count
 
 
 def ultron_url(url: str, title: str = "") -> str:

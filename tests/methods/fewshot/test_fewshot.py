@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from gr_jax.provenance import records_text
+from gr_jax.runtime.provenance import records_text
 
 import jax
 import jax.numpy as jnp
@@ -237,7 +237,7 @@ def test_docid_texts_of_each_kind():
     from pathlib import Path
 
     from gr_jax.docids.base import DocidTable
-    from gr_jax.vocab import DocidTokenSpace
+    from gr_jax.data.vocab import DocidTokenSpace
 
     spec = importlib.util.spec_from_file_location(
         "docid_stats", Path(__file__).resolve().parents[3] / "tools" / "docid_stats.py")

@@ -19,7 +19,7 @@ from gr_jax.docids.base import DocidTable
 from gr_jax.models import convert
 from gr_jax.methods.glen import model as glen
 from gr_jax.methods.glen import parity as glen_parity
-from gr_jax.vocab import DocidTokenSpace
+from gr_jax.data.vocab import DocidTokenSpace
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,9 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from gr_jax import compose, gin_utils
+from gr_jax import compose
+from gr_jax.runtime import gin_utils
 from gr_jax.methods.glen.docids import read_docid_tsv
-from gr_jax.vocab import load_vocabulary
+from gr_jax.data.vocab import load_vocabulary
 from tests.conftest import tool
 
 LOOP = """
@@ -153,7 +154,7 @@ def test_phase2_refuses_a_checkpoint_period_that_breaks_exact_resume(tmp_path, p
 
 @pytest.mark.slow
 def test_phase2_refuses_another_vocabulary_than_phase1s(tmp_path, phase1):
-    from gr_jax.vocab import train_sentencepiece
+    from gr_jax.data.vocab import train_sentencepiece
 
     other = train_sentencepiece(["a completely different text about zebras"] * 50 + ["and lions"] * 50,
                                 tmp_path / "other.model", 40)
@@ -182,7 +183,7 @@ def test_a_released_glen_model_and_docid_file_import_and_evaluate(tmp_path, caps
     from gr_jax.methods.glen.docids import write_docid_tsv
     from gr_jax.models import convert, t5
     from gr_jax.methods.glen.model import GlenRetriever
-    from gr_jax.vocab import train_sentencepiece
+    from gr_jax.data.vocab import train_sentencepiece
     from gr_jax.data.pipeline import tokenize
 
     import_tool = tool("import_checkpoint")

@@ -11,7 +11,7 @@ from gr_jax.docids.base import DocidTable
 from gr_jax.methods.nci.model import NciRetriever, PawaHead, nci_objective
 from gr_jax.models import t5
 from gr_jax.models.heads import CodebookHead
-from gr_jax.vocab import DocidTokenSpace
+from gr_jax.data.vocab import DocidTokenSpace
 from tests.methods import assert_infer_repeats_the_final_run, train_small
 
 CONFIG = t5.get_config("tiny", dropout_rate=0.0)

@@ -193,7 +193,7 @@ def test_the_planning_sets_trie_finds_what_the_corpus_trie_with_tables_finds(M, 
     from gr_jax.docids.base import DocidTable
     from gr_jax.methods.pag.docids import order_keys
     from gr_jax.models import t5
-    from gr_jax.vocab import DocidTokenSpace
+    from gr_jax.data.vocab import DocidTokenSpace
 
     monkeypatch.setattr(pag, "DENSE_BONUS_NODES", 0)
     rng = np.random.default_rng(0)

@@ -95,7 +95,7 @@ def test_released_pag_artefacts_import_and_evaluate(tmp_path, capsys):
     from gr_jax.methods.pag import docids as pag_docids
     from gr_jax.models import convert, t5
     from gr_jax.methods.pag import model as pag
-    from gr_jax.vocab import train_sentencepiece
+    from gr_jax.data.vocab import train_sentencepiece
 
     gin.clear_config()
     ds = load_dataset("demo", demo_docs=40)

@@ -24,7 +24,8 @@ def train_small(directory, name: str, experiment: str, steps: int):
     """`small_run` written to DIRECTORY/NAME.gin and trained into DIRECTORY/NAME → (gin file, MODEL_DIR)."""
     import gin
 
-    from gr_jax import compose, gin_utils
+    from gr_jax import compose
+    from gr_jax.runtime import gin_utils
 
     exp, model_dir = directory / f"{name}.gin", directory / name
     exp.write_text(small_run(experiment, steps))

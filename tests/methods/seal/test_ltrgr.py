@@ -13,7 +13,7 @@ import pytest
 
 from gr_jax.data.readers import Corpus
 from gr_jax.docids.base import FitContext
-from gr_jax.errors import UserError
+from gr_jax.runtime.errors import UserError
 from gr_jax.methods.seal.docids import SealDocids
 from gr_jax.methods.seal.ltrgr import LtrgrObjective, LtrgrPairs, coverage_counts, key_weights, params_digest
 from gr_jax.methods.seal.model import SealRetriever, SealSearch
@@ -165,7 +165,7 @@ def test_the_rank_loss_gradient_separates_positive_from_negative():
 
 
 def test_rank_data_refusals(tmp_path):
-    from gr_jax.provenance import records_text
+    from gr_jax.runtime.provenance import records_text
 
     scheme, table, _, _ = _setup()
     from types import SimpleNamespace
@@ -216,7 +216,7 @@ def test_minder_then_rank_data_then_ltrgr_training(tmp_path, capsys):
             "--gin.write_rank_data.max_queries=24", "--gin.write_rank_data.num_beams=4"]
     assert rank_data.main(args) == 0, capsys.readouterr().err
     data = tmp_path / "minder" / "ltrgr_rank_data.jsonl"
-    from gr_jax.provenance import read_records
+    from gr_jax.runtime.provenance import read_records
 
     head, rows = read_records(data, "rank data")
     assert head["rows"] == 24 and [r["qid"] for r in rows] == sorted(r["qid"] for r in rows)

@@ -119,7 +119,7 @@ def test_refusals():
         SealSearch(views=("abstract",))
     _, _, model, _ = _setup()
     from gr_jax.docids.base import DocidTable
-    from gr_jax.vocab import DocidTokenSpace
+    from gr_jax.data.vocab import DocidTokenSpace
 
     with pytest.raises(ValueError, match="SealDocids"):
         model.use_docids(DocidTable.from_lists([[3]], [0], DocidTokenSpace("text", 10)))

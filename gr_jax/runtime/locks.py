@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional
 
-from gr_jax.errors import UserError
-from gr_jax.io_utils import fault_point, free_space, make_dirs, no_space
+from gr_jax.runtime.errors import UserError
+from gr_jax.runtime.io_utils import fault_point, free_space, make_dirs, no_space
 
 log = logging.getLogger(__name__)
 

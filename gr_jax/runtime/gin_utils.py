@@ -38,14 +38,14 @@ import gin
 import gin.config
 from gin import config_parser
 
-from gr_jax import distributed, gin_checks, host_memory, locks, validation
-from gr_jax.errors import UserError
-from gr_jax.io_utils import FileFormatError, free_space, no_space, read_text
-from gr_jax.gin_checks import MACRO, GinConfigError, call_configured, command  # noqa: F401 (re-exported)
+from gr_jax.runtime import distributed, gin_checks, host_memory, locks, validation
+from gr_jax.runtime.errors import UserError
+from gr_jax.runtime.io_utils import FileFormatError, free_space, no_space, read_text
+from gr_jax.runtime.gin_checks import MACRO, GinConfigError, call_configured, command  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
-GIN_CONFIGS = Path(__file__).resolve().parent.parent / "gin_configs"
+GIN_CONFIGS = Path(__file__).resolve().parents[2] / "gin_configs"
 
 
 # modules never imported for gin: the seqio adapter (it imports TensorFlow and registers seqio tasks, not
@@ -477,7 +477,7 @@ def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = (), root
     """The body of a `python -m gr_jax.<command>` entry point: split the flags, parse gin, call the configured
     function `get_fn()` returns (named `root` for `check_bindings_used`). Returns (exit code, result); a
     usage, configuration, data or file error → (2, None) with one message on stderr. A command that runs over
-    several processes (`multiprocess`: `gr_jax/distributed.py`) takes t5x's flags for them; process i > 0 holds
+    several processes (`multiprocess`: `gr_jax/runtime/distributed.py`) takes t5x's flags for them; process i > 0 holds
     its own lock file beside process 0's. A process of such a run that fails exits at once (with the same
     message): JAX's shutdown would otherwise wait minutes for the processes it can no longer reach."""
     try:

@@ -19,7 +19,7 @@
 * `read_text` / `read_json` / `read_jsonl`: a file that is not UTF-8, truncated or not JSON is an error naming
   the file (and the line).
 * `read_only(why)`: from then on every write through this module raises (a process of a multi-process run
-  other than process 0, which writes for all: `gr_jax/distributed.py`); a missed guard is a loud bug, never a
+  other than process 0, which writes for all: `gr_jax/runtime/distributed.py`); a missed guard is a loud bug, never a
   second writer.
 * `fault_point(name)`: where the reliability tests inject a kill or a full disk (environment variable
   `GR_JAX_FAULT=<name>:<n>:<kill|enospc>`: the n-th time this process passes that point); nothing otherwise.
@@ -46,7 +46,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-from gr_jax.errors import UserError
+from gr_jax.runtime.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from typing import Iterator, Optional, Sequence
 import jax
 import numpy as np
 
-from gr_jax.io_utils import read_only
+from gr_jax.runtime.io_utils import read_only
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ def setup_logging(level: int = logging.INFO) -> None:
     logging.getLogger("gr_jax").setLevel(level)
     for name in ("absl", "jax", "orbax", "transformers"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    from gr_jax.io_utils import quiet_orbax_threads
+    from gr_jax.runtime.io_utils import quiet_orbax_threads
 
     quiet_orbax_threads()  # their worker threads' tracebacks: to the debug log, the caller names the error once
     try:

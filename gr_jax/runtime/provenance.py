@@ -30,8 +30,8 @@ from typing import Any, Callable, Mapping, Optional, TypeVar
 
 import numpy as np
 
-from gr_jax.errors import UserError
-from gr_jax.io_utils import FileFormatError, read_text
+from gr_jax.runtime.errors import UserError
+from gr_jax.runtime.io_utils import FileFormatError, read_text
 
 T = TypeVar("T")
 

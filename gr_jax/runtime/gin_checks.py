@@ -1,7 +1,7 @@
 """The part of our gin handling that library code calls: the configuration error type, `call_configured`,
 `check_bindings_used` (every binding must have been used once a command has built what gin configures), and
 one name per setting (`renamed`, `settle_renamed`: the earlier names of a setting keep working, are read as its
-one name, and two of them bound to different values are refused). It imports only `gr_jax.errors`, so library
+one name, and two of them bound to different values are refused). It imports only `gr_jax.runtime.errors`, so library
 modules use it without importing the entry-point side (`gin_utils`, which imports every configurable module).
 """
 
@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional, Sequence
 import gin
 import gin.config
 
-from gr_jax.errors import UserError
+from gr_jax.runtime.errors import UserError
 
 MACRO = "gin.macro"
 

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Optional
 
-log = logging.getLogger("gr_jax.progress")
+log = logging.getLogger("gr_jax.runtime.progress")
 
 LOG_EVERY = 0.1  # the fraction of the total between two lines in a file
 

@@ -25,7 +25,7 @@ from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
-from gr_jax.io_utils import read_json, write_bytes
+from gr_jax.runtime.io_utils import read_json, write_bytes
 
 log = logging.getLogger(__name__)
 
