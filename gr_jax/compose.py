@@ -5,7 +5,7 @@ and evaluated (`evaluate_split`, `infer`). Entry points and protocols use these 
 
 It names no method. What differs between methods comes in through gin (the docid scheme, `prepare.model_fn`,
 the objectives config, the ranker and decoding hooks) and through declared capabilities: the model contract's
-(`models/contract.py`), the docid scheme's (`docids/base.py`: e.g. docids `decoded_by_model`), and the
+(`retriever/contract.py`), the docid scheme's (`docids/base.py`: e.g. docids `decoded_by_model`), and the
 starting-checkpoint loaders a method registers (`training/initial.py`).
 
 Order of work of `train` (and of resume), in one place:
@@ -53,9 +53,10 @@ from gr_jax.docids.pseudo_query import queries_by_document
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.retrieval import EvalConfig, evaluation_settings, retrieve
 from gr_jax.runtime.io_utils import json_text, write_text
-from gr_jax.models import contract, t5
-from gr_jax.models.heads import head_for_space
-from gr_jax.models.retriever import GenerativeRetriever
+from gr_jax.retriever import contract
+from gr_jax.backbones import t5
+from gr_jax.retriever.heads import head_for_space
+from gr_jax.retriever.model import GenerativeRetriever
 from gr_jax.training import initial, partitioning, trainer
 from gr_jax.training.objectives import ObjectiveInputs, Objectives, Start
 from gr_jax.training.sam import sam
@@ -116,7 +117,7 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
     docid-scheme state must already be in MODEL_DIR (or VOCABULARY given); with `may_fit` (importing a
     network trained elsewhere) the docid scheme is fitted and saved when MODEL_DIR has none. `model_fn(config,
     head, score_mode=...)` builds the model object (default `GenerativeRetriever`, whose objective, ranker and
-    decoding hooks gin binds); it must follow the model contract (`models/contract.py`)."""
+    decoding hooks gin binds); it must follow the model contract (`retriever/contract.py`)."""
     model_dir = Path(model_dir)
     validation.integer("prepare.vocab_size", vocab_size, minimum=8)
     lengths = validation.feature_lengths("TASK_FEATURE_LENGTHS", feature_lengths)

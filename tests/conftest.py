@@ -225,10 +225,10 @@ def hf_t5_dirs(tmp_path_factory):
     """Tiny random HF T5 checkpoints written by transformers' save_pretrained: {"1.0": dir, "1.1": dir}."""
     require("torch")
     require("transformers")
-    from gr_jax.models import parity
+    from gr_jax.backbones import t5_parity
 
     root = tmp_path_factory.mktemp("hf")
-    return {v: parity.write_random_hf_t5(root / f"t5_v{v}", v, seed=3) for v in ("1.0", "1.1")}
+    return {v: t5_parity.write_random_hf_t5(root / f"t5_v{v}", v, seed=3) for v in ("1.0", "1.1")}
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -363,9 +363,9 @@ def tiny_pag(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_lm():
-    """tests/models/lm_helpers.tiny_lm_context(): a tiny random Llama with a BPE tokenizer trained on 80 demo
+    """tests/backbones/lm_helpers.tiny_lm_context(): a tiny random Llama with a BPE tokenizer trained on 80 demo
     documents and the few-shot prompt, and that dataset. One per worker process (it lives in memory); read-only."""
-    from tests.models.lm_helpers import tiny_lm_context
+    from tests.backbones.lm_helpers import tiny_lm_context
 
     return tiny_lm_context()
 
@@ -378,7 +378,7 @@ def tiny_hf_llama(tmp_path_factory, tiny_lm):
 
     def build(folder: Path) -> None:
         require("torch")
-        from gr_jax.models import llama_parity
+        from gr_jax.backbones import llama_parity
 
         ctx, _ = tiny_lm
         hf = llama_parity.write_random_hf_llama(folder / "lm", vocab_size=ctx.tok.vocab_size, d_model=32,

@@ -348,14 +348,14 @@ def test_infer_names_a_damaged_checkpoint(trained, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_damaged_initial_checkpoint_is_named(tmp_path, capsys):
-    from gr_jax.models import convert, t5
+    from gr_jax.backbones import t5, t5_convert
 
     config = t5.get_config("tiny", vocab_size=300, dropout_rate=0.0)
     params = t5.init_params(config, seed=0)
     params["encoder"]["layers_0"]["mlp"]["wo"]["kernel"] = np.asarray(
         params["encoder"]["layers_0"]["mlp"]["wo"]["kernel"]).copy()
     params["encoder"]["layers_0"]["mlp"]["wo"]["kernel"][3, 5] = np.nan  # a flipped exponent bit reads as NaN/inf
-    convert.save_checkpoint(params, config, tmp_path / "ckpt")
+    t5_convert.save_checkpoint(params, config, tmp_path / "ckpt")
     exp = tmp_path / "tiny.gin"
     exp.write_text(TINY)
     rc, err = _main(train_cmd, [f"--gin_file={exp}", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",

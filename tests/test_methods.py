@@ -1,5 +1,5 @@
 """A method is a folder (DESIGN.md §2): a method package imports the core, never another method or a protocol;
-protocols and the composition talk to the model contract (models/contract.py) and never probe a model with
+protocols and the composition talk to the model contract (retriever/contract.py) and never probe a model with
 `hasattr`/`getattr`; every model object of the library follows the contract. Each check is also run on a
 planted violation, to show it can fail."""
 
@@ -64,7 +64,7 @@ def test_protocols_and_the_composition_do_not_probe_models():
                                                 else sorted((ROOT / name).rglob("*.py")))]
     assert len(files) >= 6
     found = [f for p in files for f in probes(p.read_text(), str(p.relative_to(ROOT)))]
-    assert found == [], "declare the capability in models/contract.py and read it from model.capabilities"
+    assert found == [], "declare the capability in retriever/contract.py and read it from model.capabilities"
 
 
 def test_the_probe_check_sees_a_planted_violation():
@@ -79,9 +79,10 @@ def test_every_model_object_follows_the_contract():
 
     from gr_jax.methods.glen.model import GlenRetriever
     from gr_jax.methods.pag.model import PagRetriever
-    from gr_jax.models import contract, llama, t5
-    from gr_jax.models.decoder_only import DecoderOnlyRetriever
-    from gr_jax.models.retriever import GenerativeRetriever
+    from gr_jax.retriever import contract
+    from gr_jax.backbones import llama, t5
+    from gr_jax.retriever.decoder_only import DecoderOnlyRetriever
+    from gr_jax.retriever.model import GenerativeRetriever
 
     config = t5.get_config("tiny", vocab_size=64)
     models = [GenerativeRetriever(config), GlenRetriever(config), PagRetriever(config),
@@ -101,9 +102,9 @@ def test_every_model_object_follows_the_contract():
 
 
 def test_the_contract_check_names_what_a_model_object_lacks():
-    from gr_jax.models import contract
-    from gr_jax.models.retriever import GenerativeRetriever
-    from gr_jax.models import t5
+    from gr_jax.retriever import contract
+    from gr_jax.retriever.model import GenerativeRetriever
+    from gr_jax.backbones import t5
 
     class NoRank:  # a model object of one's own that forgot `rank`
         def __init__(self):

@@ -239,12 +239,12 @@ def _import_graph() -> dict[str, set[str]]:
 LOW = ("gr_jax.data", "gr_jax.docids", "gr_jax.index", "gr_jax.decoding")
 # below the methods: the core, the composition and the protocols (entry points, which run a method's own
 # command, and the methods themselves are above)
-CORE = LOW + ("gr_jax.models", "gr_jax.training", "gr_jax.evaluation", "gr_jax.baselines", "gr_jax.compose",
+CORE = LOW + ("gr_jax.backbones", "gr_jax.retriever", "gr_jax.training", "gr_jax.evaluation", "gr_jax.baselines", "gr_jax.compose",
               "gr_jax.protocols", "gr_jax.runtime.gin_utils", "gr_jax.tasks")
 # the runtime helpers (gr_jax/runtime/) and the token vocabularies: they import nothing else of gr_jax (gin_utils
 # registers the package's configurables by walking it at run time, not by importing it)
 LEAVES = ("gr_jax.runtime", "gr_jax.data.vocab")
-HIGH = ("gr_jax.models", "gr_jax.training", "gr_jax.evaluation", "gr_jax.baselines", "gr_jax.compose",
+HIGH = ("gr_jax.backbones", "gr_jax.retriever", "gr_jax.training", "gr_jax.evaluation", "gr_jax.baselines", "gr_jax.compose",
         "gr_jax.methods", "gr_jax.protocols", "gr_jax.runtime.gin_utils", "gr_jax.train", "gr_jax.infer", "gr_jax.eval",
         "gr_jax.dynamic")
 
@@ -288,7 +288,7 @@ def test_import_graph_follows_the_data_flow():
 
 def test_import_graph_check_can_fail(tmp_path, monkeypatch):
     """The check above sees a violation when one exists (a graph with a cycle and an upward import)."""
-    fake = {"gr_jax.data.x": {"gr_jax.models.y"}, "gr_jax.models.y": {"gr_jax.data.x"}}
+    fake = {"gr_jax.data.x": {"gr_jax.retriever.y"}, "gr_jax.retriever.y": {"gr_jax.data.x"}}
     monkeypatch.setitem(globals(), "_import_graph", lambda: fake)
     with pytest.raises(AssertionError, match="lower layers reaching up"):
         test_import_graph_follows_the_data_flow()

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gr_jax.models import t5
-from gr_jax.models.convert import grow_vocab
+from gr_jax.backbones import t5
+from gr_jax.backbones.t5_convert import grow_vocab
 from gr_jax.data.vocab import DocidTokenSpace, SentencePieceVocabulary, load_vocabulary
 
 _TEXT = [

@@ -66,8 +66,8 @@ def _first_and_warm(fn, repeats: int = 2):
 def _fewshot_bank_search(n_docs: int, n_queries: int, beams: int, scan_layers: bool, scan_levels: bool):
     """A search as methods/fewshot's over a bank of random docids: run() → BeamResult, and the trie's depth."""
     from gr_jax.index.trie import TrieIndex
-    from gr_jax.models import llama
-    from gr_jax.models.search import Searcher
+    from gr_jax.backbones import llama
+    from gr_jax.retriever.search import Searcher
 
     config = llama.get_config("smollm2_135m")
     params = llama.init_params(config, seed=0)
@@ -114,8 +114,8 @@ def bench_fewshot_bank(n_docs: int, n_queries: int = 8, beams: int = 10, levels:
 
 def bench_t5_search(name: str, n_docs: int = 10_000, n_queries: int = 16, beams: int = 10):
     from gr_jax.index.trie import TrieIndex
-    from gr_jax.models import t5
-    from gr_jax.models.search import T5Searcher
+    from gr_jax.backbones import t5
+    from gr_jax.retriever.search import T5Searcher
 
     config = t5.get_config(name, dropout_rate=0.0).replace(vocab_size=2048 + 128)
     params = t5.init_params(config, seed=0)
@@ -139,8 +139,8 @@ def bench_levels(name: str, n_docs: int = 5_000, n_queries: int = 16, beams: int
     """A deep trie's levels scanned (`scan_levels`: its runs of levels as `lax.scan` bodies) beside unrolled, T5 with
     its layers unrolled: ragged docids of 4–12 tokens + EOS over 37 tokens (a URL-like trie of depth 13)."""
     from gr_jax.index.trie import TrieIndex
-    from gr_jax.models import t5
-    from gr_jax.models.search import T5Searcher
+    from gr_jax.backbones import t5
+    from gr_jax.retriever.search import T5Searcher
 
     config = t5.get_config(name, dropout_rate=0.0)
     params = t5.init_params(config, seed=1)

@@ -47,9 +47,9 @@ import numpy as np
 from gr_jax.runtime import cli
 from gr_jax.runtime.cli import setup_logging
 from gr_jax.decoding import beam_search as bs
-from gr_jax.models.search import T5Searcher
+from gr_jax.retriever.search import T5Searcher
 from gr_jax.index.trie import TrieIndex
-from gr_jax.models import convert, t5
+from gr_jax.backbones import t5, t5_convert
 
 log = logging.getLogger("gr_jax.bench_decoding")  # shown by setup_logging
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def bench_vs_transformers(model_name: str, n_docids: int, beams: list[int], n_qu
     import torch
     import transformers  # noqa: F401
 
-    from gr_jax.models.parity import hf_prefix_allowed_fn, load_torch_t5
+    from gr_jax.backbones.t5_parity import hf_prefix_allowed_fn, load_torch_t5
 
     torch.set_num_threads(2)
     config = t5.get_config(model_name, dropout_rate=0.0)
@@ -104,7 +104,7 @@ def bench_vs_transformers(model_name: str, n_docids: int, beams: list[int], n_qu
     rng = np.random.default_rng(2)
     queries = rng.integers(3, config.vocab_size, (n_queries, 16))
     with tempfile.TemporaryDirectory() as tmp:
-        convert.save_hf(params, config, Path(tmp) / "hf")
+        t5_convert.save_hf(params, config, Path(tmp) / "hf")
         hf = load_torch_t5(Path(tmp) / "hf")
     allowed = hf_prefix_allowed_fn(docids, EOS)
 
@@ -227,7 +227,7 @@ def bench_floor(model_name: str, n_docids: int, beams: list[int], n_queries: int
 
 def bench_devices_child(n_docids: int, beams: list[int], n_queries: int, length: int):
     """Runs in a process started with 2 host devices: the same search on one device and split over both."""
-    from gr_jax.models.search import local_mesh
+    from gr_jax.retriever.search import local_mesh
 
     config = t5.get_config("tiny", dropout_rate=0.0)
     params = t5.init_params(config, seed=0)
@@ -372,7 +372,7 @@ def bench_tail(n_docids: int = 20_000, batch: int = 64, beams: int = 100, length
     from gr_jax.compose import retrieve
     from gr_jax.decoding import rankers
     from gr_jax.index.device import leaf_documents
-    from gr_jax.models.retriever import GenerativeRetriever
+    from gr_jax.retriever.model import GenerativeRetriever
 
     config = t5.get_config("tiny", dropout_rate=0.0)
     model = GenerativeRetriever(config)
@@ -426,7 +426,7 @@ def bench_glen(model_name: str, n_docs: int, beams: list[int], n_queries: int):
     from gr_jax.docids.base import DocidTable
     from gr_jax.methods.glen import model as glen
     from gr_jax.methods.glen.torch_reference import glen_rank_torch
-    from gr_jax.models.parity import load_torch_t5
+    from gr_jax.backbones.t5_parity import load_torch_t5
     from gr_jax.data.vocab import DocidTokenSpace
 
     torch.set_num_threads(2)
@@ -448,7 +448,7 @@ def bench_glen(model_name: str, n_docs: int, beams: list[int], n_queries: int):
     mask = (np.arange(16)[None, :] < lengths[:, None]).astype(np.int64)
     queries = rng.integers(3, config.vocab_size, (n_queries, 16)) * mask
     with tempfile.TemporaryDirectory() as tmp:
-        convert.save_hf(params, config, Path(tmp) / "hf")
+        t5_convert.save_hf(params, config, Path(tmp) / "hf")
         hf = load_torch_t5(Path(tmp) / "hf")
     for n in beams:
         def ours():

@@ -178,9 +178,9 @@ def _main(args, argv) -> int:
 
     from gr_jax.data import demo
     from gr_jax.decoding import beam_search as bs
-    from gr_jax.models import llama, llama_io, lm_generate, lm_tokenizer
+    from gr_jax.backbones import llama, llama_io, lm_generate, lm_tokenizer
     from gr_jax.methods.fewshot import model as fewshot
-    from gr_jax.models.lm import LMContext
+    from gr_jax.backbones.lm import LMContext
 
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)

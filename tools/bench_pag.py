@@ -129,7 +129,7 @@ def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_term
     from gr_jax.docids.base import DocidTable
     from gr_jax.methods.pag.docids import order_keys
     from gr_jax.methods.pag import planner
-    from gr_jax.models import t5
+    from gr_jax.backbones import t5
     from gr_jax.methods.pag import model as pag
     from gr_jax.data.vocab import DocidTokenSpace
 

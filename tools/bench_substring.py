@@ -95,8 +95,8 @@ def _search_setup(devices: int):
     import jax
 
     from gr_jax.index.substring import SubstringIndex
-    from gr_jax.models import t5
-    from gr_jax.models.retriever import GenerativeRetriever
+    from gr_jax.backbones import t5
+    from gr_jax.retriever.model import GenerativeRetriever
 
     V, B, N, T = 1006, 32, 15, 10
     docs = _documents(2000 * 135, 1000, seed=1)

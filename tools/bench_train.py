@@ -86,8 +86,8 @@ class Ours:
         import jax
         import jax.numpy as jnp
 
-        from gr_jax.models import convert, t5
-        from gr_jax.models.retriever import GenerativeRetriever
+        from gr_jax.backbones import t5, t5_convert
+        from gr_jax.retriever.model import GenerativeRetriever
         from gr_jax.training import partitioning, trainer
 
         self.jax = jax
@@ -96,7 +96,7 @@ class Ours:
         mesh = partitioning.make_mesh(1)
         params = model.init_params(0)
         if spec.get("hf_dir"):  # the weights for the PyTorch contender (copies: a view of a buffer blocks donation)
-            convert.save_hf(jax.tree_util.tree_map(np.array, params["network"]), config, spec["hf_dir"])
+            t5_convert.save_hf(jax.tree_util.tree_map(np.array, params["network"]), config, spec["hf_dir"])
         params = jax.device_put(params, partitioning.param_shardings(model.param_axes(params), mesh))
         tx = trainer.make_optimizer(learning_rate=1e-4)  # AdamW, weight decay 0.01, clip_norm 1.0
         state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": jax.jit(tx.init)(params),
@@ -139,7 +139,7 @@ class Theirs:
     def __init__(self, spec: dict):
         import torch
 
-        from gr_jax.models.parity import load_torch_t5
+        from gr_jax.backbones.t5_parity import load_torch_t5
 
         torch.set_num_threads(os.cpu_count() or 1)
         self.model = load_torch_t5(spec["hf_dir"])
@@ -271,7 +271,7 @@ def bench(config_name: str, batch: int, inputs: int, targets: int, dtype: str, s
 
 
 def main(argv=None) -> int:
-    from gr_jax.models.t5 import _DTYPES, CONFIGS
+    from gr_jax.backbones.t5 import _DTYPES, CONFIGS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="tiny,t5_small", type=cli.name_list(sorted(CONFIGS), "T5 config"))

@@ -14,7 +14,7 @@ import logging
 import sys
 
 from gr_jax.runtime.cli import setup_logging
-from gr_jax.models import convert
+from gr_jax.backbones import t5_convert
 
 
 def main(argv=None) -> int:
@@ -29,11 +29,11 @@ def main(argv=None) -> int:
     setup_logging()
     try:
         if args.to_hf:
-            config, params = convert.load_checkpoint(args.out)
-            convert.save_hf(params, config, args.hf_dir, overwrite=args.overwrite)
+            config, params = t5_convert.load_checkpoint(args.out)
+            t5_convert.save_hf(params, config, args.hf_dir, overwrite=args.overwrite)
             result = {"hf_dir": args.hf_dir, "from": args.out}
         else:
-            config = convert.convert_hf_to_checkpoint(args.hf_dir, args.out, overwrite=args.overwrite)
+            config = t5_convert.convert_hf_to_checkpoint(args.hf_dir, args.out, overwrite=args.overwrite)
             result = {"out": args.out, "from": args.hf_dir, "t5_config": json.loads(config.to_json())}
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError; OSError: unwritable --out
         logging.error("%s", e)

@@ -82,7 +82,7 @@ def familiarity(texts: list[str], lm_name: str, max_docids: int = 500) -> dict:
     """S (mean log P_LM per docid) and the mean per LM token, over a hash-chosen sample of the docid texts."""
     import hashlib
 
-    from gr_jax.models import llama, llama_io, lm_generate
+    from gr_jax.backbones import llama, llama_io, lm_generate
 
     config, params, tok, _ = llama_io.load_lm(lm_name)
     unique = sorted(set(t for t in texts if t))

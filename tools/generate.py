@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     setup_logging()
     if args.max_new_tokens < 1:
         parser.error("--max_new_tokens must be ≥ 1")
-    from gr_jax.models import llama, llama_io, lm_generate, lm_tokenizer
+    from gr_jax.backbones import llama, llama_io, lm_generate, lm_tokenizer
 
     try:
         if args.model:

@@ -77,8 +77,8 @@ def matmul_gflops(m: int = 1024, k: Optional[int] = None, n: Optional[int] = Non
 def _search(beams: int, batch: int = 16):
     """(run(), batch, the compiled program's text) for the benchmark's search, compiled and warmed up."""
     from gr_jax.index.trie import TrieIndex
-    from gr_jax.models import t5
-    from gr_jax.models.search import T5Searcher
+    from gr_jax.backbones import t5
+    from gr_jax.retriever.search import T5Searcher
 
     config = t5.get_config("tiny", dropout_rate=0.0)
     params = t5.init_params(config, seed=0)

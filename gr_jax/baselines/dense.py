@@ -130,7 +130,7 @@ def finetune_dual_encoder(embedder, queries: Sequence[str], documents: Sequence[
     parameters and the loss per step. Batches hold distinct documents, so in-batch negatives are real
     negatives."""
     from gr_jax.data.pipeline import tokenize
-    from gr_jax.models.embed import t5_mean_pool
+    from gr_jax.backbones.t5_embed import t5_mean_pool
 
     if len(queries) != len(documents) or not len(queries):
         raise ValueError(f"finetune_dual_encoder: {len(queries)} queries for {len(documents)} documents")

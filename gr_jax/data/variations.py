@@ -18,7 +18,7 @@ id only — a random stream per (seed, query id) — so permuting or subsetting 
   or a directory such as Debian's `wordnet-base` (`/usr/share/wordnet`).
 * `RuleParaphraser` — a documented rule-based paraphrase (no model): a question opening is rewritten by a
   table of equivalent openings; a query without one gets a lead phrase chosen by the seed. The LM paraphraser
-  (`models/paraphrase.LMParaphraser`) has the same interface.
+  (`backbones/paraphrase.LMParaphraser`) has the same interface.
 * `Naturalizer` — removes stop words (scikit-learn's English list) and keeps the rest in order (a keyword
   form of a natural-language query); deterministic, so its seeds agree (the paper's std 0 for naturality).
   A query made only of stop words is kept as it is.
@@ -362,7 +362,7 @@ class Synonymizer:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# paraphrase (rule-based; the LM paraphraser lives in models/paraphrase.py)
+# paraphrase (rule-based; the LM paraphraser lives in backbones/paraphrase.py)
 # ----------------------------------------------------------------------------------------------------------
 
 # question openings and equivalent rewrites (the first matching row applies; one rewrite is drawn by the seed)

@@ -106,7 +106,7 @@ class LMTranslator:
     def _context(self):
         """The LM, loaded on first use: (context, weight digest) kept on the translator."""
         if self._loaded is None:
-            from gr_jax.models.lm import LMContext
+            from gr_jax.backbones.lm import LMContext
 
             object.__setattr__(self, "_loaded", LMContext.load(self.lm))
         return self._loaded[0]
@@ -122,7 +122,7 @@ class LMTranslator:
                 "demonstrations": {k: [list(d) for d in v] for k, v in sorted(TRANSLATION_DEMOS.items())}}
 
     def translate(self, texts: Sequence[str], qids: Sequence[str], language: str) -> list[str]:
-        from gr_jax.models import lm_generate
+        from gr_jax.backbones import lm_generate
 
         ctx = self._context()
         prefix = ctx.prefix_cache(self.prefix(language))

@@ -28,7 +28,7 @@ from gr_jax.data import sources
 from gr_jax.data.readers import Corpus, DataError
 from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.runtime.io_utils import write_text
-from gr_jax.models.lm import LMContext, PseudoQueryGenerator
+from gr_jax.backbones.lm import LMContext, PseudoQueryGenerator
 from gr_jax.data.batches import batch_seed, pending_batches, restrict
 from gr_jax.runtime.provenance import normalized, read_records, records_text, reuse
 from gr_jax.runtime.validation import Count

@@ -29,7 +29,7 @@ from gr_jax.data.readers import Corpus, QuerySet
 from gr_jax.data.trec import Run
 from gr_jax.docids.base import DocidTable
 from gr_jax.evaluation.retrieval import retrieve
-from gr_jax.models.contract import Planner, planner_of
+from gr_jax.retriever.contract import Planner, planner_of
 
 log = logging.getLogger(__name__)
 

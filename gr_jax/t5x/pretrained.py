@@ -25,7 +25,7 @@ import numpy as np
 
 from gr_jax.runtime.cli import setup_logging
 from gr_jax.runtime.errors import UserError
-from gr_jax.models import convert
+from gr_jax.backbones import t5_convert
 from gr_jax.t5x.checkpoints import read_t5x_params
 
 
@@ -107,12 +107,12 @@ def convert_t5x_t5(checkpoint: str, out: str, max_distance: int = 128, dropout_r
     if not path.is_dir():
         raise PretrainedError(f"{path}: not a directory (pass a t5x checkpoint_<N> folder)")
     config_hf, tensors = hf_from_t5x(read_t5x_params(path), max_distance, dropout_rate)
-    config = convert.config_from_hf(config_hf, tensors, source=str(path))
+    config = t5_convert.config_from_hf(config_hf, tensors, source=str(path))
     try:
-        params = convert.params_from_hf(tensors, config, source=str(path))
-    except convert.CheckpointError as e:
+        params = t5_convert.params_from_hf(tensors, config, source=str(path))
+    except t5_convert.CheckpointError as e:
         raise PretrainedError(str(e)) from None
-    convert.save_checkpoint(params, config, out, extra_metadata={"converted_from": str(path), "format": "t5x"})
+    t5_convert.save_checkpoint(params, config, out, extra_metadata={"converted_from": str(path), "format": "t5x"})
     return {"checkpoint": str(out), "from": str(path), "config": json.loads(config.to_json())}
 
 
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     setup_logging()
     try:
         out = convert_t5x_t5(args.checkpoint, args.out, args.relative_attention_max_distance, args.dropout_rate)
-    except (UserError, convert.CheckpointError, FileExistsError) as e:
+    except (UserError, t5_convert.CheckpointError, FileExistsError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
     sys.stdout.write(json.dumps(out) + "\n")

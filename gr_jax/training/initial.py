@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from gr_jax.models import convert, llama_io, t5
+from gr_jax.backbones import llama_io, t5, t5_convert
 from gr_jax.training.trainer import TrainingError, read_checkpoint
 from gr_jax.training.vocabulary import VOCAB_DIR
 from gr_jax.data.vocab import load_vocabulary
@@ -87,7 +87,7 @@ def initial_network(path: str, loaded: Optional[tuple], vocab_size: int, seed: i
             raise ValueError(f"INITIAL_CHECKPOINT_PATH {path}: the docids need {vocab_size} token ids, the LM has "
                              f"{ckpt_config.vocab_size}; use a docid scheme written in its vocabulary (text "
                              f"docids) or a codebook scheme")
-        network, _ = convert.grow_vocab(network, ckpt_config, vocab_size, seed=seed)
+        network, _ = t5_convert.grow_vocab(network, ckpt_config, vocab_size, seed=seed)
     log.info("initialised the network from %s", path)
     return jax.tree_util.tree_map(jnp.asarray, network)
 
@@ -146,12 +146,12 @@ def _lm(path) -> tuple[Any, dict]:
 
 
 def _is_converted(path) -> bool:
-    return Path(path).is_dir() and not convert.is_hf_dir(path)
+    return Path(path).is_dir() and not t5_convert.is_hf_dir(path)
 
 
 register(InitialLoader("trained run", is_trained_run, _run_network, config=_run_config,
                        vocabulary=_run_vocabulary, priority=30))
 register(InitialLoader("decoder-only LM", llama_io.is_lm_spec, _lm, priority=20))
-register(InitialLoader("HF T5 directory", convert.is_hf_dir, convert.load_hf, priority=10))
-register(InitialLoader("converted checkpoint", _is_converted, convert.load_checkpoint,
-                       config=convert.load_checkpoint_config, priority=0))
+register(InitialLoader("HF T5 directory", t5_convert.is_hf_dir, t5_convert.load_hf, priority=10))
+register(InitialLoader("converted checkpoint", _is_converted, t5_convert.load_checkpoint,
+                       config=t5_convert.load_checkpoint_config, priority=0))

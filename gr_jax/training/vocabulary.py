@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 from gr_jax.runtime import locks
 from gr_jax.data.readers import Dataset, fingerprint
 from gr_jax.runtime.io_utils import atomic_dir, read_json
-from gr_jax.models import llama_io
+from gr_jax.backbones import llama_io
 from gr_jax.data.vocab import load_vocabulary, train_sentencepiece
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from gr_jax.docids.quantize import exact_search
 from gr_jax.data import demo
 from gr_jax.data.readers import Corpus
 from gr_jax.docids.embed import TfidfSvdEmbedder
-from gr_jax.models.embed import T5MeanEmbedder
+from gr_jax.backbones.t5_embed import T5MeanEmbedder
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.data.trec import ranked
 from tests.conftest import require
@@ -72,7 +72,7 @@ def test_in_batch_loss_by_hand():
 
 @pytest.mark.slow
 def test_dual_encoder_finetuning_improves_retrieval():
-    from gr_jax.models import t5
+    from gr_jax.backbones import t5
     from gr_jax.data.vocab import train_sentencepiece
     import tempfile
     from pathlib import Path

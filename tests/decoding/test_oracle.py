@@ -248,8 +248,8 @@ def test_t5_full_beam_equals_teacher_forced_oracle(longest, scan):
     (no decode cache, no trie): the same ranking and scores, in every score mode. `scan`: the trie's runs of
     levels as `lax.scan` bodies, the growing decode cache padded for each run (`scan_levels`); docids of up
     to 7 tokens + EOS give runs of several levels."""
-    from gr_jax.models.search import T5Searcher
-    from gr_jax.models import t5
+    from gr_jax.retriever.search import T5Searcher
+    from gr_jax.backbones import t5
 
     config = t5.get_config("tiny", dropout_rate=0.0)
     params = t5.init_params(config, seed=11)

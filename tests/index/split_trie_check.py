@@ -16,9 +16,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from gr_jax.index.device import SHARD_AXIS
 from gr_jax.index.substring import SubstringIndex
 from gr_jax.index.trie import TrieIndex
-from gr_jax.models import t5
-from gr_jax.models.retriever import GenerativeRetriever
-from gr_jax.models.search import T5Searcher
+from gr_jax.backbones import t5
+from gr_jax.retriever.model import GenerativeRetriever
+from gr_jax.retriever.search import T5Searcher
 
 V, EOS = 48, 1
 

@@ -288,9 +288,9 @@ def test_insert_equals_rebuild(tmp_path):
     from gr_jax.docids.lexical import FieldDocids
     from gr_jax.docids.numeric import PQDocids
     from gr_jax.index.trie import TrieIndex
-    from gr_jax.models import t5
-    from gr_jax.models.heads import CodebookHead, TextHead
-    from gr_jax.models.retriever import GenerativeRetriever
+    from gr_jax.backbones import t5
+    from gr_jax.retriever.heads import CodebookHead, TextHead
+    from gr_jax.retriever.model import GenerativeRetriever
     from gr_jax.data.vocab import train_sentencepiece
     from gr_jax.evaluation import retrieval
     from gr_jax.data.pipeline import tokenize
@@ -413,8 +413,8 @@ def test_retrieve_breaks_ties_by_document_id_not_by_row(tmp_path):
     """Documents that share a docid get the docid's score; their order comes from the document ids (trec_eval's:
     descending), so a corpus that lists new documents first or last gives the same run."""
     from gr_jax.docids.base import DocidTable
-    from gr_jax.models import t5
-    from gr_jax.models.retriever import GenerativeRetriever
+    from gr_jax.backbones import t5
+    from gr_jax.retriever.model import GenerativeRetriever
     from gr_jax.data.vocab import DocidTokenSpace
     from gr_jax.evaluation import retrieval
 

@@ -127,33 +127,33 @@ def test_a_nan_right_after_a_resume_names_the_checkpoint_it_came_from(tmp_path):
 
 
 def test_a_converted_checkpoint_carries_checksums(tmp_path, caplog):
-    """HF / t5x → ours (`convert.save_checkpoint`): a changed array is refused; a directory of the format from
+    """HF / t5x → ours (`t5_convert.save_checkpoint`): a changed array is refused; a directory of the format from
     before checksums (v1) reads with a note; a v2 directory without its checksums is refused."""
-    from gr_jax.models import convert, t5
+    from gr_jax.backbones import t5, t5_convert
 
     config = t5.T5Config(vocab_size=32, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_decoder_layers=1, num_heads=2)
     params = jax.tree_util.tree_map(np.asarray, t5.init_params(config, seed=0))
-    out = convert.save_checkpoint(params, config, tmp_path / "ours")
+    out = t5_convert.save_checkpoint(params, config, tmp_path / "ours")
     meta = json.loads((out / "config.json").read_text())
-    assert meta["format"] == convert.FORMAT_TAG and len(meta["checksums"]) == len(jax.tree_util.tree_leaves(params))
-    convert.load_checkpoint(out)
+    assert meta["format"] == t5_convert.FORMAT_TAG and len(meta["checksums"]) == len(jax.tree_util.tree_leaves(params))
+    t5_convert.load_checkpoint(out)
     key = sorted(meta["checksums"])[0]
     forged = dict(meta, checksums={**meta["checksums"], key: "0" * 24})  # what a flipped bit on disk amounts to
     (out / "config.json").write_text(json.dumps(forged))
-    with pytest.raises(convert.CheckpointError, match=f"damaged, 1 array\\(s\\) differ .*first: {key}"):
-        convert.load_checkpoint(out)
+    with pytest.raises(t5_convert.CheckpointError, match=f"damaged, 1 array\\(s\\) differ .*first: {key}"):
+        t5_convert.load_checkpoint(out)
     (out / "config.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "checksums"}))
-    with pytest.raises(convert.CheckpointError, match="without a readable 'checksums' record"):
-        convert.load_checkpoint(out)
+    with pytest.raises(t5_convert.CheckpointError, match="without a readable 'checksums' record"):
+        t5_convert.load_checkpoint(out)
     (out / "config.json").write_text(json.dumps({"format": "gr_jax.t5.v1", "t5_config": meta["t5_config"]}))
-    with caplog.at_level(logging.INFO, logger="gr_jax.models.convert"):
-        convert.load_checkpoint(out)
+    with caplog.at_level(logging.INFO, logger="gr_jax.backbones.t5_convert"):
+        t5_convert.load_checkpoint(out)
     assert "read unchecked" in caplog.text
     import shutil
 
     shutil.move(out / "params" / "_METADATA", tmp_path / "_METADATA")
-    with pytest.raises(convert.CheckpointError, match="_METADATA is missing"):
-        convert.load_checkpoint(out)
+    with pytest.raises(t5_convert.CheckpointError, match="_METADATA is missing"):
+        t5_convert.load_checkpoint(out)
 
 
 def test_array_digests_do_not_depend_on_the_tree_type():
@@ -306,7 +306,7 @@ def test_keyword_arguments_of_a_configurable_have_ranges_too():
         with pytest.raises(gin_utils.GinConfigError, match=message.replace(".", r"\.")):
             gin_utils.parse([], [binding])
     # and however a config is made (a saved config.json, code)
-    from gr_jax.models import t5
+    from gr_jax.backbones import t5
 
     with pytest.raises(ValueError, match=r"T5Config.dropout_rate must be < 1"):
         t5.T5Config(dropout_rate=1.0)

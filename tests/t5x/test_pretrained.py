@@ -51,8 +51,8 @@ def t5x_checkpoint(tmp_path: Path, gated: bool):
 
 @pytest.mark.parametrize("gated", [True, False], ids=["t5.1.1", "t5.1.0"])
 def test_a_t5x_checkpoint_gives_our_t5_t5xs_logits(tmp_path, gated):
-    from gr_jax.models import convert as ours
-    from gr_jax.models import t5
+    from gr_jax.backbones import t5_convert as ours
+    from gr_jax.backbones import t5
 
     from gr_jax.t5x.pretrained import convert_t5x_t5
 

@@ -1,7 +1,7 @@
 """The toy's starting-checkpoint loader: INITIAL_CHECKPOINT_PATH = 'toy-init:<seed>' starts from a tiny T5
 initialised with that seed (registered with the library's loaders, as a method registers its released model)."""
 
-from gr_jax.models import t5
+from gr_jax.backbones import t5
 from gr_jax.training import initial
 
 PREFIX = "toy-init:"

@@ -14,9 +14,9 @@ import jax
 import numpy as np
 import optax
 
-from gr_jax.models import llama, t5
-from gr_jax.models.decoder_only import DecoderOnlyRetriever
-from gr_jax.models.retriever import GenerativeRetriever
+from gr_jax.backbones import llama, t5
+from gr_jax.retriever.decoder_only import DecoderOnlyRetriever
+from gr_jax.retriever.model import GenerativeRetriever
 from gr_jax.training import partitioning, trainer
 
 

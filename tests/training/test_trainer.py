@@ -167,8 +167,8 @@ def test_data_parallel_step_matches_single_device(tmp_path):
     script.write_text(textwrap.dedent("""
         import json
         import jax, jax.numpy as jnp, numpy as np
-        from gr_jax.models import t5
-        from gr_jax.models.retriever import GenerativeRetriever
+        from gr_jax.backbones import t5
+        from gr_jax.retriever.model import GenerativeRetriever
         from gr_jax.training import partitioning, trainer
         assert jax.device_count() == 8, jax.devices()
         model = GenerativeRetriever(t5.get_config("tiny", dropout_rate=0.0))
@@ -203,11 +203,11 @@ def test_data_parallel_step_matches_single_device(tmp_path):
 
 @pytest.mark.slow
 def test_initial_checkpoint_from_converted_hf(tmp_path, hf_t5_dirs):
-    from gr_jax.models import convert
+    from gr_jax.backbones import t5_convert
 
     ckpt = tmp_path / "converted"
-    convert.convert_hf_to_checkpoint(hf_t5_dirs["1.0"], ckpt)
-    config, converted = convert.load_checkpoint(ckpt)
+    t5_convert.convert_hf_to_checkpoint(hf_t5_dirs["1.0"], ckpt)
+    config, converted = t5_convert.load_checkpoint(ckpt)
     configure(tmp_path, """
         TRAIN_STEPS = 1
         train.final_eval = False

@@ -34,10 +34,10 @@ from gr_jax.decoding import rankers
 from gr_jax.index.device import leaf_documents
 from gr_jax.index.trie import TrieIndex
 from gr_jax.runtime.io_utils import write_text
-from gr_jax.models import llama, lm_generate
-from gr_jax.models.contract import Capabilities
-from gr_jax.models.lm import LMContext, PseudoQueryGenerator, batches, clean_text
-from gr_jax.models.search import Searcher
+from gr_jax.backbones import llama, lm_generate
+from gr_jax.retriever.contract import Capabilities
+from gr_jax.backbones.lm import LMContext, PseudoQueryGenerator, batches, clean_text
+from gr_jax.retriever.search import Searcher
 from gr_jax.runtime.provenance import read_records, records_text
 from gr_jax.runtime.validation import Count, Positive
 
@@ -255,7 +255,7 @@ class DocidBank:
 class FewShotRetriever:
     """Constrained beam search of the LM over a docid bank's prefix tree. Queries are token rows of the slot
     prompt without its last token ("Identifier:" ends in ':' — the first decoding step feeds it), left-padded
-    with −1; `query_tokens` makes them. It follows the model contract (`models/contract.py`), so
+    with −1; `query_tokens` makes them. It follows the model contract (`retriever/contract.py`), so
     `evaluation.retrieval.retrieve` evaluates it like any other model; nothing is trained (its parameters are
     the LM's, and `loss_fn` / `param_axes` refuse)."""
 

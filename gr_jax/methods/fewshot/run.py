@@ -33,7 +33,7 @@ from gr_jax.data.batches import batch_seed, pending_batches, restrict
 from gr_jax.runtime.io_utils import write_text, json_text
 from gr_jax.runtime.provenance import normalized, reuse
 from gr_jax.methods.fewshot import model as fewshot
-from gr_jax.models.lm import LMContext
+from gr_jax.backbones.lm import LMContext
 from gr_jax.runtime.validation import Count
 
 log = logging.getLogger(__name__)

@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.models import t5
-from gr_jax.models.contract import Capabilities
-from gr_jax.models.batching import map_padded
-from gr_jax.models.heads import CodebookHead
-from gr_jax.models.retriever import GenerativeRetriever
+from gr_jax.backbones import t5
+from gr_jax.retriever.contract import Capabilities
+from gr_jax.retriever.batching import map_padded
+from gr_jax.retriever.heads import CodebookHead
+from gr_jax.retriever.model import GenerativeRetriever
 
 
 def _apply(network, params, *args, method):

@@ -31,11 +31,11 @@ import numpy as np
 from gr_jax.decoding import beam_search as bs
 from gr_jax.index.device import leaf_documents
 from gr_jax.methods.glen.ranker import CollisionFree
-from gr_jax.models import convert, t5
-from gr_jax.models.batching import map_padded
-from gr_jax.models.contract import Capabilities
-from gr_jax.models.retriever import GenerativeRetriever
-from gr_jax.models.search import Searcher
+from gr_jax.backbones import t5, t5_convert
+from gr_jax.retriever.batching import map_padded
+from gr_jax.retriever.contract import Capabilities
+from gr_jax.retriever.model import GenerativeRetriever
+from gr_jax.retriever.search import Searcher
 from gr_jax.training import initial
 from gr_jax.runtime.validation import Count, Signed
 
@@ -47,15 +47,15 @@ def load_glen_hf(hf_dir) -> tuple[t5.T5Config, dict]:
     """GLEN's released (phase-2) model — a plain HF T5 directory — → (our config, network params). A phase-1
     checkpoint (GLEN's phase-1 T5 adds a relative position bias to decoder block 0's cross-attention) is an
     error: its decoder differs from the phase-2 model this library implements."""
-    if PHASE1_KEY in convert.hf_tensor_names(hf_dir):
-        raise convert.CheckpointError(
+    if PHASE1_KEY in t5_convert.hf_tensor_names(hf_dir):
+        raise t5_convert.CheckpointError(
             f"{hf_dir}: a GLEN phase-1 checkpoint ({PHASE1_KEY} is a cross-attention relative position bias "
             f"that only GLEN's phase-1 model has); load the phase-2 (final) model, or train phase 1 here")
-    return convert.load_hf(hf_dir)
+    return t5_convert.load_hf(hf_dir)
 
 
 def _is_phase1_checkpoint(path: str) -> bool:
-    return convert.is_hf_dir(path) and PHASE1_KEY in convert.hf_tensor_names(path)
+    return t5_convert.is_hf_dir(path) and PHASE1_KEY in t5_convert.hf_tensor_names(path)
 
 
 # INITIAL_CHECKPOINT_PATH = a GLEN phase-1 HF checkpoint is refused with the reason (above plain HF T5 loading)

@@ -34,10 +34,10 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from gr_jax.models import t5
-from gr_jax.models.heads import CodebookHead
-from gr_jax.models.retriever import GenerativeRetriever
-from gr_jax.models.search import share_encoder
+from gr_jax.backbones import t5
+from gr_jax.retriever.heads import CodebookHead
+from gr_jax.retriever.model import GenerativeRetriever
+from gr_jax.retriever.search import share_encoder
 from gr_jax.runtime.validation import Count
 
 

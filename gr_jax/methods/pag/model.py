@@ -52,11 +52,11 @@ from gr_jax.index.device import leaf_documents
 from gr_jax.methods.pag.planned import docid_order, planning_trie
 from gr_jax.methods.pag.planner import (  # noqa: F401  (the planner's names, re-exported)
     Postings, _top_k, budgets_for, plan_from_rep, simul_scores, top_n_by_key, top_n_exact, top_n_fast, top_set_ids)
-from gr_jax.models import convert, t5
-from gr_jax.models.contract import Capabilities
-from gr_jax.models.heads import TextHead
-from gr_jax.models.retriever import GenerativeRetriever
-from gr_jax.models.search import Searcher, share_encoder
+from gr_jax.backbones import t5, t5_convert
+from gr_jax.retriever.contract import Capabilities
+from gr_jax.retriever.heads import TextHead
+from gr_jax.retriever.model import GenerativeRetriever
+from gr_jax.retriever.search import Searcher, share_encoder
 from gr_jax.runtime.validation import Count, Signed
 
 log = logging.getLogger(__name__)
@@ -320,9 +320,9 @@ def leaf_bonus(leaf_ids, state):
 def load_pag_hf(hf_dir) -> tuple[t5.T5Config, dict]:
     """PAG's released model (an HF T5 v1.0 directory with the docid tokens in its vocabulary) → (config,
     network params)."""
-    tensors = convert.read_hf_tensors(hf_dir)
-    config = convert.config_from_hf(convert.read_hf_config(hf_dir), tensors, source=str(hf_dir))
-    return config, convert.params_from_hf(tensors, config, source=str(hf_dir))
+    tensors = t5_convert.read_hf_tensors(hf_dir)
+    config = t5_convert.config_from_hf(t5_convert.read_hf_config(hf_dir), tensors, source=str(hf_dir))
+    return config, t5_convert.params_from_hf(tensors, config, source=str(hf_dir))
 
 
 @gin.configurable
@@ -372,7 +372,7 @@ class PagRetriever(GenerativeRetriever):
         self._tables_layout: tuple = ((), False, (), ())
         self._jits: dict = {}
 
-    # the model contract's Planner (models/contract.py): the modes by role
+    # the model contract's Planner (retriever/contract.py): the modes by role
     planned_mode, planning_only_mode, unplanned_mode = "pag", "simul_only", "seq_only"
 
     @property

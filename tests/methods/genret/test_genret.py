@@ -12,8 +12,8 @@ from gr_jax.methods.genret.model import GenretHead, GenretRetriever
 from gr_jax.methods.genret.training import (GenretBatches, GenretTraining, balanced_codes, balanced_kmeans,
                                             capped_assignment, genret_losses, genret_objective, in_batch_ce,
                                             prefix_centered, sinkhorn)
-from gr_jax.models import t5
-from gr_jax.models.heads import CodebookHead
+from gr_jax.backbones import t5
+from gr_jax.retriever.heads import CodebookHead
 from tests.methods import assert_infer_repeats_the_final_run, train_small
 
 CONFIG = t5.get_config("tiny", vocab_size=64, dropout_rate=0.0)
@@ -271,7 +271,7 @@ def test_the_codebook_of_a_new_position_from_the_documents_and_again_the_same():
 
 
 def test_the_scheme_and_the_model_refuse_what_they_cannot_do():
-    from gr_jax.models.heads import TextHead
+    from gr_jax.retriever.heads import TextHead
 
     with pytest.raises(ValueError, match="codebook docids"):
         GenretRetriever(CONFIG, TextHead())

@@ -16,7 +16,7 @@ import pytest
 from gr_jax.methods.glen import ranker as glen_ranker
 from gr_jax.methods.glen import docids as glen_docids
 from gr_jax.docids.base import DocidTable
-from gr_jax.models import convert
+from gr_jax.backbones import t5_convert
 from gr_jax.methods.glen import model as glen
 from gr_jax.methods.glen import parity as glen_parity
 from gr_jax.data.vocab import DocidTokenSpace
@@ -193,7 +193,7 @@ def test_a_phase1_checkpoint_is_refused_with_the_reason(tmp_path):
     tensors = load_file(str(d / "model.safetensors"))
     tensors[glen.PHASE1_KEY] = np.zeros((32, 4), np.float32)
     save_file(tensors, str(d / "model.safetensors"))
-    with pytest.raises(convert.CheckpointError, match="phase-1 checkpoint"):
+    with pytest.raises(t5_convert.CheckpointError, match="phase-1 checkpoint"):
         glen.load_glen_hf(d)
 
 
@@ -256,9 +256,9 @@ def test_glen_phase1_trains_and_is_restored_through_gin(tmp_path, capsys):
 def test_the_pytorch_reference_decoding_reproduces_glens_rankings_and_ours(tmp_path):
     """`methods.glen.torch_reference.glen_rank_torch` (the benchmark's PyTorch contender) on the fixture gives GLEN's own ranked
     lists; on another random model (other sizes, many collisions) it agrees with `GlenRetriever` exactly."""
-    from gr_jax.models import t5
+    from gr_jax.backbones import t5
     from gr_jax.methods.glen.torch_reference import glen_rank_torch
-    from gr_jax.models.parity import load_torch_t5
+    from gr_jax.backbones.t5_parity import load_torch_t5
 
     require("torch")
     hf = load_torch_t5(FIXTURE / "model")
@@ -272,7 +272,7 @@ def test_the_pytorch_reference_decoding_reproduces_glens_rankings_and_ours(tmp_p
 
     config = t5.get_config("tiny", dropout_rate=0.0).replace(vocab_size=96)
     net = t5.init_params(config, seed=3)
-    convert.save_hf(net, config, tmp_path / "hf")
+    t5_convert.save_hf(net, config, tmp_path / "hf")
     hf = load_torch_t5(tmp_path / "hf")
     rng = np.random.default_rng(0)
     distinct = np.unique(rng.integers(3, 96, (60, 3)), axis=0)[:40]
@@ -305,7 +305,7 @@ def test_masked_special_ids_are_unk_and_t5s_sentinels():
 
 
 def test_token_fed_ablation_refuses_phase_2_and_decoded_docids():
-    from gr_jax.models import t5
+    from gr_jax.backbones import t5
     from gr_jax.methods.glen.model import GlenRetriever
 
     model = GlenRetriever(t5.get_config("tiny").replace(vocab_size=64), docid_length=2, feed="tokens")

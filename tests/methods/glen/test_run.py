@@ -181,7 +181,7 @@ def test_a_released_glen_model_and_docid_file_import_and_evaluate(tmp_path, caps
     from gr_jax import infer as infer_cmd
     from gr_jax.data.sources import load_dataset
     from gr_jax.methods.glen.docids import write_docid_tsv
-    from gr_jax.models import convert, t5
+    from gr_jax.backbones import t5, t5_convert
     from gr_jax.methods.glen.model import GlenRetriever
     from gr_jax.data.vocab import train_sentencepiece
     from gr_jax.data.pipeline import tokenize
@@ -194,7 +194,7 @@ def test_a_released_glen_model_and_docid_file_import_and_evaluate(tmp_path, caps
     config = t5.get_config("tiny").replace(vocab_size=vocab.size)
     model = GlenRetriever(config, docid_length=2)
     params = model.init_params(3)
-    convert.save_hf(params["network"], config, tmp_path / "released")
+    t5_convert.save_hf(params["network"], config, tmp_path / "released")
     tokens, logits = model.decode_docids(params, tokenize(corpus.texts, vocab, 24))
     write_docid_tsv(tmp_path / "docids.tsv", corpus.doc_ids, tokens, logits, corpus.texts, vocab.id_to_piece)
 

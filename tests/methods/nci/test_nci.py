@@ -9,8 +9,8 @@ import pytest
 
 from gr_jax.docids.base import DocidTable
 from gr_jax.methods.nci.model import NciRetriever, PawaHead, nci_objective
-from gr_jax.models import t5
-from gr_jax.models.heads import CodebookHead
+from gr_jax.backbones import t5
+from gr_jax.retriever.heads import CodebookHead
 from gr_jax.data.vocab import DocidTokenSpace
 from tests.methods import assert_infer_repeats_the_final_run, train_small
 
@@ -109,7 +109,7 @@ def test_the_consistency_loss_by_hand():
 
 
 def test_a_text_docid_scheme_is_refused():
-    from gr_jax.models.heads import TextHead
+    from gr_jax.retriever.heads import TextHead
 
     with pytest.raises(ValueError, match="needs codebook docids"):
         NciRetriever(CONFIG, TextHead())

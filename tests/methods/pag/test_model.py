@@ -180,7 +180,7 @@ def test_a_searchs_child_slots_get_a_brute_force_max_where_the_tables_are_placed
     assert checked == nodes.shape[1] - 1
 
 
-@pytest.mark.slow  # the planning sets' search in the default tier: tests/models/test_traced_search.py
+@pytest.mark.slow  # the planning sets' search in the default tier: tests/retriever/test_traced_search.py
 @pytest.mark.parametrize("M, K, mode", [(6, 4, "pag_unguided"), (4, 8, "pag")])  # each mode on one trie shape
 def test_the_planning_sets_trie_finds_what_the_corpus_trie_with_tables_finds(M, K, mode, monkeypatch):
     """A random tiny PAG over 1500 docids of depth 6 (a run of CSR levels stored together among them) or 4 (CSR
@@ -192,7 +192,7 @@ def test_the_planning_sets_trie_finds_what_the_corpus_trie_with_tables_finds(M, 
     returns the same docids in the same order, with final scores equal to rounding."""
     from gr_jax.docids.base import DocidTable
     from gr_jax.methods.pag.docids import order_keys
-    from gr_jax.models import t5
+    from gr_jax.backbones import t5
     from gr_jax.data.vocab import DocidTokenSpace
 
     monkeypatch.setattr(pag, "DENSE_BONUS_NODES", 0)
@@ -259,7 +259,7 @@ def test_paths_out_of_leaf_order_are_found():
 def test_the_pooled_planner_rep_has_the_bits_of_the_paper_formula():
     """rep = max_i log(1 + ReLU(logit_i)) · mask_i (training's form) and log(1 + ReLU(max_i unmasked logit_i)) (the
     planner's): the same floats, padding inside and at the end of queries and a query of padding only."""
-    from gr_jax.models import t5
+    from gr_jax.backbones import t5
 
     config = t5.get_config("tiny", dropout_rate=0.0)
     net = t5.T5(config)
@@ -348,7 +348,7 @@ def test_planning_ties_are_broken_by_the_document_key_not_the_row():
 
 
 def test_prefill_equals_one_step_at_a_time():
-    from gr_jax.models import t5
+    from gr_jax.backbones import t5
 
     config = t5.get_config("tiny", vocab_size=50)
     net = t5.T5(config)

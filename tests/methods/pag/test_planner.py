@@ -29,7 +29,7 @@ def test_postings_by_hand():
 
 def test_query_term_pruning_keeps_every_weight_tied_at_the_t_th():
     from gr_jax.methods.pag.model import PagRetriever
-    from gr_jax.models import t5
+    from gr_jax.backbones import t5
 
     model = PagRetriever(t5.get_config("tiny", vocab_size=8), planner_query_terms=2)
     rep = jnp.asarray([[0.0, 3.0, 1.0, 3.0, 2.0], [4.0, 0.0, 1.0, 2.0, 3.0]])

@@ -93,7 +93,7 @@ def test_released_pag_artefacts_import_and_evaluate(tmp_path, capsys):
     from gr_jax.data.pipeline import tokenize
     from gr_jax.data.sources import load_dataset
     from gr_jax.methods.pag import docids as pag_docids
-    from gr_jax.models import convert, t5
+    from gr_jax.backbones import t5, t5_convert
     from gr_jax.methods.pag import model as pag
     from gr_jax.data.vocab import train_sentencepiece
 
@@ -105,7 +105,7 @@ def test_released_pag_artefacts_import_and_evaluate(tmp_path, capsys):
     config = t5.get_config("tiny").replace(vocab_size=vocab.size + M * K)
     model = pag.PagRetriever(config)
     params = model.init_params(5)
-    convert.save_hf(params["network"], config, tmp_path / "released")
+    t5_convert.save_hf(params["network"], config, tmp_path / "released")
     rng = np.random.default_rng(0)
     codes = rng.integers(0, K, (len(corpus), M))
     (tmp_path / "smt.json").write_text(json.dumps(

@@ -18,7 +18,7 @@ from gr_jax.methods.seal.docids import SealDocids
 from gr_jax.methods.seal.ltrgr import LtrgrObjective, LtrgrPairs, coverage_counts, key_weights, params_digest
 from gr_jax.methods.seal.model import SealRetriever, SealSearch
 from gr_jax.methods.seal.scoring import weight
-from gr_jax.models import t5
+from gr_jax.backbones import t5
 from tests.methods.seal.small import small_run, train_small
 
 WORDS = [f"w{i}" for i in range(30)]

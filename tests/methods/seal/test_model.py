@@ -15,7 +15,7 @@ from gr_jax.methods.seal.docids import SealDocids
 from gr_jax.methods.seal.model import SealRetriever, SealSearch, mark
 from gr_jax.methods.seal.scoring import Key, occurrences, rank_documents
 from gr_jax.methods.seal.training import SealPairs, overlap_starts, split_views
-from gr_jax.models import t5
+from gr_jax.backbones import t5
 
 WORDS = "alpha beta gamma delta eps zeta eta theta iota kappa".split()
 

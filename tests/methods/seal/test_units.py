@@ -10,7 +10,7 @@ from gr_jax.docids.base import FitContext
 from gr_jax.methods.seal.docids import SealDocids, text_units
 from gr_jax.methods.seal.model import SealRetriever, SealSearch, mark
 from gr_jax.methods.seal.training import SealPairs, split_views
-from gr_jax.models import t5
+from gr_jax.backbones import t5
 
 WORDS = "alpha beta gamma delta eps zeta eta theta".split()
 
