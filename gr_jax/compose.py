@@ -53,6 +53,7 @@ from gr_jax.docids.pseudo_query import queries_by_document
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.retrieval import EvalConfig, evaluation_settings, retrieve
 from gr_jax.runtime.io_utils import json_text, write_text
+from gr_jax.runtime.run_dir import RunDir
 from gr_jax.retriever import contract
 from gr_jax.backbones import t5
 from gr_jax.retriever.heads import head_for_space
@@ -119,6 +120,7 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
     head, score_mode=...)` builds the model object (default `GenerativeRetriever`, whose objective, ranker and
     decoding hooks gin binds); it must follow the model contract (`retriever/contract.py`)."""
     model_dir = Path(model_dir)
+    run_dir = RunDir(model_dir)
     validation.integer("prepare.vocab_size", vocab_size, minimum=8)
     lengths = validation.feature_lengths("TASK_FEATURE_LENGTHS", feature_lengths)
     dataset = dataset if dataset is not None else sources.load_dataset(task)
@@ -129,14 +131,14 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
         vocabulary = loader.vocabulary(initial_checkpoint_path, vocabulary)
     vocab = run_vocabulary(vocabulary, model_dir, dataset, train_split, vocab_size, may_train=with_training_data)
     scheme = docid_scheme if docid_scheme is not None else AtomicDocids()
-    emb, embeddings, built_from = _docid_scheme(scheme, model_dir / "docid_scheme", dataset, vocab, train_split,
+    emb, embeddings, built_from = _docid_scheme(scheme, run_dir.docid_scheme, dataset, vocab, train_split,
                                                 embedder, may_fit=with_training_data or may_fit)
     config, loaded = _network_config(network, loader, initial_checkpoint_path, vocab)
     # docids decoded by the model exist once there are parameters (`decode_model_docids`)
     table = None if scheme.decoded_by_model else scheme.assign(dataset.corpus, embeddings=embeddings)
-    if not (model_dir / "docid_scheme").exists():
-        save_scheme(scheme, model_dir / "docid_scheme", built_from)
-        locks.provisional(model_dir / "docid_scheme")  # removed if the run is refused before it is accepted
+    if not run_dir.docid_scheme.exists():
+        save_scheme(scheme, run_dir.docid_scheme, built_from)
+        locks.provisional(run_dir.docid_scheme)  # removed if the run is refused before it is accepted
     space = scheme.space(config.vocab_size) if table is None else table.space
     head = head_for_space(space, head, scheme.name)
     if space.kind == "text" and space.end > config.vocab_size:
@@ -243,7 +245,7 @@ def use_model_docids(setup: Setup, table: DocidTable) -> None:
 
 def write_model_docids(setup: Setup, model_dir: Path, step: int) -> Path:
     """The decoded docids of checkpoint `step` in the scheme's own file format (`write_decoded`)."""
-    return setup.scheme.write_decoded(Path(model_dir) / "docids", step, setup.table, setup.dataset.corpus,
+    return setup.scheme.write_decoded(RunDir(model_dir).docids, step, setup.table, setup.dataset.corpus,
                                       setup.vocab)
 
 
@@ -362,7 +364,7 @@ def train(model_dir: str = gin.REQUIRED, train_steps: Count = gin.REQUIRED, batc
                       num_partitions=num_partitions, progress=progress, evaluate=periodic,
                       step_callback=step_callback, initial_checkpoint_path=initial_checkpoint_path,
                       refresh=redecode if decoded else None, refresh_period=setup.refresh_period,
-                      on_start=lambda: _write(model_dir / "config.gin", gin.config_str()), rules=rules)
+                      on_start=lambda: _write(RunDir(model_dir).config, gin.config_str()), rules=rules)
     state, step = out["state"], out["step"]
     params = distributed.local(state["params"])  # the searches run on this process's devices
     summary = {"model_dir": str(model_dir), "steps": step, "checkpoint": out["checkpoint"]}
@@ -372,7 +374,7 @@ def train(model_dir: str = gin.REQUIRED, train_steps: Count = gin.REQUIRED, batc
             summary["docids"] = str(write_model_docids(setup, model_dir, step))
     if final_eval:
         summary.update(_final_evaluation(setup, params, step, eval_config, model_dir))
-        _write(model_dir / "final_metrics.json", json_text(summary, indent=1))
+        _write(RunDir(model_dir).final_metrics, json_text(summary, indent=1))
     summary["train_seconds"] = round(time.time() - t_start, 1)
     summary["resumed_from"] = out["resumed_from"]
     summary["state"] = state
@@ -407,7 +409,7 @@ def _final_evaluation(setup: Setup, params, step: int, eval_config: EvalConfig, 
     same files (MODEL_DIR/runs/<split>.step<N>.run, TensorBoard scalars; `train` writes final_metrics.json)."""
     split = eval_config.final_split or eval_config.split
     run, qrels, metrics = evaluate_split(setup, params, split, eval_config)
-    run_path = model_dir / "runs" / f"{split}.step{step}.run"
+    run_path = RunDir(model_dir).run(split, step)
     if io_utils.writes():  # process 0 of a multi-process run
         write_run(run_path, run)
     out = {"split": split, "queries": len(qrels), "num_beams": eval_config.num_beams, "ranker": _describe(setup.model.ranker), "metrics": metrics,
@@ -446,7 +448,7 @@ def restore(model_dir: str | Path, step: Optional[int] = None) -> tuple[Setup, d
     (default: the latest). The configuration (data, vocabulary, docid scheme, network) comes from gin, as for
     training, and must match the checkpoint's recorded provenance."""
     model_dir = Path(model_dir)
-    ckpt_dir = (model_dir / "checkpoints").absolute()
+    ckpt_dir = RunDir(model_dir).checkpoints.absolute()
     if not ckpt_dir.is_dir():
         raise ValueError(f"{model_dir}: no checkpoints/ directory; train first or fix MODEL_DIR")
     manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(create=False))  # reads only
@@ -485,7 +487,7 @@ def import_checkpoint(model_dir: str = gin.REQUIRED, initial_checkpoint_path: st
     if not initial_checkpoint_path:
         raise ValueError("INITIAL_CHECKPOINT_PATH is not set: name the network to import (an HF T5 directory, a "
                          "converted checkpoint or a trained MODEL_DIR)")
-    if (model_dir / "checkpoints").exists():
+    if RunDir(model_dir).checkpoints.exists():
         raise ValueError(f"MODEL_DIR {model_dir} already holds checkpoints/; import into a new MODEL_DIR")
     before = set(model_dir.iterdir()) if model_dir.is_dir() else set()
     try:
@@ -508,17 +510,17 @@ def _import(model_dir: Path, initial_checkpoint_path: str) -> dict:
     params = initial_params(setup, 0, initial_checkpoint_path)
     if setup.scheme.decoded_by_model:
         use_model_docids(setup, decode_model_docids(setup, params))
-    manager = ocp.CheckpointManager((model_dir / "checkpoints").absolute(),
+    manager = ocp.CheckpointManager(RunDir(model_dir).checkpoints.absolute(),
                                     options=ocp.CheckpointManagerOptions(create=True))
     state = {"step": np.zeros((), np.int32), "params": jax.device_get(params), "nonfinite": np.zeros((), np.int32)}
     trainer.save_checkpoint(manager, 0, state, meta=provenance(setup))
     locks.accept()
-    write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True)
-    out = {"model_dir": str(model_dir), "checkpoint": str(model_dir / "checkpoints" / "0"),
+    write_text(RunDir(model_dir).config, gin.config_str(), keep_previous=True)
+    out = {"model_dir": str(model_dir), "checkpoint": str(RunDir(model_dir).checkpoint(0)),
            "imported_from": str(initial_checkpoint_path), "docids": setup.table.stats()}
     if setup.scheme.decoded_by_model:
         out["docid_file"] = str(write_model_docids(setup, model_dir, 0))
-    write_text(model_dir / "imported.json", json_text(out, indent=1), keep_previous=True)
+    write_text(RunDir(model_dir).imported, json_text(out, indent=1), keep_previous=True)
     return out
 
 
@@ -540,7 +542,7 @@ def infer(model_dir: str = gin.REQUIRED, step: Optional[int] = None, evaluate: b
     setup, params, step = restore(model_dir, step)
     model_dir = Path(model_dir)
     run, qrels, metrics = evaluate_split(setup, params, split, cfg)  # over several processes: split, gathered
-    run_path = model_dir / "runs" / f"{split}.step{step}.run"
+    run_path = RunDir(model_dir).run(split, step)
     if io_utils.writes():  # process 0 of a multi-process run
         write_run(run_path, run)
     out = {"run": str(run_path), "step": step, "split": split, "queries": len(run), "num_beams": num_beams,

@@ -5,8 +5,8 @@ and output locks, run in the slow tier (tests/test_bad_inputs.py, tests/reliabil
 
 In the slow tier only, as each needs a trained system of a kind no other default-tier test compiles:
 `gr_jax.cross_lingual` (a trained PAG; below, marked slow), `gr_jax.align_planner` (it trains the aligned planner:
-tests/protocols/test_robustness.py), `gr_jax.methods.seal.rank_data` (a trained MINDER:
-tests/methods/seal/test_ltrgr.py) and `gr_jax.t5x.checkpoints` (a t5x run: tests/t5x/test_adapter.py); the default
+tests/protocols/test_query_variation.py), `gr_jax.methods.seal.rank_data` (a trained MINDER:
+tests/methods/seal/test_training_ltrgr.py) and `gr_jax.t5x.checkpoints` (a t5x run: tests/t5x/test_adapter.py); the default
 tier tests their parts (the alignment loss, the LTRGR loss, the t5x model in-process). `gr_jax.eval`,
 `gr_jax.dynamic`, `gr_jax.reproduce` and `gr_jax.t5x.pretrained` have their functions tested in
 tests/evaluation/, tests/protocols/ and tests/t5x/."""
@@ -78,13 +78,13 @@ def test_infer_searches_with_the_experiments_beams(tiny_dsi, tmp_path):
 
 def test_robustness(tmp_path):
     """`gr_jax.robustness` with BM25: one variation and one seed of 8 test queries."""
-    from gr_jax.protocols import robustness
+    from gr_jax.protocols import query_variation
 
     out = _call(["experiments/demo/robustness_bm25.gin"],
                 [f"OUTPUT_DIR = '{tmp_path / 'out'}'", f"VARIATIONS_DIR = '{tmp_path / 'var'}'",
                  "run_robustness.max_queries = 8", "run_robustness.seeds = [5]",
                  "run_robustness.variations = ['reordering']", "run_robustness.generators = {}"],
-                robustness.run_robustness)
+                query_variation.run_robustness)
     assert out is not None
     result = json.loads((tmp_path / "out" / "robustness.json").read_text())
     assert set(result["splits"]["test"]["variations"]) == {"reordering"}
@@ -92,24 +92,24 @@ def test_robustness(tmp_path):
 
 def test_pseudo_queries(tiny_hf_llama, tmp_path):
     """`gr_jax.pseudo_queries` with a tiny random HF Llama as the LM: one query for each of 3 documents."""
-    from gr_jax.protocols import pseudo_queries
+    from gr_jax.protocols import lm_pseudo_queries
 
     out = _call(["experiments/demo/pseudo_queries_smollm2.gin"],
                 [f"MODEL_DIR = '{tmp_path / 'run'}'", f"LM = '{tiny_hf_llama}'",
                  "write_pseudo_queries.max_documents = 3", "write_pseudo_queries.num_queries = 1",
-                 "PseudoQueryGenerator.max_query_tokens = 3"], pseudo_queries.write_pseudo_queries)
+                 "PseudoQueryGenerator.max_query_tokens = 3"], lm_pseudo_queries.write_pseudo_queries)
     assert out["documents"] == 3 and out["queries"] == 3
 
 
 def test_fewshot(tiny_hf_llama, tmp_path):
     """`gr_jax.fewshot`: a bank of one docid for each of 4 documents, then retrieval at bank size 1."""
-    from gr_jax.methods.fewshot import run
+    from gr_jax.methods.fewshot import command
 
     out = _call(["experiments/demo/fewshot_smollm2.gin"],
                 [f"MODEL_DIR = '{tmp_path / 'run'}'", f"LM = '{tiny_hf_llama}'", "run_fewshot.max_documents = 4",
                  "DocidWriter.num_docids = 1", "DocidWriter.min_tokens = 1", "DocidWriter.max_tokens = 3",
                  "DocidWriter.inputs = 'document'", "run_fewshot.bank_sizes = [1]", "EvalConfig.num_beams = 2",
-                 "run_fewshot.compare_bm25 = False"], run.run_fewshot)
+                 "run_fewshot.compare_bm25 = False"], command.run_fewshot)
     assert out is not None
     result = json.loads((tmp_path / "run" / "fewshot.json").read_text())
     assert set(result["bank_sizes"]) == {"1"} and result["documents"] == 4
@@ -119,9 +119,9 @@ def test_fewshot(tiny_hf_llama, tmp_path):
 def test_cross_lingual(tiny_pag, tmp_path):
     """`gr_jax.cross_lingual` in its naive setting on the session's small PAG, with queries whose words are
     reversed. (`gr_jax.align_planner`, which trains the aligned setting's planner, and the other settings run in
-    the slow tier: tests/protocols/test_robustness.py.)"""
+    the slow tier: tests/protocols/test_query_variation.py.)"""
     from gr_jax.data import sources
-    from gr_jax.protocols import cross_lingual
+    from gr_jax.protocols import language_shift
 
     exp, model = tiny_pag
     qs = sources.load_dataset("demo").queries["dev"]
@@ -131,7 +131,7 @@ def test_cross_lingual(tiny_pag, tmp_path):
                 [f"MODEL_DIR = '{model}'", f"CROSS_LINGUAL_QUERIES = {{'de': '{dev}'}}",
                  f"OUTPUT_DIR = '{tmp_path / 'xl'}'", "run_cross_lingual.settings = ['naive']",
                  "EvalConfig.num_beams = 4", "run_cross_lingual.k = 10", "run_cross_lingual.ell = 20",
-                 "run_cross_lingual.max_queries = 12"], cross_lingual.run_cross_lingual)
+                 "run_cross_lingual.max_queries = 12"], language_shift.run_cross_lingual)
     assert out is not None
     rows = json.loads((tmp_path / "xl" / "cross_lingual.json").read_text())["languages"]["de"]["settings"]
     assert {"english", "naive"} <= set(rows) and 0.0 <= rows["naive"]["tok_jaccard"] <= 1.0

@@ -1,5 +1,6 @@
 """Repository contracts: the README's test command is what CI runs; core modules import without torch/TF."""
 
+import ast
 import os
 import re
 import subprocess
@@ -44,6 +45,8 @@ import pytest
 
 from gr_jax import train as train_cmd
 from gr_jax import infer
+from gr_jax import commands
+from gr_jax.methods.fewshot import command as fewshot_command
 
 
 def _run(entry, argv):
@@ -84,6 +87,14 @@ def test_planted_fixture(started):
     pass
 
 
+def test_planted_scaffold():
+    commands.run("train", [])
+
+
+def test_planted_command_object():
+    fewshot_command.FEWSHOT.main([])
+
+
 def test_planted_conftest_fixture(holds_a_process):
     pass
 
@@ -107,7 +118,7 @@ def test_in_process_is_fine():
 def test_the_tier_check_can_fail(tmp_path):
     """Planted default-tier tests that start `python -m gr_jax.train` (directly, through a module function, a
     fixture of the module or of a conftest), or call a command's main (directly, handed to a helper, by
-    parametrize, in a class) are each reported; slow-marked ones and a slow module are not."""
+    parametrize, in a class, through the commands' scaffold or a method's `Command` object) are each reported; slow-marked ones and a slow module are not."""
     from tests import tiers
 
     (tmp_path / "gr_jax").symlink_to(ROOT / "gr_jax")
@@ -121,9 +132,10 @@ def test_the_tier_check_can_fail(tmp_path):
         "def test_it():\n    subprocess.run(['python', '-m', 'gr_jax.train'])\n")
     found = tiers.violations(tmp_path)
     named = sorted(line.split(" is in the default tier")[0].rsplit("::", 1)[1] for line in found)
-    assert named == ["test_in_a_class", "test_planted_conftest_fixture", "test_planted_fixture",
-                     "test_planted_handed_command", "test_planted_helper", "test_planted_main",
-                     "test_planted_parametrized", "test_planted_subprocess"], found
+    assert named == ["test_in_a_class", "test_planted_command_object", "test_planted_conftest_fixture",
+                     "test_planted_fixture", "test_planted_handed_command", "test_planted_helper",
+                     "test_planted_main", "test_planted_parametrized", "test_planted_scaffold",
+                     "test_planted_subprocess"], found
     assert any("test_planted_subprocess" in f and "starts a process (subprocess.run)" in f for f in found)
     assert any("test_planted_main" in f and "runs the command `python -m gr_jax.train`" in f for f in found)
 
@@ -132,12 +144,12 @@ def test_a_default_tier_test_cannot_launch_python_at_run_time(tmp_path):
     """What the reading above cannot see — a library function that starts `python` on a test's behalf — is
     stopped by the conftest's guard while a default-tier test runs: here reproduce's system runner, which starts
     `python -m gr_jax.dynamic`, fails before any process starts."""
-    from gr_jax.protocols import reproduce
+    from gr_jax.protocols import paper_tables
     from tests.conftest import TierError
 
     with pytest.raises(TierError, match="test_a_default_tier_test_cannot_launch_python_at_run_time is in the "
                                         "default tier but starts a Python process"):
-        reproduce.run_system("bm25", ["--gin_file=experiments/demo/dynamic_bm25.gin"], tmp_path / "bm25", [])
+        paper_tables.run_system("bm25", ["--gin_file=experiments/demo/dynamic_bm25.gin"], tmp_path / "bm25", [])
     assert not (tmp_path / "bm25" / "dynamic").exists()
 
 
@@ -301,3 +313,59 @@ def test_import_graph_check_can_fail(tmp_path, monkeypatch):
     fake["gr_jax.data.z"] = {"gr_jax.data.x"}
     with pytest.raises(AssertionError, match="import cycles"):
         test_import_graph_follows_the_data_flow()
+
+
+# the names of a run directory's layout (gr_jax/runtime/run_dir.py) and the places that may spell one as a path
+# for another folder's layout (a parity fixture's own `model/` folder of the authors' files; the t5x adapter's
+# gin files, configs/runs/)
+RUN_DIR_NAMES = {"config.gin", "vocabulary", "docid_scheme", "docids", "checkpoints", "damaged_checkpoints",
+                 "train_metrics.jsonl", "eval_metrics.jsonl", "final_metrics.json", "imported.json", "runs",
+                 "tensorboard", "robustness", "cross_lingual", "aligned", "model"}
+NOT_A_RUN_DIR = {("gr_jax/methods/glen/parity.py", "model"), ("gr_jax/methods/pag/parity.py", "model"),
+                 ("gr_jax/t5x/models.py", "runs")}
+
+
+def _layout_literals(root: Path) -> list[str]:
+    """Path operations outside runtime/run_dir.py that spell a name of the run directory's layout: a string
+    operand of `/`, an argument of `Path(...)`, `os.path.join(...)` or `.joinpath(...)`, or an f-string naming
+    a run file (`<split>.step<N>.run`) or a loop's metrics file (`<name>_metrics.jsonl`)."""
+    found = []
+    for path in sorted((root / "gr_jax").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel == "gr_jax/runtime/run_dir.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        operands = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                operands += [node.left, node.right]
+            elif isinstance(node, ast.Call):
+                name = ast.unparse(node.func)
+                if name in ("Path", "pathlib.Path", "os.path.join") or name.endswith(".joinpath"):
+                    operands += node.args
+            if isinstance(node, ast.JoinedStr):
+                text = ast.unparse(node)
+                if re.search(r"\.step\{[^}]*\}\.run", text) or "_metrics.jsonl" in text:
+                    found.append(f"{rel}:{node.lineno}: {text}")
+        for op in operands:
+            if isinstance(op, ast.Constant) and isinstance(op.value, str):
+                head = op.value.split("/")[0]
+                if head in RUN_DIR_NAMES and (rel, head) not in NOT_A_RUN_DIR:
+                    found.append(f"{rel}:{op.lineno}: {op.value!r}")
+    return found
+
+
+def test_the_run_directory_layout_is_spelled_only_in_run_dir():
+    """MODEL_DIR's layout (checkpoints/, runs/, config.gin, vocabulary/, docid_scheme/, the metrics files, ...)
+    has one home, `RunDir`; a path spelled elsewhere would drift from it."""
+    found = _layout_literals(ROOT)
+    assert not found, "spell these through gr_jax/runtime/run_dir.py's RunDir:\n" + "\n".join(found)
+
+
+def test_the_layout_check_can_fail(tmp_path):
+    (tmp_path / "gr_jax" / "runtime").mkdir(parents=True)
+    (tmp_path / "gr_jax" / "x.py").write_text(
+        "from pathlib import Path\n\ndef f(d, split, step):\n    a = Path(d) / 'checkpoints' / str(step)\n"
+        "    b = Path(d, 'config.gin')\n    return a, b, f'{split}.step{step}.run', d / 'other'\n")
+    found = _layout_literals(tmp_path)
+    assert sorted(f.split(": ", 1)[1] for f in found) == ["'checkpoints'", "'config.gin'", "f'{split}.step{step}.run'"]

@@ -133,6 +133,10 @@ class _Checker:
             return f"runs the command `python -m {head}` ({dotted})"
         if dotted in {f"{c}.main" for c in self.commands}:
             return f"runs the command `python -m {head}`"
+        if last == "main" and any(head.startswith(c + ".") for c in self.commands):  # a Command object's main
+            return f"runs a command's main ({dotted})"
+        if head == "gr_jax.commands" and last in ("run", "eval_main", "reproduce_main"):  # the scaffold itself
+            return f"runs a command ({dotted})"
         return None
 
     def reach(self, module: _Module, fn: ast.FunctionDef, seen: set, passed: dict | None = None) -> list[str]:

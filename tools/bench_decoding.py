@@ -425,7 +425,7 @@ def bench_glen(model_name: str, n_docs: int, beams: list[int], n_queries: int):
 
     from gr_jax.docids.base import DocidTable
     from gr_jax.methods.glen import model as glen
-    from gr_jax.methods.glen.torch_reference import glen_rank_torch
+    from gr_jax.methods.glen.parity_reference import glen_rank_torch
     from gr_jax.backbones.t5_parity import load_torch_t5
     from gr_jax.data.vocab import DocidTokenSpace
 

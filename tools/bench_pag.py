@@ -128,7 +128,7 @@ def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_term
                     beams=BEAMS, corpus_trie: bool = True):
     from gr_jax.docids.base import DocidTable
     from gr_jax.methods.pag.docids import order_keys
-    from gr_jax.methods.pag import planner
+    from gr_jax.methods.pag import model_planner
     from gr_jax.backbones import t5
     from gr_jax.methods.pag import model as pag
     from gr_jax.data.vocab import DocidTokenSpace
@@ -163,9 +163,9 @@ def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_term
             mem = _index_mb(model, index, table)
             rep = model.query_rep(model.lexical_rep(params, q))
             postings = model._planner_arrays()[2]
-            budgets = planner.budgets_for(model.planner_postings, base)
-            took = bool(planner.inverted_fits(rep, postings[1], budgets)) and bool(
-                planner.inverted_plan(rep, model.set_ids, postings, planning, budgets)[2])  # exact: no fallback
+            budgets = model_planner.budgets_for(model.planner_postings, base)
+            took = bool(model_planner.inverted_fits(rep, postings[1], budgets)) and bool(
+                model_planner.inverted_plan(rep, model.set_ids, postings, planning, budgets)[2])  # exact: no fallback
             fired = np.asarray((rep[:, :base] > 0).sum(axis=1))
             tag = f"m {m}, query_terms {terms}"
             simul = timed(lambda: model.plan(params, q), what=f"{tag}: planner") / n_queries * 1e3

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 def rows_of(output_dir: Path) -> list[dict]:
     from gr_jax.runtime.io_utils import read_json
-    from gr_jax.protocols.reproduce import directory_name
+    from gr_jax.protocols.paper_tables import directory_name
 
     status = read_json(output_dir / "reproduce_status.json", "reproduce status")
     rows = []

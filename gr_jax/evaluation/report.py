@@ -31,9 +31,10 @@ def read_eval_curve(model_dir) -> tuple[list[dict], dict]:
     order, and the final evaluation's metrics ({} if none). The last record of a step wins (a resumed run
     appends again). Unreadable lines are an error naming the file."""
     import json
-    from pathlib import Path
 
-    path = Path(model_dir) / "eval_metrics.jsonl"
+    from gr_jax.runtime.run_dir import RunDir
+
+    path = RunDir(model_dir).eval_metrics
     try:
         lines = path.read_text().splitlines()
     except OSError as e:

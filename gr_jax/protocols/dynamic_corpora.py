@@ -38,7 +38,7 @@ from gr_jax.runtime import gin_checks, host_memory, validation
 from gr_jax.data import sources
 from gr_jax.data.readers import Corpus, Dataset, QuerySet
 from gr_jax.data.splits import PROTOCOLS, DynamicSplit, dynamic_split, pooled_qrels
-from gr_jax.evaluation import dynamic as measures
+from gr_jax.evaluation import dynamic_measures as measures
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.data.trec import Run, ranked
 from gr_jax.docids.embed import TfidfSvdEmbedder
@@ -48,6 +48,7 @@ from gr_jax.runtime.io_utils import atomic_dir, json_text, write_text
 from gr_jax.runtime.provenance import file_digest
 from gr_jax.protocols.systems import BM25System, DenseSystem, ProtocolError, TrainedSystem
 from gr_jax.runtime.validation import Count, Fraction, Positive
+from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -337,10 +338,10 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
         system = BM25System(data.full.corpus, k, rows=d0_rows)
     elif method == "dense":
         system = DenseSystem(data.full.corpus, k, embedder if embedder is not None else TfidfSvdEmbedder(),
-                             rows=d0_rows, training=(data.d0, train_split, out_dir / "model"))
+                             rows=d0_rows, training=(data.d0, train_split, RunDir(out_dir).model.root))
         label = label or f"dense-{system.embedder_name}"  # the embedder tells dense systems apart in a report
     else:
-        system = trained_system(data, out_dir / "model", k, eval_batch_size)
+        system = trained_system(data, RunDir(out_dir).model.root, k, eval_batch_size)
         label = label or f"gr-{system.setup.scheme.name}" + ("++" if replay is not None else "")
     gin_checks.check_bindings_used("run_dynamic")
     steps = [{"step": 0, "documents": len(data.part_rows[0])}]
@@ -360,7 +361,7 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
             t = time.perf_counter()
             info = system.add(rows)
             if method == "gr" and replay is not None and replay.steps > 0:
-                replay_fine_tune(system, data, rows, replay, o, out_dir / "model")
+                replay_fine_tune(system, data, rows, replay, o, RunDir(out_dir).model.root)
             steps.append({"step": o, **info})
             timings.append({"step": o, "index_s": time.perf_counter() - t})
         P[o, : o + 1], idbi, timing = _evaluate_step(system, data, parts_q, o)

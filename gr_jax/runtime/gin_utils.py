@@ -476,9 +476,9 @@ def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = (), root
               allow_unused: Sequence[str] = (), multiprocess: bool = False):
     """The body of a `python -m gr_jax.<command>` entry point: split the flags, parse gin, call the configured
     function `get_fn()` returns (named `root` for `check_bindings_used`). Returns (exit code, result); a
-    usage, configuration, data or file error → (2, None) with one message on stderr. A command that runs over
-    several processes (`multiprocess`: `gr_jax/runtime/distributed.py`) takes t5x's flags for them; process i > 0 holds
-    its own lock file beside process 0's. A process of such a run that fails exits at once (with the same
+    usage, configuration, data or file error → (2, None) with one message on stderr; `--help` prints `usage`
+    → (0, None). A command that runs over several processes (`multiprocess`: `runtime/distributed.py`) takes
+    t5x's flags for them; process i > 0 holds its own lock file beside process 0's. A process of such a run that fails exits at once (with the same
     message): JAX's shutdown would otherwise wait minutes for the processes it can no longer reach."""
     try:
         rc, result = _run_entry(argv, usage, get_fn, extra_bindings, root, allow_unused, multiprocess)
@@ -500,6 +500,9 @@ def run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str] = (), root
 def _run_entry(argv, usage: str, get_fn, extra_bindings: Sequence[str], root: Optional[str],
                allow_unused: Sequence[str], multiprocess: bool):
     files, bindings, paths, rest = split_flags(sys.argv[1:] if argv is None else argv)
+    if rest and rest[0] in ("-h", "--help"):
+        sys.stdout.write(usage.strip() + "\n")
+        return 0, None
     try:
         processes, rest = distributed_flags(rest)
     except ValueError as e:

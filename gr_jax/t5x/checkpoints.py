@@ -33,6 +33,7 @@ from gr_jax.runtime.cli import setup_logging
 from gr_jax.runtime.io_utils import abandoned_reads_quiet, orbax_error_line
 from gr_jax.t5x.records import SYSTEM_RECORD, T5xAdapterError, _read_record, empty_paths, t5x_steps, with_empty
 from gr_jax.training import trainer
+from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,8 @@ def import_t5x(model_dir: str, step: Optional[int] = None) -> dict:
     if bad:
         raise T5xAdapterError(f"{source}: its parameters hold NaN or infinite values (first: {bad[0]})")
     state = {"step": np.asarray(step, np.int32), "params": params, "nonfinite": np.zeros((), np.int32)}
-    target = model_dir / "checkpoints" / str(step)
-    manager = ocp.CheckpointManager((model_dir / "checkpoints").absolute(),
+    target = RunDir(model_dir).checkpoint(step)
+    manager = ocp.CheckpointManager(RunDir(model_dir).checkpoints.absolute(),
                                     options=ocp.CheckpointManagerOptions(create=True))
     out = {"model_dir": str(model_dir), "checkpoint": str(target), "imported_from": str(source), "step": step}
     if step in manager.all_steps():

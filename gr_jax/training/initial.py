@@ -30,8 +30,8 @@ import orbax.checkpoint as ocp
 
 from gr_jax.backbones import llama_io, t5, t5_convert
 from gr_jax.training.trainer import TrainingError, read_checkpoint
-from gr_jax.training.vocabulary import VOCAB_DIR
 from gr_jax.data.vocab import load_vocabulary
+from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +98,12 @@ def initial_network(path: str, loaded: Optional[tuple], vocab_size: int, seed: i
 
 
 def is_trained_run(path) -> bool:
-    return (Path(path) / "checkpoints").is_dir()
+    return RunDir(path).checkpoints.is_dir()
 
 
 def trained_run(path) -> tuple[ocp.CheckpointManager, int, dict]:
     """(checkpoint manager, latest step, its recorded provenance) of a MODEL_DIR trained here."""
-    ckpt_dir = (Path(path) / "checkpoints").absolute()
+    ckpt_dir = RunDir(path).checkpoints.absolute()
     manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(create=False))
     step = manager.latest_step()
     if step is None:
@@ -122,7 +122,7 @@ def _run_config(path) -> t5.T5Config:
 
 def _run_network(path) -> tuple[t5.T5Config, dict]:
     manager, step, meta = trained_run(path)
-    state = read_checkpoint(manager, step, f"INITIAL_CHECKPOINT_PATH {Path(path) / 'checkpoints' / str(step)}")["state"]
+    state = read_checkpoint(manager, step, f"INITIAL_CHECKPOINT_PATH {RunDir(path).checkpoint(step)}")["state"]
     return t5.T5Config.from_dict(meta["config"]), state["params"]["network"]
 
 
@@ -130,10 +130,10 @@ def _run_vocabulary(path, vocabulary: Optional[str]) -> str:
     """A run continued from a trained MODEL_DIR uses that run's vocabulary: VOCABULARY if it is the same one,
     else the MODEL_DIR's own SentencePiece model."""
     _, step, meta = trained_run(path)
-    chosen = vocabulary or str(Path(path) / VOCAB_DIR / "spiece.model")
+    chosen = vocabulary or str(RunDir(path).vocabulary / "spiece.model")
     if not Path(chosen).exists():
-        raise ValueError(f"INITIAL_CHECKPOINT_PATH {path}: no {VOCAB_DIR}/spiece.model there and no VOCABULARY "
-                         f"given; set --gin.VOCABULARY to the vocabulary that run was trained with")
+        raise ValueError(f"INITIAL_CHECKPOINT_PATH {path}: no {Path(chosen).relative_to(path)} there and no "
+                         f"VOCABULARY given; set --gin.VOCABULARY to the vocabulary that run was trained with")
     if load_vocabulary(chosen).fingerprint != meta.get("vocabulary"):
         raise ValueError(f"VOCABULARY {chosen} is not the vocabulary INITIAL_CHECKPOINT_PATH {path} was trained "
                          f"with (its checkpoint {step} records another); leave VOCABULARY unset to use that run's")

@@ -37,6 +37,7 @@ from gr_jax.runtime import distributed, host_memory, io_utils, locks, provenance
 from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.runtime.errors import UserError
 from gr_jax.runtime.io_utils import fault_point, free_space, json_text, no_space, write_text
+from gr_jax.runtime.run_dir import RunDir
 from gr_jax.training import partitioning
 from gr_jax.training.sam import global_norm, sam
 from gr_jax.runtime.validation import Positive
@@ -110,7 +111,7 @@ class ScalarWriter:
     """metrics.jsonl always; TensorBoard event files when tensorboardX is importable."""
 
     def __init__(self, model_dir: Path, name: str, resumed_at: Optional[int] = None):
-        self.path = model_dir / f"{name}_metrics.jsonl"
+        self.path = RunDir(model_dir).metrics_log(name)
         self._tb = None
         self.enabled = io_utils.writes()  # one writer: process 0 of a multi-process run
         if not self.enabled:
@@ -120,7 +121,7 @@ class ScalarWriter:
         try:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(str(model_dir / "tensorboard" / name))
+            self._tb = SummaryWriter(str(RunDir(model_dir).tensorboard / name))
         except ImportError:
             log.info("tensorboardX not installed: scalars go to %s only", self.path)
 
@@ -194,7 +195,7 @@ def _accumulate(acc, sums):
 def _checkpoint_manager(model_dir: Path, keep: int) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True,
                                            enable_async_checkpointing=False)
-    return ocp.CheckpointManager((model_dir / "checkpoints").absolute(), options=options)
+    return ocp.CheckpointManager(RunDir(model_dir).checkpoints.absolute(), options=options)
 
 
 class DamagedCheckpoint(TrainingError):
@@ -317,14 +318,14 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state, **json_ite
 def _set_aside(model_dir: Path, step: int) -> Path:
     """Moves a damaged checkpoint out of checkpoints/ (kept for inspection, never deleted); process 0 moves it
     for every process of a run."""
-    dest_dir = model_dir / "damaged_checkpoints"
+    dest_dir = RunDir(model_dir).damaged_checkpoints
     if not io_utils.writes():
         return dest_dir / str(step)
     dest_dir.mkdir(exist_ok=True)
     dest, n = dest_dir / str(step), 1
     while dest.exists():
         dest, n = dest_dir / f"{step}-{n}", n + 1
-    (model_dir / "checkpoints" / str(step)).rename(dest)
+    RunDir(model_dir).checkpoint(step).rename(dest)
     return dest
 
 
@@ -368,9 +369,9 @@ def restore_latest_intact(model_dir: Path, keep: int, template, meta: dict):
         if saved is not None and unread:
             saved, error = None, DamagedCheckpoint(f"process {unread[0]} cannot read its metadata")
         if saved is not None:
-            check_provenance(saved, meta, f"{model_dir / 'checkpoints' / str(step)}")
+            check_provenance(saved, meta, f"{RunDir(model_dir).checkpoint(step)}")
             try:
-                restored = read_checkpoint(manager, step, model_dir / "checkpoints" / str(step), template,
+                restored = read_checkpoint(manager, step, RunDir(model_dir).checkpoint(step), template,
                                            with_data=True)
                 if damaged:
                     log.warning("resuming from step %d, the newest intact checkpoint", step)
@@ -380,12 +381,12 @@ def restore_latest_intact(model_dir: Path, keep: int, template, meta: dict):
         distributed.barrier(f"damaged {step}")  # every process has done reading it before process 0 moves it
         where = _set_aside(model_dir, step)
         damaged.append(step)
-        log.warning("checkpoint %s is damaged (%s: %s); moved to %s", model_dir / "checkpoints" / str(step),
+        log.warning("checkpoint %s is damaged (%s: %s); moved to %s", RunDir(model_dir).checkpoint(step),
                     type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "", where)
         manager = _checkpoint_manager(model_dir, keep)  # it caches the list of steps
-    set_aside = model_dir / "damaged_checkpoints"
+    set_aside = RunDir(model_dir).damaged_checkpoints
     if damaged or (set_aside.is_dir() and any(set_aside.iterdir())):  # never restart silently over a run
-        raise TrainingError(f"{model_dir / 'checkpoints'}: no intact checkpoint (damaged ones are in {set_aside}"
+        raise TrainingError(f"{RunDir(model_dir).checkpoints}: no intact checkpoint (damaged ones are in {set_aside}"
                             f"{f', steps {damaged} moved there now' if damaged else ''}); to start over, use a new "
                             f"MODEL_DIR or delete {model_dir}")
     return manager, None, None
@@ -396,14 +397,14 @@ def _nonfinite_message(model_dir: Path, first: int, last: int, saved_steps: list
     msg = (f"loss or gradient became NaN/Inf between steps {first} and {last} (updates were skipped)")
     if resumed_from is not None and first <= resumed_from + 1:
         # the first steps after a resume: the restored state is the likelier cause than the learning rate
-        ckpt = model_dir / "checkpoints" / str(resumed_from)
+        ckpt = RunDir(model_dir).checkpoint(resumed_from)
         return (f"{msg}, the first steps after resuming from {ckpt}: the state came from that checkpoint, so check "
                 f"it first (a checkpoint written before checksums were recorded is read unchecked); to resume from "
                 f"an earlier one, move {ckpt} out of checkpoints/, else lower make_optimizer.learning_rate or check "
                 f"the data")
     msg += "; lower make_optimizer.learning_rate or check the data"
     if saved_steps:
-        return (f"{msg}; the last checkpoint saved before it is {model_dir / 'checkpoints' / str(saved_steps[-1])} "
+        return (f"{msg}; the last checkpoint saved before it is {RunDir(model_dir).checkpoint(saved_steps[-1])} "
                 f"(resuming from it repeats the same steps: change the settings or data first)")
     msg += "; no checkpoint was saved before this"
     if initial:
@@ -471,7 +472,7 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     if restored is not None:
         state = restored["state"]
         iterator.set_state(restored["data"])
-        log.info("resumed from %s at step %d", model_dir / "checkpoints", latest)
+        log.info("resumed from %s at step %d", RunDir(model_dir).checkpoints, latest)
     b_shard, scalar = partitioning.batch_sharding(mesh), partitioning.replicated(mesh)
     state = distributed.put(state, state_shardings)  # one layout in and out: the step compiles once
     step_fn = jax.jit(make_train_step(model.loss_fn, tx), in_shardings=(state_shardings, b_shard, scalar),
@@ -480,7 +481,7 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     saver = _Saver(manager, iterator, meta, latest, int(state["nonfinite"]))
     step = int(state["step"])
     if step > train_steps:
-        raise TrainingError(f"{model_dir / 'checkpoints'} holds step {step}, past TRAIN_STEPS = {train_steps}; "
+        raise TrainingError(f"{RunDir(model_dir).checkpoints} holds step {step}, past TRAIN_STEPS = {train_steps}; "
                             f"raise TRAIN_STEPS or use a new MODEL_DIR")
     locks.accept()  # what preparing wrote (vocabulary, docid scheme) stays from here on
     if on_start is not None:
@@ -529,7 +530,7 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir:
     log.info("%s done: step %d in %.1f s%s", name, step, time.time() - t_start,
              f" (resumed from step {latest})" if latest is not None else "")
     return {"state": state, "step": step, "resumed_from": latest,
-            "checkpoint": str(model_dir / "checkpoints" / str(step))}
+            "checkpoint": str(RunDir(model_dir).checkpoint(step))}
 
 
 def _initial_state(model, params, tx: optax.GradientTransformation, mesh, rules=None) -> tuple[dict, dict]:

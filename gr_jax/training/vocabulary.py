@@ -19,10 +19,10 @@ from gr_jax.data.readers import Dataset, fingerprint
 from gr_jax.runtime.io_utils import atomic_dir, read_json
 from gr_jax.backbones import llama_io
 from gr_jax.data.vocab import load_vocabulary, train_sentencepiece
+from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
-VOCAB_DIR = "vocabulary"  # MODEL_DIR/vocabulary/{spiece.model, provenance.json}: a vocabulary trained here
 
 
 def resolve(spec: str):
@@ -46,7 +46,7 @@ def run_vocabulary(vocabulary: Optional[str], model_dir: Path, dataset: Dataset,
     """The run's vocabulary (module docstring): given, kept in MODEL_DIR (checked), or trained now."""
     if vocabulary:
         return resolve(vocabulary)
-    vdir = Path(model_dir) / VOCAB_DIR
+    vdir = RunDir(model_dir).vocabulary  # {spiece.model, provenance.json}: a vocabulary trained here
     texts = training_texts(dataset, train_split)
     built_from = {"texts": fingerprint(*texts), "vocab_size": int(vocab_size)}
     if vdir.exists():

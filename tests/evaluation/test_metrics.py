@@ -9,7 +9,8 @@ import pytest
 
 from gr_jax import eval as eval_cmd
 from gr_jax.data import trec
-from gr_jax.evaluation import dynamic, metrics, report
+from gr_jax.evaluation import metrics, report
+from gr_jax.evaluation import dynamic_measures
 from tests.conftest import require
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -135,12 +136,12 @@ def test_published_forgetting_and_generalization():
     n = 0
     for method, by_dataset in tables["table1_P_o0_and_F5"].items():
         for dataset, entry in by_dataset.items():
-            assert dynamic.forgetting(entry["hit10_D0_to_D5"]) == pytest.approx(entry["summary"], abs=1e-3), \
+            assert dynamic_measures.forgetting(entry["hit10_D0_to_D5"]) == pytest.approx(entry["summary"], abs=1e-3), \
                 (method, dataset)
             n += 1
     for method, by_dataset in tables["table2_P_oo_and_GA5"].items():
         for dataset, entry in by_dataset.items():
-            assert dynamic.generalization(entry["hit10_D0_to_D5"]) == pytest.approx(entry["summary"], abs=1e-3), \
+            assert dynamic_measures.generalization(entry["hit10_D0_to_D5"]) == pytest.approx(entry["summary"], abs=1e-3), \
                 (method, dataset)
             n += 1
     assert n == 44
@@ -148,22 +149,22 @@ def test_published_forgetting_and_generalization():
 
 def test_from_matrix_and_idbi_by_hand():
     P = [[0.8, np.nan, np.nan], [0.7, 0.5, np.nan], [0.9, 0.4, 0.3]]
-    got = dynamic.from_matrix(P)
+    got = dynamic_measures.from_matrix(P)
     assert got["F_1"] == pytest.approx(0.1) and got["GA_1"] == pytest.approx(0.5)
     assert got["F_2"] == pytest.approx((0.1 + 0.0) / 2) and got["GA_2"] == pytest.approx(0.4)
     # |D0| = 50 of 100 documents, K = 4 → E_init = 2. Query a: 4 initial docs → 1; query b: 1 → -0.5.
     initial = {"i1", "i2", "i3", "i4"}
-    value = dynamic.idbi({"a": ["i1", "i2", "i3", "i4", "n9"], "b": ["n1", "i1", "n2", "n3"]}, initial, 50, 100, k=4)
+    value = dynamic_measures.idbi({"a": ["i1", "i2", "i3", "i4", "n9"], "b": ["n1", "i1", "n2", "n3"]}, initial, 50, 100, k=4)
     assert value == pytest.approx((1.0 - 0.5) / 2)
     # Short lists are measured on what they return (n = 2 → E_init = 1): two initial documents → (2-1)/(2-1) = 1,
     # one of each → 0 (an unbiased short list is not "biased toward new documents"); an empty list is left out.
-    assert dynamic.idbi({"c": ["i1", "i2"]}, initial, 50, 100, k=4) == pytest.approx(1.0)
-    assert dynamic.idbi({"c": ["i1", "n1"], "e": []}, initial, 50, 100, k=4) == pytest.approx(0.0)
+    assert dynamic_measures.idbi({"c": ["i1", "i2"]}, initial, 50, 100, k=4) == pytest.approx(1.0)
+    assert dynamic_measures.idbi({"c": ["i1", "n1"], "e": []}, initial, 50, 100, k=4) == pytest.approx(0.0)
     # |D0| = 30 of 120 (share 1/4), K = 10, 3 results of which 1 initial: (1 - 0.75) / (3 - 0.75) = 1/9.
-    assert dynamic.idbi({"d": ["i1", "n1", "n2"]}, initial, 30, 120, k=10) == pytest.approx(1 / 9)
-    assert np.isnan(dynamic.idbi({"e": []}, initial, 50, 100, k=4))
+    assert dynamic_measures.idbi({"d": ["i1", "n1", "n2"]}, initial, 30, 120, k=10) == pytest.approx(1 / 9)
+    assert np.isnan(dynamic_measures.idbi({"e": []}, initial, 50, 100, k=4))
     with pytest.raises(ValueError, match="0 < |D0|"):
-        dynamic.idbi({"a": ["x"]}, set(), 0, 10)
+        dynamic_measures.idbi({"a": ["x"]}, set(), 0, 10)
 
 
 def test_markdown_table():

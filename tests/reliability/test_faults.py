@@ -47,7 +47,7 @@ TRAIN_STEPS = 2
 EvalConfig.num_beams = 3
 """
 
-# the BM25 robustness command of tests/protocols/test_robustness.py
+# the BM25 robustness command of tests/protocols/test_query_variation.py
 ROBUSTNESS_ARGS = ["--gin_file=experiments/demo/robustness_bm25.gin", "--gin.run_robustness.max_queries=10",
                    "--gin.run_robustness.seeds=[5, 27]", "--gin.run_robustness.generators={}"]
 

@@ -364,7 +364,7 @@ def test_out_of_range_bindings_are_refused_before_anything_runs(tmp_path, capsys
     from gr_jax import train
 
     exp = tmp_path / "exp.gin"
-    exp.write_text(TINY + "import gr_jax.protocols.pseudo_queries\n")
+    exp.write_text(TINY + "import gr_jax.protocols.lm_pseudo_queries\n")
     name, value = (x.strip() for x in binding.split("="))
     rc, err = _main(train, [f"--gin_file={exp}", f"--gin.MODEL_DIR='{tmp_path / 'm'}'", f"--gin.{name}={value}"],
                     capsys)
@@ -499,7 +499,7 @@ def test_a_refused_training_leaves_the_directory_as_it_found_it(tiny_dsi, tmp_pa
 
 def test_a_refused_pseudo_query_rerun_keeps_its_config_gin(tiny_hf_llama, tmp_path):
     """The refused re-run rewrote config.gin before refusing, then pointed at "the config.gin beside it"."""
-    from gr_jax.protocols import pseudo_queries
+    from gr_jax.protocols import lm_pseudo_queries
 
     run = tmp_path / "run"
     bindings = [f"MODEL_DIR = '{run}'", f"LM = '{tiny_hf_llama}'", "write_pseudo_queries.max_documents = 2",
@@ -507,12 +507,12 @@ def test_a_refused_pseudo_query_rerun_keeps_its_config_gin(tiny_hf_llama, tmp_pa
     gin.clear_config()
     gin_utils.parse(["experiments/demo/pseudo_queries_smollm2.gin"], bindings)
     with locks.output_lock(run, "gr_jax test"):
-        gin_utils.call_configured(pseudo_queries.write_pseudo_queries)
+        gin_utils.call_configured(lm_pseudo_queries.write_pseudo_queries)
     gin.clear_config()
     before = _tree(run)
     assert "config.gin" in before
     _refused(["experiments/demo/pseudo_queries_smollm2.gin"], [*bindings, "write_pseudo_queries.seed = 7"],
-             pseudo_queries.write_pseudo_queries, run, "built with another seed")
+             lm_pseudo_queries.write_pseudo_queries, run, "built with another seed")
     assert _tree(run) == before
 
 

@@ -49,8 +49,8 @@ import numpy as np
 
 from gr_jax.decoding import beam_search as bs
 from gr_jax.index.device import leaf_documents
-from gr_jax.methods.pag.planned import docid_order, planning_trie
-from gr_jax.methods.pag.planner import (  # noqa: F401  (the planner's names, re-exported)
+from gr_jax.methods.pag.model_planned import docid_order, planning_trie
+from gr_jax.methods.pag.model_planner import (  # noqa: F401  (the planner's names, re-exported)
     Postings, _top_k, budgets_for, plan_from_rep, simul_scores, top_n_by_key, top_n_exact, top_n_fast, top_set_ids)
 from gr_jax.backbones import t5, t5_convert
 from gr_jax.retriever.contract import Capabilities
@@ -394,7 +394,7 @@ class PagRetriever(GenerativeRetriever):
     def aligned_params(self, directory, params, teacher: dict):
         """The parameters with the planner aligned to another language (`methods.pag.align`), checked against
         the teacher checkpoint they were aligned from."""
-        from gr_jax.methods.pag.aligned import load_aligned
+        from gr_jax.methods.pag.model_aligned import load_aligned
 
         return load_aligned(directory, params, teacher)
 

@@ -33,7 +33,7 @@ import numpy as np
 from gr_jax.decoding import rankers
 from gr_jax.index.substring import DeviceSubstrings, SubstringIndex
 from gr_jax.methods.seal.docids import MARKERS, Markers
-from gr_jax.methods.seal.scoring import Key, rank_documents
+from gr_jax.methods.seal.ranker import Key, rank_documents
 from gr_jax.retriever.contract import Capabilities
 from gr_jax.retriever.decoder_only import DecoderOnlyRetriever
 from gr_jax.retriever.model import GenerativeRetriever

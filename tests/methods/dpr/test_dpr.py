@@ -11,7 +11,7 @@ import pytest
 
 from gr_jax.data.readers import Corpus, DataError
 from gr_jax.docids.embed import Embedder
-from gr_jax.methods.dpr import negatives as hard
+from gr_jax.methods.dpr import training_negatives as hard
 from gr_jax.methods.dpr.model import DprIterator, DprModel
 from gr_jax.backbones.bert import Bert, BertConfig
 from tests.conftest import require

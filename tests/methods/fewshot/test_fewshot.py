@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from gr_jax.data import batches, demo
 from gr_jax.methods.fewshot import model as fewshot
-from gr_jax.methods.fewshot import run as fewshot_gr
+from gr_jax.methods.fewshot import command as fewshot_gr
 from gr_jax.backbones.lm import clean_text
 
 

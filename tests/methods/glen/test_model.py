@@ -257,7 +257,7 @@ def test_the_pytorch_reference_decoding_reproduces_glens_rankings_and_ours(tmp_p
     """`methods.glen.torch_reference.glen_rank_torch` (the benchmark's PyTorch contender) on the fixture gives GLEN's own ranked
     lists; on another random model (other sizes, many collisions) it agrees with `GlenRetriever` exactly."""
     from gr_jax.backbones import t5
-    from gr_jax.methods.glen.torch_reference import glen_rank_torch
+    from gr_jax.methods.glen.parity_reference import glen_rank_torch
     from gr_jax.backbones.t5_parity import load_torch_t5
 
     require("torch")

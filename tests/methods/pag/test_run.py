@@ -45,7 +45,7 @@ train.eval_config = @EvalConfig()
 
 
 # the PAG the session trains once (tests/conftest.py `tiny_pag`): TRAIN with planning sets of 12 and no final
-# evaluation (later bindings win in gin); tests/protocols/test_robustness.py reads it too
+# evaluation (later bindings win in gin); tests/protocols/test_query_variation.py reads it too
 SHARED = TRAIN + """
 PagRetriever.planning_size = 12
 train.final_eval = False

@@ -13,7 +13,7 @@ from gr_jax.data.readers import Corpus
 from gr_jax.docids.base import FitContext
 from gr_jax.methods.seal.docids import SealDocids
 from gr_jax.methods.seal.model import SealRetriever, SealSearch, mark
-from gr_jax.methods.seal.scoring import Key, occurrences, rank_documents
+from gr_jax.methods.seal.ranker import Key, occurrences, rank_documents
 from gr_jax.methods.seal.training import SealPairs, overlap_starts, split_views
 from gr_jax.backbones import t5
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gr_jax.methods.pag.planner import Postings, budgets_for, plan_from_rep
+from gr_jax.methods.pag.model_planner import Postings, budgets_for, plan_from_rep
 from tests.conftest import sweep
 
 

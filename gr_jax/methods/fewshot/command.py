@@ -1,4 +1,5 @@
-"""The Few-Shot GR protocol (003_fewshot_gr.txt): index a corpus with an LM-written docid bank (no training),
+"""Few-Shot GR's own command (`python -m gr_jax.methods.fewshot.command`, or `python -m gr_jax.fewshot`), the
+protocol of 003_fewshot_gr.txt: index a corpus with an LM-written docid bank (no training),
 retrieve with the same LM under the bank's prefix tree, and report effectiveness for several bank sizes n
 (docids per document; the paper's Fig. 2), the indexing time and the latency per query (Table 3 shape), with
 BM25 on the same queries.
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 import gin
 
+from gr_jax.commands import Command
 from gr_jax.runtime import gin_checks
 from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.baselines.bm25 import BM25
@@ -35,6 +38,7 @@ from gr_jax.runtime.provenance import normalized, reuse
 from gr_jax.methods.fewshot import model as fewshot
 from gr_jax.backbones.lm import LMContext
 from gr_jax.runtime.validation import Count
+from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +107,7 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
     built_from = {"lm": lm_digest, "corpus": dataset.corpus.fingerprint(), "writer": writer.settings()}
     t0 = time.time()
     bank = build_bank(ctx, dataset.corpus, writer, model_dir / BANK_FILE, built_from,
-                      on_start=lambda: write_text(model_dir / "config.gin", gin.config_str(), keep_previous=True))
+                      on_start=lambda: write_text(RunDir(model_dir).config, gin.config_str(), keep_previous=True))
     index_seconds = time.time() - t0
 
     qrels = dataset.qrels[split]
@@ -129,7 +133,7 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
         run = retrieve(retriever, retriever.params, tokens, qids, index, dataset.corpus.doc_ids, num_beams,
                        batch_size)
         ms = 1000 * (time.time() - t) / max(len(qids), 1)
-        write_run(model_dir / "runs" / f"{split}.fewshot_n{n}.run", run)
+        write_run(RunDir(model_dir).run_file(f"{split}.fewshot_n{n}.run"), run)
         results["bank_sizes"][str(n)] = {"metrics": evaluate(run, sub, list(metrics), 1, missing_as_zero=True),
                                          "bank": report}
         timing["ms_per_query"][str(n)] = round(ms, 1)
@@ -140,7 +144,7 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
         results["bm25_metrics"] = evaluate(bm25_run, sub, list(metrics), 1, missing_as_zero=True)
     # the qrels of the evaluated queries: any other system's run compares on the same queries with
     # python -m gr_jax.eval --run RUN --qrels MODEL_DIR/runs/<split>.qrels --msmarco_official
-    write_qrels(model_dir / "runs" / f"{split}.qrels", sub)
+    write_qrels(RunDir(model_dir).run_file(f"{split}.qrels"), sub)
     write_text(model_dir / "fewshot.json", json_text(results, indent=1), keep_previous=True)
     write_text(model_dir / "fewshot.md", tables_markdown(results) + "\n", keep_previous=True)
     write_text(model_dir / "timing.json", json_text(timing, indent=1))  # a measurement of this run only
@@ -165,3 +169,19 @@ def tables_markdown(results: dict) -> str:
         head += f"; docid bank written in {timing['bank_generation_seconds']:.0f} s"
     cols = ["system", *names, *(["ms/query"] if timing else []), "docids"]
     return head + "\n\n" + markdown_table(cols, rows)
+
+
+FEWSHOT = Command("fewshot", """python -m gr_jax.fewshot --gin_file=FILE [--gin_file=...] [--gin.NAME=VALUE ...] [--gin_search_paths=A,B]
+
+Few-Shot GR (methods/fewshot/command.py): an LM writes a docid bank for the corpus (no training), then retrieves
+with constrained beam search over it; writes MODEL_DIR/{docid_bank.jsonl, fewshot.json, fewshot.md, runs/}
+and prints the table (one row per bank size n, BM25 beside). E.g. experiments/demo/fewshot_smollm2.gin.""",
+                  lambda: run_fewshot, lambda result: "\n" + tables_markdown(result) + "\n", root="run_fewshot")
+
+
+def main(argv=None) -> int:
+    return FEWSHOT.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -36,9 +36,10 @@ from gr_jax.data.readers import DataError, QuerySet, fingerprint, read_queries_t
 from gr_jax.evaluation import drift
 from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.runtime.io_utils import atomic_dir, json_text
-from gr_jax.methods.pag.aligned import META_FILE, PARAMS_FILE, load_aligned  # noqa: F401 (re-exported)
+from gr_jax.methods.pag.model_aligned import META_FILE, PARAMS_FILE, load_aligned  # noqa: F401 (re-exported)
 from gr_jax.methods.pag.model import PagRetriever, lexical_rep
 from gr_jax.runtime.validation import Count, Positive
+from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ def align_planner(model_dir: str = gin.REQUIRED, language: str = gin.REQUIRED, t
     overlap = set(train[0].qids) & set(dev[0].qids)
     if overlap:
         raise DataError(f"{dev_file}: {len(overlap)} dev query ids are also training ones, e.g. {sorted(overlap)[:3]}")
-    out = Path(output_dir) if output_dir else Path(model_dir) / "aligned" / language
+    out = Path(output_dir) if output_dir else RunDir(model_dir).aligned(language)
     gin_checks.check_bindings_used(("align_planner",))
     length = setup.feature_lengths["inputs"]
     meta = train_aligned_planner(

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from gr_jax.methods.seal.scoring import Key, cover, document_score, occurrences, rank_documents, weight
+from gr_jax.methods.seal.ranker import Key, cover, document_score, occurrences, rank_documents, weight
 
 DOCS = {0: [7, 8, 5, 6, 7], 1: [6, 7, 8, 6, 7], 2: [9]}
 

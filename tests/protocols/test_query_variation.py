@@ -9,7 +9,7 @@ import gin
 import pytest
 
 from gr_jax import robustness as entry
-from gr_jax.protocols import robustness as R
+from gr_jax.protocols import query_variation as R
 from tests.shared import copy_of
 from tests.methods.seal.small import train_small
 
@@ -189,7 +189,7 @@ def test_align_planner_killed_at_a_random_moment_reruns_to_the_same_files_and_ke
     from pathlib import Path
 
     from gr_jax.data import sources
-    from gr_jax.methods.pag.aligned import META_FILE, PARAMS_FILE
+    from gr_jax.methods.pag.model_aligned import META_FILE, PARAMS_FILE
 
     root = Path(__file__).resolve().parents[2]
     exp, trained = tiny_pag

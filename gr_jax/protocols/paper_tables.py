@@ -36,7 +36,7 @@ import numpy as np
 
 from gr_jax.runtime import gin_utils
 from gr_jax.runtime.errors import UserError
-from gr_jax.evaluation import dynamic as measures
+from gr_jax.evaluation import dynamic_measures as measures
 from gr_jax.runtime.io_utils import atomic_dir, json_text, keep_aside, make_dirs, read_json, write_text
 from gr_jax.runtime.provenance import file_digest
 

@@ -1,4 +1,4 @@
-"""PAG's inverted planner (methods/pag/planner.py) beside the dense product it must equal: the index laid out by
+"""PAG's inverted planner (methods/pag/model_planner.py) beside the dense product it must equal: the index laid out by
 hand, query-term pruning by hand, each of its paths (postings, rank layout, dense fallback) taken and equal to the
 dense product, and the model's plan, rankings and traced search unchanged by it. The oracle written from the
 paper alone is test_planner_oracle.py."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gr_jax.methods.pag import parity as pag_parity
-from gr_jax.methods.pag import planner
+from gr_jax.methods.pag import model_planner
 from tests.conftest import sweep
 
 FIXTURE = pag_parity.Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "pag_parity"
@@ -19,12 +19,12 @@ FIXTURE = pag_parity.Path(__file__).resolve().parents[3] / "tests" / "fixtures" 
 
 def test_postings_by_hand():
     # rows 0, 1, 2 with keys 5, 9, 1 → by key descending: row 1 (rank 0), row 0 (rank 1), row 2 (rank 2)
-    post = planner.Postings(np.array([[2, 0], [0, -1], [2, 2]], np.int32), 3, np.array([5, 9, 1], np.int32))
+    post = model_planner.Postings(np.array([[2, 0], [0, -1], [2, 2]], np.int32), 3, np.array([5, 9, 1], np.int32))
     assert post.by_key.tolist() == [1, 0, 2]
     assert post.start.tolist() == [0, 2, 2, 5]  # token 0: 2 postings, token 1: none, token 2: 3
     assert post.docs.tolist() == [0, 1, 1, 2, 2]  # token 0: ranks of rows 1, 0; token 2: rows 0, 2, 2 (listed twice)
     with pytest.raises(ValueError, match="beyond the planning vocabulary of 2"):
-        planner.Postings(np.array([[2]], np.int32), 2, np.array([0], np.int32))
+        model_planner.Postings(np.array([[2]], np.int32), 2, np.array([0], np.int32))
 
 
 def test_query_term_pruning_keeps_every_weight_tied_at_the_t_th():
@@ -49,7 +49,7 @@ def corpus():
     ids = np.sort(rng.integers(0, V, (D, M)), axis=1).astype(np.int32)
     ids[:, 1:][ids[:, 1:] == ids[:, :-1]] = -1
     keys = rng.permutation(1 << 20)[:D].astype(np.int32)
-    return jnp.asarray(ids), jnp.asarray(keys), planner.Postings(ids, V, keys)
+    return jnp.asarray(ids), jnp.asarray(keys), model_planner.Postings(ids, V, keys)
 
 
 def _queries(seed: int, fired: int, values=None):
@@ -73,12 +73,12 @@ def test_each_path_of_the_inverted_planner_equals_the_dense_product(corpus, case
            "few scoring": _queries(3, 1)}[case]
     if case == "few scoring":
         assert int(np.diff(post.start).max()) < n  # no single token reaches n documents
-    budgets = planner.budgets_for(1 << 13, V)
-    assert bool(planner.inverted_fits(rep, post.device()[1], budgets))
+    budgets = model_planner.budgets_for(1 << 13, V)
+    assert bool(model_planner.inverted_fits(rep, post.device()[1], budgets))
     rows, scores, exact, took_postings = jax.device_get(jax.jit(
-        lambda r: planner.inverted_plan(r, ids, post.device(), n, budgets))(rep))
+        lambda r: model_planner.inverted_plan(r, ids, post.device(), n, budgets))(rep))
     assert bool(exact) and bool(took_postings) == quick
-    want_rows, want_s, _ = jax.device_get(planner.plan_from_rep(rep, ids, keys, n, 512, exact=True))
+    want_rows, want_s, _ = jax.device_get(model_planner.plan_from_rep(rep, ids, keys, n, 512, exact=True))
     for b in range(B):
         assert len(set(rows[b].tolist())) == n and set(rows[b].tolist()) == set(want_rows[b].tolist())
         got = sorted(zip(rows[b].tolist(), scores[b].view(np.uint32).tolist()))
@@ -97,11 +97,11 @@ def test_documents_on_several_tokens_beyond_the_rescored_budget(corpus, n, exact
     on = fired[:, np.maximum(np.asarray(ids), 0)] & (np.asarray(ids) >= 0)[None]  # [B, D, M]
     count = on.sum(axis=2)
     assert (np.where(count >= 2, count, 0).sum(axis=1) > 64).all()  # more such postings than rescored
-    budgets = planner.Budgets(active=V, postings=1 << 13, rescored=64)
-    assert bool(planner.inverted_fits(rep, post.device()[1], budgets))
-    assert bool(jax.device_get(planner.inverted_plan(rep, ids, post.device(), n, budgets)[2])) == exact
-    got = jax.device_get(planner.plan_from_rep(rep, ids, keys, n, 512, post.device(), budgets, exact=True))
-    want = jax.device_get(planner.plan_from_rep(rep, ids, keys, n, 512, exact=True))
+    budgets = model_planner.Budgets(active=V, postings=1 << 13, rescored=64)
+    assert bool(model_planner.inverted_fits(rep, post.device()[1], budgets))
+    assert bool(jax.device_get(model_planner.inverted_plan(rep, ids, post.device(), n, budgets)[2])) == exact
+    got = jax.device_get(model_planner.plan_from_rep(rep, ids, keys, n, 512, post.device(), budgets, exact=True))
+    want = jax.device_get(model_planner.plan_from_rep(rep, ids, keys, n, 512, exact=True))
     for b in range(B):
         assert sorted(zip(got[0][b].tolist(), got[1][b].view(np.uint32).tolist())) == \
             sorted(zip(want[0][b].tolist(), want[1][b].view(np.uint32).tolist()))
@@ -118,10 +118,10 @@ def test_room_for_exactly_the_postings_on_several_tokens(corpus):
     count = on.sum(axis=2)
     R = int(np.where(count >= 2, count, 0).sum(axis=1).max())
     assert R >= 8 and (np.where(count >= 2, count, 0).sum(axis=1) > R // 2).all()  # over half of the room used
-    budgets = planner.Budgets(active=V, postings=1 << 13, rescored=R)
-    rows, scores, exact, _ = jax.device_get(planner.inverted_plan(rep, ids, post.device(), 400, budgets))
+    budgets = model_planner.Budgets(active=V, postings=1 << 13, rescored=R)
+    rows, scores, exact, _ = jax.device_get(model_planner.inverted_plan(rep, ids, post.device(), 400, budgets))
     assert exact
-    want_rows, want_s, _ = jax.device_get(planner.plan_from_rep(rep, ids, keys, 400, 512, exact=True))
+    want_rows, want_s, _ = jax.device_get(model_planner.plan_from_rep(rep, ids, keys, 400, 512, exact=True))
     for b in range(rep.shape[0]):
         assert sorted(zip(rows[b].tolist(), scores[b].view(np.uint32).tolist())) == \
             sorted(zip(want_rows[b].tolist(), want_s[b].view(np.uint32).tolist()))
@@ -130,38 +130,38 @@ def test_room_for_exactly_the_postings_on_several_tokens(corpus):
 def test_a_batch_over_the_budgets_takes_the_dense_product(corpus):
     ids, keys, post = corpus
     rep = _queries(1, 12)
-    small = planner.budgets_for(256, V)  # 12 tokens × ~190 postings do not fit 256
-    assert not bool(planner.inverted_fits(rep, post.device()[1], small))
-    got = jax.device_get(planner.plan_from_rep(rep, ids, keys, N, 512, post.device(), small, exact=True))
-    want = jax.device_get(planner.plan_from_rep(rep, ids, keys, N, 512, exact=True))
+    small = model_planner.budgets_for(256, V)  # 12 tokens × ~190 postings do not fit 256
+    assert not bool(model_planner.inverted_fits(rep, post.device()[1], small))
+    got = jax.device_get(model_planner.plan_from_rep(rep, ids, keys, N, 512, post.device(), small, exact=True))
+    want = jax.device_get(model_planner.plan_from_rep(rep, ids, keys, N, 512, exact=True))
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
 def test_the_ladder_of_compiled_postings_sizes_by_hand():
-    big = planner.budgets_for(1 << 17, 32000)
-    rungs = planner.ladder(big)
+    big = model_planner.budgets_for(1 << 17, 32000)
+    rungs = model_planner.ladder(big)
     assert [b.postings for b in rungs] == [1 << 14, 1 << 15, 1 << 16, 1 << 17] and rungs[-1] == big
     assert {(b.active, b.rescored) for b in rungs} == {(1024, 4096)}  # same tokens, same rescored documents
-    small = planner.Budgets(active=3, postings=13, rescored=5)
-    assert [(b.postings, b.rescored) for b in planner.ladder(small)] == [(1, 1), (3, 3), (6, 5), (13, 5)]
-    assert planner.ladder(small, rungs=1) == (small,)
+    small = model_planner.Budgets(active=3, postings=13, rescored=5)
+    assert [(b.postings, b.rescored) for b in model_planner.ladder(small)] == [(1, 1), (3, 3), (6, 5), (13, 5)]
+    assert model_planner.ladder(small, rungs=1) == (small,)
 
 
 def test_the_rung_of_a_batch_by_hand():
     # posting lists of lengths 4, 0, 2, 7 (tokens 0..3)
     start = jnp.asarray([0, 4, 4, 6, 13], jnp.int32)
-    rungs = (planner.Budgets(2, 4, 1), planner.Budgets(2, 8, 1), planner.Budgets(2, 16, 1))
+    rungs = (model_planner.Budgets(2, 4, 1), model_planner.Budgets(2, 8, 1), model_planner.Budgets(2, 16, 1))
     rep = jnp.asarray([[1.0, 0, 0, 0], [0, 9.0, 0.5, 0]])  # postings 4 and 2 (token 1 has none: not fired)
-    assert int(planner.rung_of(rep, start, rungs)) == 0
+    assert int(model_planner.rung_of(rep, start, rungs)) == 0
     rep = jnp.asarray([[1.0, 0, 1.0, 0], [0, 0, 0, 0]])  # 6 postings: the 8 rung
-    assert int(planner.rung_of(rep, start, rungs)) == 1
+    assert int(model_planner.rung_of(rep, start, rungs)) == 1
     rep = jnp.asarray([[1.0, 0, 0, 1.0], [0, 0, 0, 0]])  # 11
-    assert int(planner.rung_of(rep, start, rungs)) == 2
+    assert int(model_planner.rung_of(rep, start, rungs)) == 2
     rep = jnp.asarray([[1.0, 0, 1.0, 1.0], [0, 0, 0, 0]])  # 13 postings but 3 fired tokens > 2: none fits
-    assert int(planner.rung_of(rep, start, rungs)) == 3
+    assert int(model_planner.rung_of(rep, start, rungs)) == 3
     rep = jnp.asarray([[0, 0, 1.0, 0], [0, 0, 0, 1.0]])  # 2 and 7 postings: the batch's largest query decides
-    assert int(planner.rung_of(rep, start, rungs)) == 1
-    assert int(planner.rung_of(rep, start, rungs[:1])) == 1  # the 4 rung alone: none fits
+    assert int(model_planner.rung_of(rep, start, rungs)) == 1
+    assert int(model_planner.rung_of(rep, start, rungs[:1])) == 1  # the 4 rung alone: none fits
 
 
 @pytest.mark.parametrize("fired, values, n, quick", sweep("fired, values, n, quick", [
@@ -174,17 +174,17 @@ def test_every_rung_plans_what_the_largest_plans(corpus, fired, values, n, quick
     tokens; fewer than n documents scoring, where the 512 rung, 512 + 128 < 700, is not compiled)."""
     ids, keys, post = corpus
     rep = _queries(5, fired, values)
-    budgets = planner.budgets_for(1 << 12, V)
-    rungs = tuple(b for b in planner.ladder(budgets) if b.candidates >= n)  # as plan_from_rep keeps
+    budgets = model_planner.budgets_for(1 << 12, V)
+    rungs = tuple(b for b in model_planner.ladder(budgets) if b.candidates >= n)  # as plan_from_rep keeps
     assert len(rungs) == (3 if n == 700 else 4)
-    chosen = int(planner.rung_of(rep, post.device()[1], rungs))
+    chosen = int(model_planner.rung_of(rep, post.device()[1], rungs))
     assert chosen < len(rungs) - 1  # the batch runs below the largest rung
-    fits, took_postings = jax.device_get(planner.inverted_plan(rep, ids, post.device(), n, rungs[chosen])[2:])
+    fits, took_postings = jax.device_get(model_planner.inverted_plan(rep, ids, post.device(), n, rungs[chosen])[2:])
     assert bool(fits) and bool(took_postings) == quick  # the index decides, on the path this case is for
-    got = jax.device_get(planner.plan_from_rep(rep, ids, keys, n, 512, post.device(), budgets, exact=True))
-    monkeypatch.setattr(planner, "RUNGS", 1)
-    one = jax.device_get(planner.plan_from_rep(rep, ids, keys, n, 512, post.device(), budgets, exact=True))
-    dense = jax.device_get(planner.plan_from_rep(rep, ids, keys, n, 512, exact=True))
+    got = jax.device_get(model_planner.plan_from_rep(rep, ids, keys, n, 512, post.device(), budgets, exact=True))
+    monkeypatch.setattr(model_planner, "RUNGS", 1)
+    one = jax.device_get(model_planner.plan_from_rep(rep, ids, keys, n, 512, post.device(), budgets, exact=True))
+    dense = jax.device_get(model_planner.plan_from_rep(rep, ids, keys, n, 512, exact=True))
     for want in (one, dense):
         for b in range(B):
             assert sorted(zip(got[0][b].tolist(), got[1][b].view(np.uint32).tolist())) == \
@@ -202,7 +202,7 @@ def test_the_model_plans_and_ranks_the_same_with_and_without_the_index():
         q = z["query_input_ids"].astype(np.int32)
     assert model._planner_arrays()[2] is not None  # 30 documents, n 20: the index is built
     rep = model.lexical_rep(params, jnp.asarray(q))
-    assert bool(planner.inverted_fits(rep, model._postings.device()[1], planner.budgets_for(
+    assert bool(model_planner.inverted_fits(rep, model._postings.device()[1], model_planner.budgets_for(
         model.planner_postings, model.docid_base)))
     out = []
     for postings in (model.planner_postings, 0):
@@ -225,11 +225,11 @@ def test_the_model_plans_and_ranks_the_same_with_and_without_the_index():
 def _both(ids, keys, rep, n, vocab):
     """(inverted, dense) plans as sorted (row, score bits) lists per query."""
     ids, keys, rep = np.asarray(ids, np.int32), np.asarray(keys, np.int32), jnp.asarray(rep, jnp.float32)
-    post = planner.Postings(ids, vocab, keys).device()
+    post = model_planner.Postings(ids, vocab, keys).device()
     out = []
     for postings in (post, None):
-        rows, s, _ = jax.device_get(planner.plan_from_rep(rep, jnp.asarray(ids), jnp.asarray(keys), n, 64, postings,
-                                                          planner.budgets_for(64, vocab), exact=True))
+        rows, s, _ = jax.device_get(model_planner.plan_from_rep(rep, jnp.asarray(ids), jnp.asarray(keys), n, 64, postings,
+                                                          model_planner.budgets_for(64, vocab), exact=True))
         out.append([sorted(zip(r.tolist(), x.view(np.uint32).tolist())) for r, x in zip(rows, s)])
     return out
 
@@ -274,7 +274,7 @@ def test_query_terms_count_the_planning_vocabulary_only_and_a_new_setting_recomp
     kept = np.asarray(model.query_rep(rep))[:, :base]
     assert ((kept > 0).sum(axis=1) == 3).all()  # the fixture's weights do not tie at the 3rd
     got = jax.device_get(model.plan(params, q))
-    want = jax.device_get(planner.plan_from_rep(model.query_rep(rep), model.set_ids, model._keys,
+    want = jax.device_get(model_planner.plan_from_rep(model.query_rep(rep), model.set_ids, model._keys,
                                                 model.planning_size, 64, exact=True))
     assert [set(r.tolist()) for r in got[0]] == [set(r.tolist()) for r in want[0]]
     assert [set(r.tolist()) for r in got[0]] != [set(r.tolist()) for r in first[0]]

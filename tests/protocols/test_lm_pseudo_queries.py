@@ -12,7 +12,7 @@ from gr_jax.data.pairs import document_query_pairs
 from gr_jax.data.readers import Corpus, DataError
 from gr_jax.docids.pseudo_query import read_queries_file
 from gr_jax.backbones import lm as fewshot
-from gr_jax.protocols import pseudo_queries as pq
+from gr_jax.protocols import lm_pseudo_queries as pq
 
 
 @pytest.fixture

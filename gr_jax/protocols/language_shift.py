@@ -42,6 +42,7 @@ from gr_jax.evaluation.metrics import mean_metric
 from gr_jax.evaluation.retrieval import evaluation_settings
 from gr_jax.protocols.systems import Probe, TrainedSystem, probe, run_names
 from gr_jax.runtime.validation import Count
+from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str
     if planner is not None and k > planner.planning_size:
         raise ValueError(f"run_cross_lingual.k = {k} exceeds {type(planner).__name__}.planning_size = "
                          f"{planner.planning_size}: lower k or raise the planning size")
-    out_dir = Path(output_dir) if output_dir else Path(model_dir) / "cross_lingual"
+    out_dir = Path(output_dir) if output_dir else RunDir(model_dir).cross_lingual
     ds = system.setup.dataset
     if split not in ds.queries:
         raise ValueError(f"split {split!r} not in the dataset (it has {sorted(ds.queries)})")
@@ -223,7 +224,7 @@ def run_cross_lingual(model_dir: str = gin.REQUIRED, languages: Mapping[str, str
             probes, qrels, metrics, rel_threshold, run_names(system), k, ell)}
     # config.gin with the results it produced: a run refused on the way (a reused file built from other
     # settings) leaves the one beside the earlier results as it was
-    write_text(out_dir / "config.gin", gin.config_str(), keep_previous=True)
+    write_text(RunDir(out_dir).config, gin.config_str(), keep_previous=True)
     write_text(out_dir / "cross_lingual.json", json_text(result, indent=1, sort_keys=True), keep_previous=True)
     write_text(out_dir / "cross_lingual.md", cross_lingual_markdown(result), keep_previous=True)
     plot_effectiveness(result, out_dir / "cross_lingual.png")

@@ -32,6 +32,7 @@ from gr_jax.backbones.lm import LMContext, PseudoQueryGenerator
 from gr_jax.data.batches import batch_seed, pending_batches, restrict
 from gr_jax.runtime.provenance import normalized, read_records, records_text, reuse
 from gr_jax.runtime.validation import Count
+from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def write_pseudo_queries(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED
                   "num_queries": num_queries, "seed": seed, "batch_size": batch_size}
     path = model_dir / QUERIES_FILE
     held = generate_for_corpus(ctx, corpus, generator, num_queries, seed, batch_size, path, built_from,
-                               on_start=lambda: write_text(model_dir / "config.gin", gin.config_str(),
+                               on_start=lambda: write_text(RunDir(model_dir).config, gin.config_str(),
                                                            keep_previous=True))
     summary = {"file": str(path), "documents": len(held.queries),
                "queries": sum(len(q) for q in held.queries.values()),

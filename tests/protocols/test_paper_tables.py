@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gr_jax import reproduce as cmd
-from gr_jax.protocols import reproduce as rp
+from gr_jax.protocols import paper_tables as rp
 
 QUICK = ["load_dataset.demo_docs = 60", "run_dynamic.progress = False"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from gr_jax.data.readers import QuerySet
 from gr_jax.methods.pag import parity as pag_parity
-from gr_jax.methods.pag import align as pag_align
+from gr_jax.methods.pag import training_align as pag_align
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "pag_parity"
 

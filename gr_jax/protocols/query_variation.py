@@ -45,6 +45,7 @@ from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.runtime.io_utils import write_text, json_text
 from gr_jax.protocols.systems import BM25System, DenseSystem, Probe, TrainedSystem, probe, run_names
 from gr_jax.runtime.validation import Count
+from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
     per_split = lambda value, split: value.get(split) if isinstance(value, Mapping) else value  # noqa: E731
     sut, dataset, described = build_system(system, model_dir, task, evaluation.num_beams, evaluation.batch_size,
                                            depth, embedder, k)
-    out_dir = Path(output_dir) if output_dir else (Path(model_dir) / "robustness" if model_dir else None)
+    out_dir = Path(output_dir) if output_dir else (RunDir(model_dir).robustness if model_dir else None)
     if out_dir is None:
         raise ValueError("run_robustness needs OUTPUT_DIR (or MODEL_DIR)")
     var_dir = Path(variations_dir) if variations_dir else out_dir / "variations"
@@ -198,13 +199,13 @@ def run_robustness(model_dir: Optional[str] = None, task: Optional[str] = None, 
                                                  seed, v)) for seed in seeds] for v in variations}
         result["splits"][split] = _split_result(
             sut, split, queries, qrels, conditions, metrics, per_split(primary_metric, split),
-            int(per_split(rel_threshold, split) or 1), out_dir / "runs", diagnostics, bar.update)
+            int(per_split(rel_threshold, split) or 1), RunDir(out_dir).runs, diagnostics, bar.update)
     bar.close()
     primary, planning = run_names(sut)
     result["system_runs"] = {"primary": primary, "planning": planning}
     # config.gin with the results it produced: a run refused on the way (a reused file built from other
     # settings) leaves the one beside the earlier results as it was
-    write_text(out_dir / "config.gin", gin.config_str(), keep_previous=True)
+    write_text(RunDir(out_dir).config, gin.config_str(), keep_previous=True)
     write_text(out_dir / "robustness.json", json_text(result, indent=1, sort_keys=True), keep_previous=True)
     write_text(out_dir / "robustness.md", tables_markdown(result), keep_previous=True)
     plot(result, out_dir, var_dir)

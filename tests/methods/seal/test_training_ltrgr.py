@@ -15,9 +15,9 @@ from gr_jax.data.readers import Corpus
 from gr_jax.docids.base import FitContext
 from gr_jax.runtime.errors import UserError
 from gr_jax.methods.seal.docids import SealDocids
-from gr_jax.methods.seal.ltrgr import LtrgrObjective, LtrgrPairs, coverage_counts, key_weights, params_digest
+from gr_jax.methods.seal.training_ltrgr import LtrgrObjective, LtrgrPairs, coverage_counts, key_weights, params_digest
 from gr_jax.methods.seal.model import SealRetriever, SealSearch
-from gr_jax.methods.seal.scoring import weight
+from gr_jax.methods.seal.ranker import weight
 from gr_jax.backbones import t5
 from tests.methods.seal.small import small_run, train_small
 
