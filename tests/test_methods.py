@@ -1,4 +1,5 @@
-"""A method is a folder (DESIGN.md §2): a method package imports the core, never another method or a protocol;
+"""A method is a folder (DESIGN.md §2): a method package imports gr_jax only through the extension surface
+(gr_jax/methods/api.py), never another method, a protocol or a core module directly;
 protocols and the composition talk to the model contract (retriever/contract.py) and never probe a model with
 `hasattr`/`getattr`; every model object of the library follows the contract. Each check is also run on a
 planted violation, to show it can fail."""
@@ -11,41 +12,70 @@ import pytest
 from tests.test_repo import ROOT, _import_graph, _under
 
 METHODS = "gr_jax.methods"
+API = "gr_jax.methods.api"  # the extension surface: all a method imports of gr_jax besides its own package
 NO_PROBING = ("gr_jax/protocols", "gr_jax/compose.py")  # talk to the model contract only
+TOY = ROOT / "tests" / "toy_method"
 
 
 def _method_of(module: str):
-    """'gr_jax.methods.glen.model' → 'glen'; None outside the methods."""
+    """'gr_jax.methods.glen.model' → 'glen'; None outside the methods (and for the extension surface)."""
     parts = module.split(".")
-    return parts[2] if len(parts) > 2 and _under(module, (METHODS,)) else None
+    return parts[2] if len(parts) > 2 and _under(module, (METHODS,)) and module != API else None
 
 
 def method_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    """(module, import) pairs where a method imports another method or a protocol."""
+    """(module, import) pairs where a method imports of gr_jax anything but the extension surface and its own
+    package: another method, a protocol, or a module of the core directly."""
     out = []
     for module, deps in graph.items():
         own = _method_of(module)
         if own is None:
             continue
         for d in deps:
-            other = _method_of(d)
-            if _under(d, ("gr_jax.protocols",)) or (other is not None and other != own):
-                out.append((module, d))
+            if d == API or _method_of(d) == own or d in ("gr_jax", METHODS):
+                continue
+            out.append((module, d))
     return sorted(out)
 
 
-def test_a_method_imports_neither_another_method_nor_a_protocol():
+def _toy_imports() -> list[str]:
+    """The gr_jax modules the toy method package (a method outside the library) imports."""
+    found = []
+    for path in sorted(TOY.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gr_jax"):
+                found.append(node.module)
+            elif isinstance(node, ast.Import):
+                found += [a.name for a in node.names if a.name.startswith("gr_jax")]
+    return found
+
+
+def test_a_method_imports_gr_jax_only_through_the_extension_surface():
     graph = _import_graph()
     assert {m for m in graph if _method_of(m)} >= {"gr_jax.methods.glen.model", "gr_jax.methods.pag.model",
                                                    "gr_jax.methods.mdgr.docids", "gr_jax.methods.fewshot.command"}
     assert method_violations(graph) == []
 
 
+def test_the_extension_surface_has_a_table_row_for_each_extension_point():
+    import gr_jax.methods.api as api
+
+    rows = [line.split("|")[1].strip() for line in api.__doc__.splitlines() if line.startswith("| ")][1:]
+    assert rows == ["docid scheme", "objective", "training data", "model contract", "head", "decoding constraint",
+                    "ranker", "decoding hooks", "starting checkpoint", "embedder", "trainer hooks", "command",
+                    "parity"]
+    for name in ("DocidScheme", "ObjectivesConfig", "GenerativeRetriever", "Capabilities", "Constraint",
+                 "flat_slots", "initial", "Embedder", "trainer", "Command", "CodebookHead"):
+        assert hasattr(api, name), name
+
+
 def test_the_method_check_sees_a_planted_violation():
     graph = _import_graph()
     graph["gr_jax.methods.pag.model"] = graph["gr_jax.methods.pag.model"] | {"gr_jax.methods.glen.ranker"}
     graph["gr_jax.methods.glen.model"] = graph["gr_jax.methods.glen.model"] | {"gr_jax.protocols.systems"}
+    graph["gr_jax.methods.mdgr.ranker"] = graph["gr_jax.methods.mdgr.ranker"] | {"gr_jax.decoding.rankers"}
     assert method_violations(graph) == [("gr_jax.methods.glen.model", "gr_jax.protocols.systems"),
+                                        ("gr_jax.methods.mdgr.ranker", "gr_jax.decoding.rankers"),
                                         ("gr_jax.methods.pag.model", "gr_jax.methods.glen.ranker")]
 
 
@@ -68,9 +98,9 @@ def test_protocols_and_the_composition_do_not_probe_models():
 
 
 def test_the_probe_check_sees_a_planted_violation():
-    planted = (ROOT / "gr_jax" / "protocols" / "robustness.py").read_text() + (
+    planted = (ROOT / "gr_jax" / "protocols" / "query_variation.py").read_text() + (
         "\n\ndef _planted(model):\n    return hasattr(model, 'planner_tokens') or getattr(model, 'mode', None)\n")
-    found = probes(planted, "robustness.py")
+    found = probes(planted, "query_variation.py")
     assert len(found) == 2 and "hasattr(model, 'planner_tokens')" in found[0]
 
 

@@ -29,15 +29,23 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from gr_jax.runtime import validation
-from gr_jax.data.pairs import query_pairs
-from gr_jax.data.readers import DataError, fingerprint
-from gr_jax.docids.embed import Embedder
+from gr_jax.methods.api import (
+    Bert,
+    Count,
+    DataError,
+    Embedder,
+    file_digest,
+    fingerprint,
+    l2_normalise,
+    load_sentence_encoder,
+    mean_pool,
+    Positive,
+    query_pairs,
+    SentenceEncoder,
+    trainer,
+    validation,
+)
 from gr_jax.methods.dpr import training_negatives as hard
-from gr_jax.backbones.bert import Bert, SentenceEncoder, l2_normalise, load_sentence_encoder, mean_pool
-from gr_jax.runtime.provenance import file_digest
-from gr_jax.training import trainer
-from gr_jax.runtime.validation import Count, Positive
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from gr_jax.baselines.bm25 import hard_negatives as bm25_negatives
+from gr_jax.methods.api import hard_negatives as bm25_negatives
 
 __all__ = ["bm25_negatives", "dense_negatives", "positives_of"]
 
@@ -24,7 +24,7 @@ def dense_negatives(embedder, corpus, qids: Sequence[str], texts: Sequence[str],
                     depth: int) -> np.ndarray:
     """Corpus rows [n, depth] of the dense retriever `embedder` (queries by `embed_queries`, documents by
     `embed`) over the whole `corpus`, positives left out."""
-    from gr_jax.baselines.dense import DenseIndex
+    from gr_jax.methods.api import DenseIndex
 
     positives = positives_of(qids, rows)
     text_of = dict(zip(qids, texts))

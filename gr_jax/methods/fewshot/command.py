@@ -22,23 +22,31 @@ from typing import Optional, Sequence
 
 import gin
 
-from gr_jax.commands import Command
-from gr_jax.runtime import gin_checks
-from gr_jax.runtime.progress import bar as progress_bar
-from gr_jax.baselines.bm25 import BM25
-from gr_jax.data import sources
-from gr_jax.data.readers import Corpus
-from gr_jax.data.trec import write_qrels, write_run
-from gr_jax.evaluation.metrics import evaluate
-from gr_jax.evaluation.retrieval import evaluation_settings, retrieve
-from gr_jax.evaluation.report import markdown_table
-from gr_jax.data.batches import batch_seed, pending_batches, restrict
-from gr_jax.runtime.io_utils import write_text, json_text
-from gr_jax.runtime.provenance import normalized, reuse
+from gr_jax.methods.api import (
+    batch_seed,
+    BM25,
+    Command,
+    Corpus,
+    Count,
+    evaluate,
+    evaluation_settings,
+    gin_checks,
+    json_text,
+    LMContext,
+    markdown_table,
+    normalized,
+    pending_batches,
+    progress_bar,
+    restrict,
+    retrieve,
+    reuse,
+    RunDir,
+    sources,
+    write_qrels,
+    write_run,
+    write_text,
+)
 from gr_jax.methods.fewshot import model as fewshot
-from gr_jax.backbones.lm import LMContext
-from gr_jax.runtime.validation import Count
-from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -30,16 +30,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.decoding import rankers
-from gr_jax.index.device import leaf_documents
-from gr_jax.index.trie import TrieIndex
-from gr_jax.runtime.io_utils import write_text
-from gr_jax.backbones import llama, lm_generate
-from gr_jax.retriever.contract import Capabilities
-from gr_jax.backbones.lm import LMContext, PseudoQueryGenerator, batches, clean_text
-from gr_jax.retriever.search import Searcher
-from gr_jax.runtime.provenance import read_records, records_text
-from gr_jax.runtime.validation import Count, Positive
+from gr_jax.methods.api import (
+    Capabilities,
+    clean_text,
+    Count,
+    leaf_documents,
+    llama,
+    lm_batches as batches,
+    lm_generate,
+    LMContext,
+    Positive,
+    PseudoQueryGenerator,
+    rankers,
+    read_records,
+    records_text,
+    Searcher,
+    TrieIndex,
+    write_text,
+)
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,7 @@ from pathlib import Path
 import gin
 import numpy as np
 
-from gr_jax.docids.base import DocidScheme, DocidTable
-from gr_jax.runtime.io_utils import write_text
-from gr_jax.runtime.validation import Count
-from gr_jax.data.vocab import DocidTokenSpace
+from gr_jax.methods.api import Count, DocidScheme, DocidTable, DocidTokenSpace, write_text
 
 
 @gin.configurable

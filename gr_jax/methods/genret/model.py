@@ -20,11 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.backbones import t5
-from gr_jax.retriever.contract import Capabilities
-from gr_jax.retriever.batching import map_padded
-from gr_jax.retriever.heads import CodebookHead
-from gr_jax.retriever.model import GenerativeRetriever
+from gr_jax.methods.api import Capabilities, CodebookHead, GenerativeRetriever, map_padded, t5
 
 
 def _apply(network, params, *args, method):

@@ -55,8 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.training.objectives import ObjectivesConfig
-from gr_jax.runtime.validation import Count, Positive
+from gr_jax.methods.api import Count, ObjectivesConfig, Positive
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +129,7 @@ def balanced_kmeans(x_NxD: np.ndarray, k: int, iters: int = 10, seed: int = 0, m
     """k centroids [k, D]: k-means (the core's, k-means++ start), then `iters` Lloyd steps whose assignment caps
     every cluster at `max_ratio` times the mean size (`capped_assignment`; GenRET's size-constrained k-means, whose
     largest cluster is bounded the same way); an empty cluster keeps its centroid."""
-    from gr_jax.docids.quantize import kmeans
+    from gr_jax.methods.api import kmeans
 
     x = np.asarray(x_NxD, np.float32)
     c = kmeans(x, k, seed=seed).centroids.astype(np.float32)
@@ -369,8 +368,8 @@ class GenretTraining(ObjectivesConfig):
         return {**params, "head": {**params["head"], "codebook": new_book}}
 
     def iterator(self, inp) -> GenretBatches:
-        from gr_jax.data import pairs as dsi_pairs
-        from gr_jax.data.pipeline import tokenize
+        from gr_jax.methods.api import dsi_pairs
+        from gr_jax.methods.api import tokenize
 
         length = getattr(inp.scheme, "length", None)
         if length != self.positions:

@@ -25,11 +25,7 @@ from typing import Callable, Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.docids.base import DocidScheme, DocidTable
-from gr_jax.runtime.io_utils import write_text
-from gr_jax.runtime.provenance import file_digest
-from gr_jax.data.vocab import DocidTokenSpace
-from gr_jax.runtime.validation import Count
+from gr_jax.methods.api import Count, DocidScheme, DocidTable, DocidTokenSpace, file_digest, write_text
 
 SEP = "<->"
 

@@ -28,16 +28,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.decoding import beam_search as bs
-from gr_jax.index.device import leaf_documents
+from gr_jax.methods.api import (
+    beam_search as bs,
+    Capabilities,
+    Count,
+    GenerativeRetriever,
+    initial,
+    leaf_documents,
+    map_padded,
+    Searcher,
+    Signed,
+    t5,
+    t5_convert,
+)
 from gr_jax.methods.glen.ranker import CollisionFree
-from gr_jax.backbones import t5, t5_convert
-from gr_jax.retriever.batching import map_padded
-from gr_jax.retriever.contract import Capabilities
-from gr_jax.retriever.model import GenerativeRetriever
-from gr_jax.retriever.search import Searcher
-from gr_jax.training import initial
-from gr_jax.runtime.validation import Count, Signed
 
 FEEDS = ("hidden", "tokens")
 PHASE1_KEY = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"

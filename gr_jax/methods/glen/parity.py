@@ -19,11 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.methods.glen import docids as glen_docids
-from gr_jax.index.device import leaf_documents
+from gr_jax.methods.api import leaf_documents, load_npz, read_json, t5
 from gr_jax.methods.glen.ranker import collision_free_arrays
-from gr_jax.backbones import t5
 from gr_jax.methods.glen import model as glen
-from gr_jax.runtime.io_utils import load_npz, read_json
 
 
 def _read(fixture: Path):

@@ -14,7 +14,7 @@ import dataclasses
 import gin
 import numpy as np
 
-from gr_jax.decoding.rankers import flat_slots, group_starts
+from gr_jax.methods.api import flat_slots, group_starts
 
 
 def _cosine(a_RxM: np.ndarray, b_RxM: np.ndarray, eps: float = 1e-8) -> np.ndarray:

@@ -30,8 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.training.objectives import ObjectivesConfig
-from gr_jax.runtime.validation import Count
+from gr_jax.methods.api import Count, ObjectivesConfig
 
 
 def temperature(epoch: float, floor: float = 1e-5) -> float:
@@ -291,8 +290,8 @@ class GlenPhase2(ObjectivesConfig):
     def iterator(self, inp) -> "Phase2Batches":
         """`inp`: the composition's `ObjectiveInputs` (dataset, train split, vocabulary, feature lengths,
         batch size, seed); BM25 negatives come from `baselines.bm25.hard_negatives`."""
-        from gr_jax.data import pairs as dsi_pairs
-        from gr_jax.data.pipeline import ExampleStore, MixtureIterator, tokenize
+        from gr_jax.methods.api import dsi_pairs
+        from gr_jax.methods.api import ExampleStore, MixtureIterator, tokenize
 
         ds, split = inp.dataset, inp.train_split
         if split not in ds.queries:
@@ -305,7 +304,7 @@ class GlenPhase2(ObjectivesConfig):
         features = {"inputs": tokenize(pairs.texts, inp.vocab, inp.lengths["inputs"], what=pairs.name),
                     "positive": pairs.rows[:, None]}
         if self.negatives == "bm25" and self.num_negatives:
-            from gr_jax.baselines.bm25 import hard_negatives
+            from gr_jax.methods.api import hard_negatives
 
             features["candidates"] = hard_negatives(ds.corpus, pairs.qids, pairs.texts, pairs.rows, self.bm25_depth)
         mix = MixtureIterator([ExampleStore(features)], inp.batch_size, seed=inp.seed, names=[pairs.name])

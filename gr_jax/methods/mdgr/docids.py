@@ -27,11 +27,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.data.pairs import Pairs
-from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
-from gr_jax.docids.quantize import ProductQuantizer
-from gr_jax.data.vocab import DocidTokenSpace
-from gr_jax.runtime.validation import Count
+from gr_jax.methods.api import Count, DocidScheme, DocidTable, DocidTokenSpace, FitContext, Pairs, ProductQuantizer
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +54,7 @@ class ChunkedPQDocids(DocidScheme):
             raise ValueError(f"ChunkedPQDocids: need window ≥ 1 and 1 ≤ stride ≤ window "
                              f"(got {self.window}, {self.stride})")
         if self.embedder is None:
-            from gr_jax.docids.embed import TfidfSvdEmbedder
+            from gr_jax.methods.api import TfidfSvdEmbedder
 
             self.embedder = TfidfSvdEmbedder(dim=64)
 
@@ -120,7 +116,7 @@ class ChunkedPQDocids(DocidScheme):
         """PQ codes, projected onto the D0 docids when `constrain` (nearest reconstruction, exact)."""
         if not self.constrain:
             return self.q.encode(emb)
-        from gr_jax.docids.quantize import exact_search
+        from gr_jax.methods.api import exact_search
 
         recon = self.q.decode(self.allowed).astype(np.float32)  # [E, D]
         # argmin |x - r|² = argmax [x, 1]·[r, -|r|²/2]: an exact inner-product search over the D0 docids

@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.decoding.rankers import beams_to_arrays, flat_slots, group_starts, per_query
+from gr_jax.methods.api import beams_to_arrays, flat_slots, group_starts, per_query
 
 
 def mdgr_arrays(docs_BxNxP, valid_BxNxP, lam: float = 1.0):

@@ -34,11 +34,7 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from gr_jax.backbones import t5
-from gr_jax.retriever.heads import CodebookHead
-from gr_jax.retriever.model import GenerativeRetriever
-from gr_jax.retriever.search import share_encoder
-from gr_jax.runtime.validation import Count
+from gr_jax.methods.api import CodebookHead, Count, GenerativeRetriever, share_encoder, t5
 
 
 class AdaptorLayer(nn.Module):

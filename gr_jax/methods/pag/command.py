@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from gr_jax.commands import ON_A_TRAINED_SYSTEM, Command, deferred
+from gr_jax.methods.api import Command, deferred, ON_A_TRAINED_SYSTEM
 
 ALIGN_PLANNER = Command(
     "align_planner", """python -m gr_jax.align_planner --gin_file=EXPERIMENT.gin --gin_file=runs/align_planner.gin --gin.MODEL_DIR="'DIR'"

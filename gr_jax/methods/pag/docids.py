@@ -28,13 +28,17 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.runtime.provenance import file_digest
-from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
-from gr_jax.docids.numeric import checked_embeddings
-from gr_jax.docids.quantize import ResidualQuantizer
-from gr_jax.data.vocab import DocidTokenSpace
-from gr_jax.runtime.io_utils import read_json
-from gr_jax.runtime.validation import Count
+from gr_jax.methods.api import (
+    checked_embeddings,
+    Count,
+    DocidScheme,
+    DocidTable,
+    DocidTokenSpace,
+    file_digest,
+    FitContext,
+    read_json,
+    ResidualQuantizer,
+)
 
 FIRST_TEXT_ID = 3  # ids below (PAD, EOS, UNK) never enter a set docid built here
 

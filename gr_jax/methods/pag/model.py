@@ -47,17 +47,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.decoding import beam_search as bs
-from gr_jax.index.device import leaf_documents
+from gr_jax.methods.api import (
+    beam_search as bs,
+    Capabilities,
+    Count,
+    GenerativeRetriever,
+    leaf_documents,
+    Searcher,
+    share_encoder,
+    Signed,
+    t5,
+    t5_convert,
+    TextHead,
+)
 from gr_jax.methods.pag.model_planned import docid_order, planning_trie
 from gr_jax.methods.pag.model_planner import (  # noqa: F401  (the planner's names, re-exported)
     Postings, _top_k, budgets_for, plan_from_rep, simul_scores, top_n_by_key, top_n_exact, top_n_fast, top_set_ids)
-from gr_jax.backbones import t5, t5_convert
-from gr_jax.retriever.contract import Capabilities
-from gr_jax.retriever.heads import TextHead
-from gr_jax.retriever.model import GenerativeRetriever
-from gr_jax.retriever.search import Searcher, share_encoder
-from gr_jax.runtime.validation import Count, Signed
 
 log = logging.getLogger(__name__)
 

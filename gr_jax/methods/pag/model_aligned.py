@@ -11,7 +11,7 @@ from typing import Optional
 import flax
 import jax
 import jax.numpy as jnp
-from gr_jax.runtime.io_utils import read_json
+from gr_jax.methods.api import read_json
 
 PARAMS_FILE = "aligned_params.msgpack"
 META_FILE = "aligned.json"

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.decoding.beam_search import Candidates
+from gr_jax.methods.api import Candidates
 
 
 def docid_order(tokens_DxM: np.ndarray) -> np.ndarray:

@@ -22,11 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.decoding import rankers
+from gr_jax.methods.api import leaf_documents, load_npz, rankers, read_json
 from gr_jax.methods.pag import docids as pag_docids
-from gr_jax.index.device import leaf_documents
 from gr_jax.methods.pag import model as pag
-from gr_jax.runtime.io_utils import load_npz, read_json
 
 FILES = ("model", "inputs.npz", "outputs.npz", "decoding.json", "smt_docid_to_tokenids.json",
          "lex_docid_to_tokenids.json", "lex_run.json", "meta.json")

@@ -27,10 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.data import pairs as dsi_pairs
-from gr_jax.data.pipeline import ExampleStore, MixtureIterator, tokenize
+from gr_jax.methods.api import dsi_pairs, ExampleStore, MixtureIterator, ObjectivesConfig, tokenize
 from gr_jax.methods.pag import model as pag
-from gr_jax.training.objectives import ObjectivesConfig
 
 log = logging.getLogger(__name__)
 SET_LOSSES = ("softmax", "margin")

@@ -30,16 +30,24 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gr_jax.runtime import gin_checks, validation
-from gr_jax.data.pipeline import tokenize
-from gr_jax.data.readers import DataError, QuerySet, fingerprint, read_queries_tsv
-from gr_jax.evaluation import drift
-from gr_jax.runtime.progress import bar as progress_bar
-from gr_jax.runtime.io_utils import atomic_dir, json_text
+from gr_jax.methods.api import (
+    atomic_dir,
+    Count,
+    DataError,
+    drift,
+    fingerprint,
+    gin_checks,
+    json_text,
+    Positive,
+    progress_bar,
+    QuerySet,
+    read_queries_tsv,
+    RunDir,
+    tokenize,
+    validation,
+)
 from gr_jax.methods.pag.model_aligned import META_FILE, PARAMS_FILE, load_aligned  # noqa: F401 (re-exported)
 from gr_jax.methods.pag.model import PagRetriever, lexical_rep
-from gr_jax.runtime.validation import Count, Positive
-from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +165,7 @@ def align_planner(model_dir: str = gin.REQUIRED, language: str = gin.REQUIRED, t
     the English `english_train_split` queries and `train_file` (qid<TAB>text, same query ids); the dev pairs
     (checkpoint selection) the English `dev_split` queries and `dev_file` — their query ids must not be
     training ones. Writes MODEL_DIR/aligned/<language>/ (or `output_dir`)."""
-    from gr_jax.compose import restore
+    from gr_jax.methods.api import restore
 
     for name, v in (("epochs", epochs), ("batch_size", batch_size), ("k", k), ("ell", ell)):
         validation.integer(f"align_planner.{name}", v)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from gr_jax.commands import ON_A_TRAINED_SYSTEM, Command, deferred
+from gr_jax.methods.api import Command, deferred, ON_A_TRAINED_SYSTEM
 
 RANK_DATA = Command(
     "rank_data", """python -m gr_jax.methods.seal.rank_data --gin_file=FILE [--gin_file=...] [--gin.NAME=VALUE ...]

@@ -35,12 +35,17 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.docids.base import DocidScheme, DocidTable, FitContext, added_field
-from gr_jax.docids.pseudo_query import read_queries_file
-from gr_jax.runtime.errors import UserError
-from gr_jax.runtime.provenance import file_digest
-from gr_jax.runtime.validation import Count
-from gr_jax.data.vocab import DocidTokenSpace
+from gr_jax.methods.api import (
+    added_field,
+    Count,
+    DocidScheme,
+    DocidTable,
+    DocidTokenSpace,
+    file_digest,
+    FitContext,
+    read_queries_file,
+    UserError,
+)
 
 log = logging.getLogger(__name__)
 

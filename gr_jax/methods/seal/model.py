@@ -30,15 +30,21 @@ import gin
 import jax
 import numpy as np
 
-from gr_jax.decoding import rankers
-from gr_jax.index.substring import DeviceSubstrings, SubstringIndex
+from gr_jax.methods.api import (
+    Capabilities,
+    Count,
+    DecoderOnlyRetriever,
+    DeviceSubstrings,
+    EOS_ID,
+    Fraction,
+    GenerativeRetriever,
+    PAD_ID,
+    Positive,
+    rankers,
+    SubstringIndex,
+)
 from gr_jax.methods.seal.docids import MARKERS, Markers
 from gr_jax.methods.seal.ranker import Key, rank_documents
-from gr_jax.retriever.contract import Capabilities
-from gr_jax.retriever.decoder_only import DecoderOnlyRetriever
-from gr_jax.retriever.model import GenerativeRetriever
-from gr_jax.runtime.validation import Count, Fraction, Positive
-from gr_jax.data.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 

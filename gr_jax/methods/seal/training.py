@@ -25,13 +25,20 @@ import zlib
 import gin
 import numpy as np
 
-from gr_jax.data import pairs as dsi_pairs
-from gr_jax.data.pipeline import ExampleStore, MixtureIterator, pad_sequences, tokenize
+from gr_jax.methods.api import (
+    Count,
+    dsi_pairs,
+    EOS_ID,
+    ExampleStore,
+    MixtureIterator,
+    ObjectivesConfig,
+    PAD_ID,
+    pad_sequences,
+    Positive,
+    tokenize,
+)
 from gr_jax.methods.seal.docids import MARKERS, Markers
 from gr_jax.methods.seal.model import mark
-from gr_jax.training.objectives import ObjectivesConfig
-from gr_jax.runtime.validation import Count, Positive
-from gr_jax.data.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 

@@ -56,14 +56,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.data.pipeline import ExampleStore, MixtureIterator, pad_sequences, tokenize
-from gr_jax.runtime.errors import UserError
+from gr_jax.methods.api import (
+    Count,
+    EOS_ID,
+    ExampleStore,
+    MixtureIterator,
+    normalized,
+    ObjectivesConfig,
+    PAD_ID,
+    pad_sequences,
+    Positive,
+    ProvenanceError,
+    read_records,
+    records_text,
+    tokenize,
+    UserError,
+)
 from gr_jax.methods.seal.model import _SealRanking, mark
 from gr_jax.methods.seal.training import SealPairs, _rng
-from gr_jax.runtime.provenance import ProvenanceError, normalized, read_records, records_text
-from gr_jax.training.objectives import ObjectivesConfig
-from gr_jax.runtime.validation import Count, Positive
-from gr_jax.data.vocab import EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +115,7 @@ def training_queries(dataset, split: str, max_queries: int = 0) -> tuple[list, l
 def rank_data_rows(model, params, index, doc_ids, qids: list, tokens: np.ndarray, top_k: int,
                    keys_per_passage: int, num_beams: int, batch_size: int) -> list:
     """One row per query: its top_k documents (by score, ties by document id) with their first keys."""
-    from gr_jax.runtime.progress import bar as progress_bar
+    from gr_jax.methods.api import progress_bar
 
     if not isinstance(model, _SealRanking):
         raise RankDataError(f"LTRGR's rank data needs a SEAL or MINDER model (SealRetriever, SealDecoderOnly); "
@@ -145,8 +155,8 @@ def write_rank_data(model_dir: str, output: Optional[str] = None, split: str = "
     """Stage 1 (module docstring): writes `output` (default MODEL_DIR/ltrgr_rank_data.jsonl) and returns its
     header. Training queries are taken sorted by id (the first `max_queries` when > 0). A file already there that
     was built from the same checkpoint, table and settings is kept; one built from anything else is an error."""
-    from gr_jax.compose import restore
-    from gr_jax.runtime.io_utils import write_text
+    from gr_jax.methods.api import restore
+    from gr_jax.methods.api import write_text
 
     if max_queries < 0:
         raise ValueError(f"write_rank_data.max_queries must be ≥ 0 (0: all), got {max_queries}")

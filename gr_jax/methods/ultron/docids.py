@@ -10,8 +10,7 @@ import re
 
 import gin
 
-from gr_jax.docids.lexical import FieldDocids
-from gr_jax.runtime.validation import Count
+from gr_jax.methods.api import Count, FieldDocids
 
 
 def ultron_url(url: str, title: str = "") -> str:

@@ -29,11 +29,15 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.data import pairs as dsi_pairs
-from gr_jax.data.pipeline import MixtureIterator
-from gr_jax.docids.pseudo_query import read_queries_file
-from gr_jax.training.objectives import ObjectiveInputs, ObjectivesConfig, example_store
-from gr_jax.runtime.validation import Count
+from gr_jax.methods.api import (
+    Count,
+    dsi_pairs,
+    example_store,
+    MixtureIterator,
+    ObjectiveInputs,
+    ObjectivesConfig,
+    read_queries_file,
+)
 
 log = logging.getLogger(__name__)
 
