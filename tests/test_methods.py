@@ -55,6 +55,8 @@ def test_a_method_imports_gr_jax_only_through_the_extension_surface():
     assert {m for m in graph if _method_of(m)} >= {"gr_jax.methods.glen.model", "gr_jax.methods.pag.model",
                                                    "gr_jax.methods.mdgr.docids", "gr_jax.methods.fewshot.command"}
     assert method_violations(graph) == []
+    toy = _toy_imports()
+    assert toy and set(toy) == {API}, toy  # the toy method, a package outside gr_jax, too
 
 
 def test_the_extension_surface_has_a_table_row_for_each_extension_point():

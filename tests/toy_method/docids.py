@@ -4,8 +4,7 @@ titles: collisions)."""
 import gin
 import numpy as np
 
-from gr_jax.docids.base import DocidScheme, DocidTable
-from gr_jax.data.vocab import DocidTokenSpace
+from gr_jax.methods.api import DocidScheme, DocidTable, DocidTokenSpace
 
 
 @gin.configurable

@@ -1,8 +1,7 @@
 """The toy's starting-checkpoint loader: INITIAL_CHECKPOINT_PATH = 'toy-init:<seed>' starts from a tiny T5
 initialised with that seed (registered with the library's loaders, as a method registers its released model)."""
 
-from gr_jax.backbones import t5
-from gr_jax.training import initial
+from gr_jax.methods.api import initial, t5
 
 PREFIX = "toy-init:"
 LOADS = {"count": 0}
