@@ -357,14 +357,18 @@ def train(model_dir: str = gin.REQUIRED, train_steps: Count = gin.REQUIRED, batc
             use_model_docids(setup, decode_model_docids(setup, new))
         return new
 
+    loop = trainer.LoopConfig(train_steps, batch_size, seed=seed, log_period=log_period,
+                              checkpoint_period=checkpoint_period, keep_checkpoints=keep_checkpoints,
+                              num_partitions=num_partitions, progress=progress,
+                              started_from=initial_checkpoint_path, rules=rules)
+    hooks = [trainer.OnStart(lambda: _write(RunDir(model_dir).config, gin.config_str()))]
+    if step_callback is not None:
+        hooks.append(trainer.EveryStep(step_callback))
+    if decoded:
+        hooks.append(trainer.Refresh(redecode, setup.refresh_period))
+    hooks.append(trainer.Evaluate(periodic, eval_period))
     out = trainer.fit(setup.model, initial_params(setup, seed, initial_checkpoint_path), setup.iterator, tx,
-                      model_dir=model_dir, train_steps=train_steps, batch_size=batch_size, meta=provenance(setup),
-                      seed=seed, log_period=log_period, eval_period=eval_period,
-                      checkpoint_period=checkpoint_period, keep_checkpoints=keep_checkpoints,
-                      num_partitions=num_partitions, progress=progress, evaluate=periodic,
-                      step_callback=step_callback, initial_checkpoint_path=initial_checkpoint_path,
-                      refresh=redecode if decoded else None, refresh_period=setup.refresh_period,
-                      on_start=lambda: _write(RunDir(model_dir).config, gin.config_str()), rules=rules)
+                      run_dir=model_dir, loop=loop, meta=provenance(setup), hooks=hooks)
     state, step = out["state"], out["step"]
     params = distributed.local(state["params"])  # the searches run on this process's devices
     summary = {"model_dir": str(model_dir), "steps": step, "checkpoint": out["checkpoint"]}
@@ -435,11 +439,10 @@ def fine_tune(setup: Setup, params, parts: Sequence[dsi_pairs.Pairs], rates: Seq
     tx = optax.adamw(validation.number("fine_tune learning_rate", learning_rate), weight_decay=0.0)
     if validation.number("fine_tune sam_rho (0: no SAM)", sam_rho, positive=False, minimum=0.0):
         tx = sam(tx, sam_rho)
-    out = trainer.fit(setup.model, params, iterator, tx, model_dir=model_dir, train_steps=steps,
-                      batch_size=batch_size, meta={**provenance(setup), "docid_table_sha": table.digest(),
-                                                   **(meta_extra or {})},
-                      seed=seed, log_period=max(1, min(50, steps)), checkpoint_period=steps, keep_checkpoints=1,
-                      progress=False, name="fine_tune")
+    loop = trainer.LoopConfig(steps, batch_size, seed=seed, log_period=max(1, min(50, steps)),
+                              checkpoint_period=steps, keep_checkpoints=1, progress=False, name="fine_tune")
+    out = trainer.fit(setup.model, params, iterator, tx, run_dir=model_dir, loop=loop,
+                      meta={**provenance(setup), "docid_table_sha": table.digest(), **(meta_extra or {})})
     return out["state"]["params"]
 
 

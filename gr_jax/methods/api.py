@@ -84,7 +84,7 @@ from gr_jax.evaluation.retrieval import evaluation_settings, retrieve
 from gr_jax.commands import ON_A_TRAINED_SYSTEM, Command, deferred
 from gr_jax.runtime import gin_checks, validation
 from gr_jax.runtime.errors import UserError
-from gr_jax.runtime.io_utils import atomic_dir, json_text, load_npz, read_json, write_text
+from gr_jax.runtime.io_utils import atomic_dir, json_text, load_npz, read_json, write_bytes, write_text
 from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.runtime.provenance import ProvenanceError, file_digest, normalized, read_records, records_text, reuse
 from gr_jax.runtime.run_dir import RunDir

