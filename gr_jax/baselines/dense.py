@@ -10,6 +10,7 @@ appends them: the dynamic-corpora protocol's "dense retrieval with the D0 encode
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -21,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.data.trec import Run, fetch_deciding_ties, top_k
 from gr_jax.docids.quantize import exact_search
 from gr_jax.runtime.io_utils import atomic_dir, read_json
@@ -122,43 +122,83 @@ def in_batch_loss(q_BxD, d_BxD, temperature: float):
     return optax.softmax_cross_entropy_with_integer_labels(logits, jnp.arange(len(q))).mean()
 
 
+class _DualEncoderObjective:
+    """The in-batch loss of a shared T5 encoder (mean pooling), as the training loop's model."""
+
+    def __init__(self, model, temperature: float):
+        self.model, self.temperature = model, float(temperature)
+
+    def loss_fn(self, params, batch, rng):
+        from gr_jax.backbones.t5_embed import t5_mean_pool
+
+        loss = in_batch_loss(t5_mean_pool(self.model, params, batch["q"]), t5_mean_pool(self.model, params, batch["d"]),
+                             self.temperature)
+        return loss, {"loss": (loss, jnp.ones((), jnp.float32))}
+
+    def param_axes(self, params):
+        from jax.sharding import PartitionSpec
+
+        return jax.tree_util.tree_map(lambda _: PartitionSpec(), params)  # replicated: a small encoder
+
+
+class _DistinctDocumentBatches:
+    """One pair per distinct document in each batch (so in-batch negatives are real negatives), drawn from a new
+    permutation of the pairs each step by one seeded generator; resumable (the state is the batches drawn)."""
+
+    def __init__(self, q_tok: np.ndarray, d_tok: np.ndarray, doc_key: np.ndarray, batch_size: int, seed: int):
+        self.q_tok, self.d_tok, self.doc_key, self.batch_size, self.seed = q_tok, d_tok, doc_key, batch_size, seed
+        self.set_state({"drawn": 0})
+
+    def set_state(self, state: dict) -> None:
+        self.drawn, self.rng = 0, np.random.default_rng(self.seed)
+        for _ in range(int(state["drawn"])):
+            self._rows()
+
+    def get_state(self) -> dict:
+        return {"drawn": self.drawn}
+
+    def _rows(self) -> np.ndarray:
+        order = self.rng.permutation(len(self.q_tok))
+        _, first = np.unique(self.doc_key[order], return_index=True)  # one pair per distinct document
+        self.drawn += 1
+        return order[np.sort(first)][:self.batch_size]
+
+    def __next__(self) -> dict:
+        pick = self._rows()
+        return {"q": self.q_tok[pick], "d": self.d_tok[pick]}
+
+    def epochs(self) -> list:
+        return [self.drawn * self.batch_size / len(self.q_tok)]
+
+
 @gin.configurable
-def finetune_dual_encoder(embedder, queries: Sequence[str], documents: Sequence[str], steps: Count = 200,
-                          batch_size: Count = 32, learning_rate: Positive = 1e-3, temperature: Positive = 0.05,
-                          seed: int = 0, progress: bool = True):
-    """Train `embedder` (a `T5MeanEmbedder`) on (query, positive document) pairs; returns a copy with the new
-    parameters and the loss per step. Batches hold distinct documents, so in-batch negatives are real
-    negatives."""
+def finetune_dual_encoder(embedder, queries: Sequence[str], documents: Sequence[str], run_dir: str | os.PathLike,
+                          steps: Count = 200, batch_size: Count = 32, learning_rate: Positive = 1e-3,
+                          temperature: Positive = 0.05, seed: int = 0, progress: bool = True):
+    """Train `embedder` (a `T5MeanEmbedder`) on (query, positive document) pairs through the library's training
+    loop (`trainer.fit`: checkpoints in `run_dir`, where a killed run resumes exactly; the non-finite guard);
+    returns a copy with the new parameters and the loss of every step (`dual_encoder_metrics.jsonl` there).
+    Batches hold distinct documents, so in-batch negatives are real negatives."""
     from gr_jax.data.pipeline import tokenize
-    from gr_jax.backbones.t5_embed import t5_mean_pool
+    from gr_jax.runtime.io_utils import read_jsonl
+    from gr_jax.runtime.run_dir import RunDir
+    from gr_jax.training import trainer
 
     if len(queries) != len(documents) or not len(queries):
         raise ValueError(f"finetune_dual_encoder: {len(queries)} queries for {len(documents)} documents")
     q_tok = tokenize(list(queries), embedder.vocab, embedder.length, what="query")
     d_tok = tokenize(list(documents), embedder.vocab, embedder.length, what="document")
-    model, opt = embedder.model, optax.adamw(learning_rate, weight_decay=0.0)
-    params = embedder.params
-    state = opt.init(params)
-
-    @jax.jit
-    def step(params, state, q, d):
-        def loss_fn(p):
-            return in_batch_loss(t5_mean_pool(model, p, q), t5_mean_pool(model, p, d), temperature)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, state = opt.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, loss
-
-    rng = np.random.default_rng(seed)
     doc_key = np.unique(np.asarray(documents, dtype=object), return_inverse=True)[1]
     batch_size = min(batch_size, int(doc_key.max()) + 1)  # a constant batch shape: one compilation
     if batch_size < 2:
         raise ValueError("finetune_dual_encoder: need at least two distinct documents")
-    losses = []
-    for _ in progress_bar(iterable=range(steps), desc="dual encoder", unit="step", disable=not progress):
-        order = rng.permutation(len(queries))
-        _, first = np.unique(doc_key[order], return_index=True)  # one pair per distinct document
-        pick = order[np.sort(first)][:batch_size]
-        params, state, loss = step(params, state, jnp.asarray(q_tok[pick]), jnp.asarray(d_tok[pick]))
-        losses.append(float(loss))
-    return dataclasses.replace(embedder, params=params), losses
+    batches = _DistinctDocumentBatches(q_tok, d_tok, doc_key, batch_size, seed)
+    loop = trainer.LoopConfig(steps, batch_size, seed=seed, log_period=1, checkpoint_period=max(1, min(100, steps)),
+                              keep_checkpoints=1, progress=progress, name="dual_encoder")
+    meta = {"embedder": getattr(embedder, "name", type(embedder).__name__),
+            "pairs": hashlib.blake2b("\x00".join([*queries, "\x01", *documents]).encode(), digest_size=12).hexdigest(),
+            "temperature": float(temperature), "learning_rate": float(learning_rate)}
+    out = trainer.fit(_DualEncoderObjective(embedder.model, temperature), embedder.params, batches,
+                      optax.adamw(learning_rate, weight_decay=0.0), run_dir=run_dir, loop=loop, meta=meta)
+    losses = [row["loss"] for row in read_jsonl(RunDir(run_dir).metrics_log("dual_encoder"), "the loop's metrics")]
+    return dataclasses.replace(embedder, params=out["state"]["params"]), losses

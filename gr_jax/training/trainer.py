@@ -662,7 +662,10 @@ def _initial_state(model, params, tx: optax.GradientTransformation, mesh, rules=
     """The train state {step, params, opt_state, nonfinite} placed by the model's logical axes, and its
     shardings (scalars replicated)."""
     shardings = partitioning.param_shardings(model.param_axes(params), mesh, rules)
-    params = distributed.put(params, shardings)
+    # a copy: the step donates its state, and the caller's arrays stay theirs (DPR mines with its start, the
+    # dual encoder's caller compares with the untrained encoder)
+    params = distributed.put(jax.tree_util.tree_map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x,
+                                                    params), shardings)
     scalar = partitioning.replicated(mesh)
     opt_state = jax.jit(tx.init, out_shardings=_optimizer_shardings(tx, params, shardings, scalar))(params)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": opt_state,

@@ -1,5 +1,6 @@
 """Dense baseline: exact blocked search, the index over a corpus, dual-encoder fine-tuning, MiniLM."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -71,7 +72,7 @@ def test_in_batch_loss_by_hand():
 
 
 @pytest.mark.slow
-def test_dual_encoder_finetuning_improves_retrieval():
+def test_dual_encoder_finetuning_improves_retrieval_and_resumes_exactly(tmp_path):
     from gr_jax.backbones import t5
     from gr_jax.data.vocab import train_sentencepiece
     import tempfile
@@ -85,9 +86,20 @@ def test_dual_encoder_finetuning_improves_retrieval():
     emb = T5MeanEmbedder(t5.T5(config), t5.init_params(config, seed=0), vocab, length=48)
     pairs = [(ds.queries["train"].texts[i], ds.corpus.texts[ds.corpus.index_of(doc)])
              for i, qid in enumerate(ds.queries["train"].qids) for doc in ds.qrels["train"].get(qid, {})]
-    tuned, losses = finetune_dual_encoder(emb, [p[0] for p in pairs], [p[1] for p in pairs], steps=150,
-                                          batch_size=16, learning_rate=2e-3, progress=False)
-    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
+    tuned, losses = finetune_dual_encoder(emb, [p[0] for p in pairs], [p[1] for p in pairs], tmp_path / "de",
+                                          steps=150, batch_size=16, learning_rate=2e-3, progress=False)
+    assert len(losses) == 150 and np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
+    # through the training loop: a run resumed from its step-100 checkpoint ends with the same parameters
+    import shutil
+
+    shutil.copytree(tmp_path / "de", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "150")
+    again, resumed_losses = finetune_dual_encoder(emb, [p[0] for p in pairs], [p[1] for p in pairs],
+                                                  tmp_path / "resumed", steps=150, batch_size=16,
+                                                  learning_rate=2e-3, progress=False)
+    same = jax.tree_util.tree_map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), tuned.params,
+                                  again.params)
+    assert all(jax.tree_util.tree_leaves(same)) and len(resumed_losses) == 150
     qs = ds.queries["test"]
     before = evaluate(DenseIndex.build(emb, ds.corpus).search(qs.texts, qs.qids, 10), ds.qrels["test"], ["MRR@10"])
     after = evaluate(DenseIndex.build(tuned, ds.corpus).search(qs.texts, qs.qids, 10), ds.qrels["test"], ["MRR@10"])
