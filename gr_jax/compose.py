@@ -416,7 +416,8 @@ def _final_evaluation(setup: Setup, params, step: int, eval_config: EvalConfig, 
     run_path = RunDir(model_dir).run(split, step)
     if io_utils.writes():  # process 0 of a multi-process run
         write_run(run_path, run)
-    out = {"split": split, "queries": len(qrels), "num_beams": eval_config.num_beams, "ranker": _describe(setup.model.ranker), "metrics": metrics,
+    out = {"split": split, "queries": len(qrels), "num_beams": eval_config.num_beams,
+           "ranker": _describe(setup.model.ranker), "metrics": metrics,
            "run": str(run_path)}
     if eval_config.compare_bm25:
         out["bm25_metrics"] = bm25_metrics(setup.dataset, split, qrels, eval_config)
@@ -448,8 +449,9 @@ def fine_tune(setup: Setup, params, parts: Sequence[dsi_pairs.Pairs], rates: Seq
 
 def restore(model_dir: str | Path, step: Optional[int] = None) -> tuple[Setup, dict, int]:
     """A trained system from MODEL_DIR: (setup for inference, parameters, step) — the checkpoint of `step`
-    (default: the latest). The configuration (data, vocabulary, docid scheme, network) comes from gin, as for
-    training, and must match the checkpoint's recorded provenance."""
+    (default: the latest). The task, feature lengths and starting checkpoint are the run's own (its recorded
+    config.gin: `recorded_training`); the rest of the configuration (data files, vocabulary, docid scheme,
+    network) comes from gin, as for training, and must match the checkpoint's recorded provenance."""
     model_dir = Path(model_dir)
     ckpt_dir = RunDir(model_dir).checkpoints.absolute()
     if not ckpt_dir.is_dir():
@@ -458,10 +460,10 @@ def restore(model_dir: str | Path, step: Optional[int] = None) -> tuple[Setup, d
     step = manager.latest_step() if step is None else step
     if step is None or step not in manager.all_steps():
         raise ValueError(f"{ckpt_dir}: no checkpoint for step {step} (have {list(manager.all_steps())})")
+    run = recorded_training(model_dir)
     setup = gin_checks.call_configured(lambda: prepare(
-        model_dir=str(model_dir), batch_size=1, feature_lengths=_macro("TASK_FEATURE_LENGTHS"),
-        task=_macro("MIXTURE_OR_TASK_NAME"), with_training_data=False,
-        initial_checkpoint_path=_macro("INITIAL_CHECKPOINT_PATH", None)))  # the network as training built it
+        model_dir=str(model_dir), batch_size=1, feature_lengths=run["feature_lengths"], task=run["task"],
+        with_training_data=False, initial_checkpoint_path=run["initial_checkpoint_path"]))  # as training built it
     where = ckpt_dir / str(step)
     try:
         saved = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -478,6 +480,27 @@ def restore(model_dir: str | Path, step: Optional[int] = None) -> tuple[Setup, d
     if setup.scheme.decoded_by_model:  # the checkpoint's docids are its own decodings
         use_model_docids(setup, decode_model_docids(setup, params))
     return setup, params, step
+
+
+def recorded_training(model_dir: str | Path) -> dict:
+    """What a trained MODEL_DIR was trained on, from its recorded config.gin: {'task', 'feature_lengths',
+    'initial_checkpoint_path'}. A value the record lacks (a run recorded before a setting existed) is the current
+    configuration's; a current value that differs from the recorded one is named in a log line, and the
+    recorded one is used — a restored system is the one that was trained."""
+    rec = RunDir(model_dir).recorded("train.task", "train.feature_lengths", "train.initial_checkpoint_path")
+    out = {}
+    for key, macro, default in (("task", "MIXTURE_OR_TASK_NAME", _NO_DEFAULT),
+                                ("feature_lengths", "TASK_FEATURE_LENGTHS", _NO_DEFAULT),
+                                ("initial_checkpoint_path", "INITIAL_CHECKPOINT_PATH", None)):
+        current = _macro(macro, None if f"train.{key}" in rec else default)
+        if f"train.{key}" not in rec:
+            out[key] = current
+            continue
+        out[key] = rec[f"train.{key}"]
+        if current is not None and current != out[key]:
+            log.info("%s: the run was trained with train.%s = %r (its config.gin); the current %s = %r is not "
+                     "used", model_dir, key, out[key], macro, current)
+    return out
 
 
 def import_checkpoint(model_dir: str = gin.REQUIRED, initial_checkpoint_path: str = gin.REQUIRED) -> dict:

@@ -1,4 +1,5 @@
-"""`python -m gr_jax.cross_lingual`: Cross-lingual query shift with the index fixed (gr_jax/commands.py: `cross_lingual`). The usage: `python -m gr_jax.cross_lingual --help`."""
+"""`python -m gr_jax.cross_lingual`: Cross-lingual query shift with the index fixed (gr_jax/commands.py:
+`cross_lingual`). The usage: `python -m gr_jax.cross_lingual --help`."""
 
 import sys
 

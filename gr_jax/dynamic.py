@@ -1,4 +1,5 @@
-"""`python -m gr_jax.dynamic`: The dynamic-corpora protocol (gr_jax/commands.py: `dynamic`). The usage: `python -m gr_jax.dynamic --help`."""
+"""`python -m gr_jax.dynamic`: The dynamic-corpora protocol (gr_jax/commands.py: `dynamic`). The usage: `python -m
+gr_jax.dynamic --help`."""
 
 import sys
 

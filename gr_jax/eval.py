@@ -1,4 +1,5 @@
-"""`python -m gr_jax.eval`: trec_eval's measures of TREC runs (gr_jax/commands.py: `eval_main`). The usage: `python -m gr_jax.eval --help`."""
+"""`python -m gr_jax.eval`: trec_eval's measures of TREC runs (gr_jax/commands.py: `eval_main`). The usage: `python -m
+gr_jax.eval --help`."""
 
 import sys
 

@@ -1,4 +1,5 @@
-"""`python -m gr_jax.infer`: Queries of a split → a TREC run with a trained MODEL_DIR (gr_jax/commands.py: `infer`). The usage: `python -m gr_jax.infer --help`."""
+"""`python -m gr_jax.infer`: Queries of a split → a TREC run with a trained MODEL_DIR (gr_jax/commands.py: `infer`).
+The usage: `python -m gr_jax.infer --help`."""
 
 import sys
 

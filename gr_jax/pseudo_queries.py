@@ -1,4 +1,5 @@
-"""`python -m gr_jax.pseudo_queries`: Pseudo-queries written by an LM for every document (gr_jax/commands.py: `pseudo_queries`). The usage: `python -m gr_jax.pseudo_queries --help`."""
+"""`python -m gr_jax.pseudo_queries`: Pseudo-queries written by an LM for every document (gr_jax/commands.py:
+`pseudo_queries`). The usage: `python -m gr_jax.pseudo_queries --help`."""
 
 import sys
 

@@ -1,4 +1,5 @@
-"""`python -m gr_jax.reproduce`: A paper's tables in one command (gr_jax/commands.py: `reproduce_main`). The usage: `python -m gr_jax.reproduce --help`."""
+"""`python -m gr_jax.reproduce`: A paper's tables in one command (gr_jax/commands.py: `reproduce_main`). The usage:
+`python -m gr_jax.reproduce --help`."""
 
 import sys
 

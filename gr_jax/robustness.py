@@ -1,4 +1,5 @@
-"""`python -m gr_jax.robustness`: The query-variation robustness protocol (gr_jax/commands.py: `robustness`). The usage: `python -m gr_jax.robustness --help`."""
+"""`python -m gr_jax.robustness`: The query-variation robustness protocol (gr_jax/commands.py: `robustness`). The
+usage: `python -m gr_jax.robustness --help`."""
 
 import sys
 

@@ -1,4 +1,5 @@
-"""`python -m gr_jax.train`: Trains a generative retriever (gr_jax/commands.py: `train`). The usage: `python -m gr_jax.train --help`."""
+"""`python -m gr_jax.train`: Trains a generative retriever (gr_jax/commands.py: `train`). The usage: `python -m
+gr_jax.train --help`."""
 
 import sys
 

@@ -124,3 +124,41 @@ class RunDir:
     @property
     def model(self) -> "RunDir":
         return RunDir(self.root / "model")
+
+    # what the run recorded
+    def recorded(self, *settings: str) -> dict:
+        """The values the run's config.gin binds to `settings` ('train.task', 'train.feature_lengths', ...), macros
+        resolved (`train.task = %MIXTURE_OR_TASK_NAME` gives the macro's value); a setting it does not bind, or
+        binds to something other than a value, is left out. Read with gin's parser alone: nothing is configured.
+        A config.gin that cannot be read or parsed is an error naming it."""
+        import tokenize
+
+        import gin.config
+        from gin import config_parser
+
+        from gr_jax.runtime.io_utils import read_text
+
+        text = read_text(self.config, "the run's recorded configuration")
+        macros, bound = {}, {}
+        try:
+            for st in config_parser.ConfigParser(text, gin.config.ParserDelegate(skip_unknown=True)):
+                if isinstance(st, config_parser.BindingStatement):
+                    if st.arg_name:
+                        bound[f"{st.selector.rsplit('.', 1)[-1]}.{st.arg_name}"] = st.value
+                    else:
+                        macros[st.selector] = st.value
+        except (SyntaxError, ValueError, tokenize.TokenError) as e:
+            raise ValueError(f"{self.config}: cannot parse the run's recorded configuration ({e})") from None
+        out = {}
+        for name in settings:
+            value, seen = bound.get(name, _MISSING), 0
+            while isinstance(value, gin.config.ConfigurableReference) and seen < 20:
+                name_of = value.scoped_selector.rsplit("/", 1)[0]
+                value = macros.get(name_of, _MISSING) if value.configurable.selector == "gin.macro" else _MISSING
+                seen += 1
+            if value is not _MISSING and not isinstance(value, gin.config.ConfigurableReference):
+                out[name] = value
+        return out
+
+
+_MISSING = object()

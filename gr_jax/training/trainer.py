@@ -460,9 +460,9 @@ class LoopConfig:
 
 class LoopContext:
     """What a hook sees of the running loop: the run directory, the loop's settings, the current step, the step
-    it resumed from (None: a fresh start), the scalars of the last log line (`logged`), the parameters (`params()`: this process's copy) and
-    `replace_params(new)` (same structure, shapes and dtypes; placed as the old ones, so the step keeps its one
-    compilation)."""
+    it resumed from (None: a fresh start), the scalars of the last log line (`logged`), the parameters
+    (`params()`: this process's copy) and `replace_params(new)` (same structure, shapes and dtypes; placed as the
+    old ones, so the step keeps its one compilation)."""
 
     def __init__(self, run_dir: RunDir, loop: LoopConfig, state: dict, shardings: dict, resumed_from):
         self.run_dir, self.loop, self._state, self._shardings = run_dir, loop, state, shardings
