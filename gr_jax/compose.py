@@ -489,10 +489,10 @@ def recorded_training(model_dir: str | Path) -> dict:
     recorded one is used — a restored system is the one that was trained."""
     rec = RunDir(model_dir).recorded("train.task", "train.feature_lengths", "train.initial_checkpoint_path")
     out = {}
-    for key, macro, default in (("task", "MIXTURE_OR_TASK_NAME", _NO_DEFAULT),
-                                ("feature_lengths", "TASK_FEATURE_LENGTHS", _NO_DEFAULT),
+    for key, macro, default in (("task", "MIXTURE_OR_TASK_NAME", gin_checks.REQUIRED),
+                                ("feature_lengths", "TASK_FEATURE_LENGTHS", gin_checks.REQUIRED),
                                 ("initial_checkpoint_path", "INITIAL_CHECKPOINT_PATH", None)):
-        current = _macro(macro, None if f"train.{key}" in rec else default)
+        current = gin_checks.macro(macro, None if f"train.{key}" in rec else default)
         if f"train.{key}" not in rec:
             out[key] = current
             continue
@@ -503,12 +503,12 @@ def recorded_training(model_dir: str | Path) -> dict:
     return out
 
 
-def import_checkpoint(model_dir: str = gin.REQUIRED, initial_checkpoint_path: str = gin.REQUIRED) -> dict:
+def import_checkpoint(model_dir: str, initial_checkpoint_path: str, feature_lengths: dict, task: str) -> dict:
     """A network trained elsewhere (a method's released HF model, a converted T5) → MODEL_DIR/checkpoints/0 that
     `restore` / `python -m gr_jax.infer` read, with the vocabulary, docid scheme state, docid table and
-    prefix tree the experiment file configures (e.g. a released docid file bound on the scheme). Nothing is
-    trained. The MODEL_DIR is for inference, or as INITIAL_CHECKPOINT_PATH of a training run (it holds no
-    optimizer state to resume)."""
+    prefix tree the experiment file configures (e.g. a released docid file bound on the scheme) for `task` at
+    `feature_lengths`. Nothing is trained. The MODEL_DIR is for inference, or as INITIAL_CHECKPOINT_PATH of a
+    training run (it holds no optimizer state to resume)."""
     model_dir = Path(model_dir)
     if not initial_checkpoint_path:
         raise ValueError("INITIAL_CHECKPOINT_PATH is not set: name the network to import (an HF T5 directory, a "
@@ -517,7 +517,7 @@ def import_checkpoint(model_dir: str = gin.REQUIRED, initial_checkpoint_path: st
         raise ValueError(f"MODEL_DIR {model_dir} already holds checkpoints/; import into a new MODEL_DIR")
     before = set(model_dir.iterdir()) if model_dir.is_dir() else set()
     try:
-        return _import(model_dir, initial_checkpoint_path)
+        return _import(model_dir, initial_checkpoint_path, feature_lengths, task)
     except BaseException:
         for made in (set(model_dir.iterdir()) if model_dir.is_dir() else set()) - before:
             log.warning("the import failed: removing %s, which it had written", made)
@@ -528,11 +528,10 @@ def import_checkpoint(model_dir: str = gin.REQUIRED, initial_checkpoint_path: st
         raise
 
 
-def _import(model_dir: Path, initial_checkpoint_path: str) -> dict:
+def _import(model_dir: Path, initial_checkpoint_path: str, feature_lengths: dict, task: str) -> dict:
     setup = gin_checks.call_configured(lambda: prepare(
-        model_dir=str(model_dir), batch_size=1, feature_lengths=_macro("TASK_FEATURE_LENGTHS"),
-        task=_macro("MIXTURE_OR_TASK_NAME"), with_training_data=False, may_fit=True,
-        initial_checkpoint_path=initial_checkpoint_path))
+        model_dir=str(model_dir), batch_size=1, feature_lengths=feature_lengths, task=task, with_training_data=False,
+        may_fit=True, initial_checkpoint_path=initial_checkpoint_path))
     params = initial_params(setup, 0, initial_checkpoint_path)
     if setup.scheme.decoded_by_model:
         use_model_docids(setup, decode_model_docids(setup, params))
@@ -586,13 +585,3 @@ def _describe(obj) -> str:
     return obj.__name__ if inspect.isfunction(obj) or inspect.isclass(obj) else type(obj).__name__
 
 
-_NO_DEFAULT = object()
-
-
-def _macro(name: str, default=_NO_DEFAULT):
-    try:
-        return gin.query_parameter(f"{name}/macro.value")
-    except ValueError:
-        if default is _NO_DEFAULT:
-            raise
-        return default

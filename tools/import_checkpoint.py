@@ -17,9 +17,8 @@ from __future__ import annotations
 import json
 import sys
 
-import gin
 
-from gr_jax.runtime import gin_utils
+from gr_jax.runtime import gin_checks, gin_utils
 from gr_jax.runtime.cli import setup_logging
 
 
@@ -30,8 +29,8 @@ def main(argv=None) -> int:
         from gr_jax import compose
 
         return lambda: compose.import_checkpoint(
-            model_dir=gin.query_parameter("MODEL_DIR/macro.value"),
-            initial_checkpoint_path=gin.query_parameter("INITIAL_CHECKPOINT_PATH/macro.value"))
+            model_dir=gin_checks.macro("MODEL_DIR"), initial_checkpoint_path=gin_checks.macro("INITIAL_CHECKPOINT_PATH"),
+            feature_lengths=gin_checks.macro("TASK_FEATURE_LENGTHS"), task=gin_checks.macro("MIXTURE_OR_TASK_NAME"))
 
     rc, out = gin_utils.run_entry(argv, __doc__, configured, ["TRAIN_STEPS = 1", "BATCH_SIZE = 1"], root="infer",
                                   allow_unused=("train", "make_optimizer", "EvalConfig"))

@@ -38,6 +38,21 @@ def call_configured(fn, macro_hint: str = "--gin.NAME=VALUE"):
         raise
 
 
+REQUIRED = object()
+
+
+def macro(name: str, default=REQUIRED):
+    """The value the parsed configuration gives the macro `name` (a command's own read of MODEL_DIR,
+    TASK_FEATURE_LENGTHS, ...: library functions take such values as parameters); `default` when unset, an
+    error naming it when no default is given."""
+    try:
+        return gin.query_parameter(f"{name}/macro.value")
+    except ValueError:
+        if default is REQUIRED:
+            raise GinConfigError(f"{name} is not set: set it in a gin file or with --gin.{name}=...") from None
+        return default
+
+
 def entry_configurable(fn=None, *, not_under: Optional[str] = None):
     """`gin.configurable` under the bare name (selector `train`, not `gr_jax.compose.train`). t5x's entry points
     register their own `train` / `infer` in `__main__` before they parse; gin prefers a selector that matches

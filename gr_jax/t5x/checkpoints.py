@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import gin
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -78,8 +77,10 @@ def _shapes(tree) -> dict[str, tuple]:
             for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def import_t5x(model_dir: str, step: Optional[int] = None) -> dict:
-    """Module docstring. Returns what was written."""
+def import_t5x(model_dir: str, step: Optional[int], feature_lengths: dict, task: str,
+               initial_checkpoint_path: Optional[str] = None) -> dict:
+    """Module docstring: the t5x run's checkpoint of `step` (None: the newest) of the system an experiment file
+    builds for `task` at `feature_lengths`. Returns what was written."""
     model_dir = Path(model_dir)
     if step is not None:
         validation.integer("CHECKPOINT_STEP", step, minimum=0)
@@ -91,9 +92,8 @@ def import_t5x(model_dir: str, step: Optional[int] = None) -> dict:
         raise T5xAdapterError(f"{model_dir}: no t5x checkpoint for step {step} (have {steps})")
     source = model_dir / f"checkpoint_{step}"
     setup = gin_checks.call_configured(lambda: compose.prepare(
-        model_dir=str(model_dir), batch_size=1, feature_lengths=compose._macro("TASK_FEATURE_LENGTHS"),
-        task=compose._macro("MIXTURE_OR_TASK_NAME"), with_training_data=False,
-        initial_checkpoint_path=compose._macro("INITIAL_CHECKPOINT_PATH", None)))
+        model_dir=str(model_dir), batch_size=1, feature_lengths=feature_lengths, task=task,
+        with_training_data=False, initial_checkpoint_path=initial_checkpoint_path))
     record = model_dir / SYSTEM_RECORD  # what the t5x run built: the system here must be that one
     if record.is_file():
         trainer.check_provenance(_read_record(record), compose.provenance(setup), str(record))
@@ -128,8 +128,9 @@ def main(argv=None) -> int:
     setup_logging()
 
     def configured():
-        return lambda: import_t5x(gin.query_parameter("MODEL_DIR/macro.value"),
-                                  compose._macro("CHECKPOINT_STEP", None))
+        return lambda: import_t5x(gin_checks.macro("MODEL_DIR"), gin_checks.macro("CHECKPOINT_STEP", None),
+                                  gin_checks.macro("TASK_FEATURE_LENGTHS"), gin_checks.macro("MIXTURE_OR_TASK_NAME"),
+                                  gin_checks.macro("INITIAL_CHECKPOINT_PATH", None))
 
     rc, out = gin_utils.run_entry(argv, __doc__, configured, ["TRAIN_STEPS = 1", "BATCH_SIZE = 1",
                                                               "CHECKPOINT_STEP = None"],
