@@ -1,6 +1,6 @@
 """The extension surface: what a method may extend, implement or use of gr_jax, in one module. A method package
-(`gr_jax/methods/<name>/`, or one of your own like `tests/toy_method/`) imports gr_jax only from here and from
-itself (`tests/test_methods.py`); what is not here is the core's own business and may change.
+(`gr_jax/methods/<name>/`, or a package of your own that a gin file imports) imports gr_jax only from here and
+from itself (`tests/test_methods.py`); what is not here is the core's own business and may change.
 
 What a method extends or implements, how an experiment file binds it, and which method shows it:
 

@@ -279,7 +279,7 @@ def settle_renamed(command_line: Sequence[str] = ()) -> set[str]:
                 released.add(b.name)
             else:
                 refs: set = set()
-                _macro_refs(b.raw, refs)
+                macro_references(b.raw, refs)
                 released |= refs
                 del gin.config._CONFIG[b.key][b.param]
                 if not gin.config._CONFIG[b.key]:
@@ -291,13 +291,14 @@ def settle_renamed(command_line: Sequence[str] = ()) -> set[str]:
     return released
 
 
-def _macro_refs(value, out: set) -> None:
+def macro_references(value, out: set) -> None:
+    """The names of the macros a bound value reads (`%NAME`, inside lists and dicts too), added to `out`."""
     if isinstance(value, gin.config.ConfigurableReference):
         if value.configurable.selector == MACRO:
             out.add(value.scoped_selector.rsplit("/", 1)[0])
     elif isinstance(value, dict):
         for v in value.values():
-            _macro_refs(v, out)
+            macro_references(v, out)
     elif isinstance(value, (list, tuple, set)):
         for v in value:
-            _macro_refs(v, out)
+            macro_references(v, out)

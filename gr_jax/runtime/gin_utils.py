@@ -266,18 +266,6 @@ def _explain(e: Exception) -> str:
     return msg
 
 
-def _references(value, out: set[str]) -> None:
-    if isinstance(value, gin.config.ConfigurableReference):
-        if value.configurable.selector == MACRO:
-            out.add(value.scoped_selector.rsplit("/", 1)[0])
-    elif isinstance(value, dict):
-        for v in value.values():
-            _references(v, out)
-    elif isinstance(value, (list, tuple, set)):
-        for v in value:
-            _references(v, out)
-
-
 def _library_macro_readers() -> dict[str, list[str]]:
     """{macro: ['train.seed (runs/train.gin)', ...]}: the bindings of the library's own gin files that read a
     macro (`x.y = %MACRO`)."""
@@ -300,7 +288,7 @@ def check_macros(ignore: Iterable[str] = (), bindings: Sequence[str] = ()) -> No
         if selector == MACRO:
             defined.add(scope)
         for value in params.values():
-            _references(value, used)
+            gin_checks.macro_references(value, used)
     unused = sorted(defined - used - set(ignore))
     if not unused:
         return
