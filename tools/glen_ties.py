@@ -82,7 +82,7 @@ def main(argv=None) -> int:
 
     rc, out = gin_utils.run_entry(rest, __doc__, configured, ["TRAIN_STEPS = 1", "BATCH_SIZE = 1"], root="infer",
                                   allow_unused=("train", "make_optimizer", "EvalConfig"))
-    if rc:
+    if rc or out is None:  # (None: --help)
         return rc
     sys.stdout.write(out["table"] + "\n")
     return 0

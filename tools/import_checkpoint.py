@@ -34,7 +34,7 @@ def main(argv=None) -> int:
 
     rc, out = gin_utils.run_entry(argv, __doc__, configured, ["TRAIN_STEPS = 1", "BATCH_SIZE = 1"], root="infer",
                                   allow_unused=("train", "make_optimizer", "EvalConfig"))
-    if rc:
+    if rc or out is None:  # (None: --help)
         return rc
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
