@@ -16,7 +16,7 @@
 | fewshot | `methods/fewshot/command.py` | the Few-Shot GR table, one row per bank size |
 | rank_data | `methods/seal/command.py` (`python -m gr_jax.methods.seal.rank_data`) | the rank data's counts |
 
-Every gin command goes through `Command.main`: logging set up, `gin_utils.run_entry` (flags, gin parsing and
+Every gin command goes through `Command.main` (`runtime/command.py`, the scaffold a method's command uses too): logging set up, `gin_utils.run_entry` (flags, gin parsing and
 checks, the output lock, exit code 2 with one message for a bad input), then what it prints on success (process
 0 only for the commands that run over several processes).
 """
@@ -25,58 +25,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from gr_jax.runtime import distributed, gin_utils, locks
+from gr_jax.runtime import gin_utils, locks
 from gr_jax.runtime.cli import setup_logging
+from gr_jax.runtime.command import ON_A_TRAINED_SYSTEM, Command, deferred  # noqa: F401 (re-exported)
 from gr_jax.runtime.run_dir import RunDir
-
-# what a command run on a trained system (its experiment file is the training one) adds and allows: the
-# training settings it parses but does not use
-ON_A_TRAINED_SYSTEM = dict(fixed=("TRAIN_STEPS = 1", "BATCH_SIZE = 1"),
-                           allow_unused=("train", "make_optimizer", "EvalConfig"))
-
-
-@dataclasses.dataclass(frozen=True)
-class Command:
-    """A `python -m` command over a gin-configured function: `configurable()` imports and returns it (the import
-    is deferred so that `--help` and a bad flag cost no library import), `prints(result)` is what goes to stdout
-    on success; `root` is the configurable's gin name (its bindings must all be used); `fixed` bindings are
-    added before the user's; `multiprocess`: takes t5x's flags for a run over several processes."""
-
-    name: str
-    usage: str
-    configurable: Callable[[], Callable]
-    prints: Callable[[Any], str]
-    root: str
-    fixed: tuple[str, ...] = ()
-    allow_unused: tuple[str, ...] = ()
-    multiprocess: bool = False
-
-    def main(self, argv: Optional[list[str]] = None) -> int:
-        setup_logging()
-        rc, result = gin_utils.run_entry(argv, self.usage, self.configurable, self.fixed, root=self.root,
-                                         allow_unused=self.allow_unused, multiprocess=self.multiprocess)
-        if rc or result is None or (self.multiprocess and not distributed.is_primary()):
-            return rc  # (None: --help)
-        sys.stdout.write(self.prints(result))
-        return 0
-
-
-def deferred(module: str, name: str) -> Callable[[], Callable]:
-    """`Command.configurable` for a function defined in `module`, imported when the command runs."""
-
-    def get():
-        import importlib
-
-        return getattr(importlib.import_module(module), name)
-
-    return get
-
 
 # ----------------------------------------------------------------------------------------------------------
 # what each command prints

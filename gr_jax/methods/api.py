@@ -81,7 +81,7 @@ from gr_jax.evaluation.report import markdown_table
 from gr_jax.evaluation.retrieval import evaluation_settings, retrieve
 
 # --- commands and the runtime ----------------------------------------------------------------------------
-from gr_jax.commands import ON_A_TRAINED_SYSTEM, Command, deferred
+from gr_jax.runtime.command import ON_A_TRAINED_SYSTEM, Command, deferred
 from gr_jax.runtime import gin_checks, validation
 from gr_jax.runtime.errors import UserError
 from gr_jax.runtime.io_utils import atomic_dir, json_text, load_npz, read_json, write_bytes, write_text
