@@ -8,14 +8,14 @@
 
 T5 (default): max |Δ| of encoder states (non-padded positions) and decoder logits on a random padded batch,
 and whether a few greedy decoding steps give identical tokens; needs the [torch] extra.
-A method (`--method NAME`): the method's package's `t5_parity.check_fixture(folder)` against a fixture folder of
+A method (`--method NAME`): the method's package's `parity.check_fixture(folder)` against a fixture folder of
 its authors' outputs. GLEN: a fixture folder of GLEN's own outputs (model/, inputs.npz, outputs.npz, ranking.json, glen_docid.tsv,
 meta.json; tests/fixtures/glen_parity/README.md) — step logits, docids, final beams and collision-free
-rankings (`gr_jax/methods/glen/t5_parity.py`); needs no torch.
+rankings (`gr_jax/methods/glen/parity.py`); needs no torch.
 PAG: a fixture folder of PAG's own outputs (model/, inputs.npz, outputs.npz, decoding.json, the two
 docid_to_tokenids.json files, lex_run.json, meta.json; tests/fixtures/pag_parity/REFERENCE.md) — lexical
 representations, set docids, s_lex, planning set, raw step logits, final beams and rankings with and without the
-look-ahead bonus (`gr_jax/methods/pag/t5_parity.py`); needs no torch.
+look-ahead bonus (`gr_jax/methods/pag/parity.py`); needs no torch.
 Llama (`--arch llama`, decoder-only): max |Δ| of the logits at real positions of a left-padded batch, also
 relative to the largest logit (the tolerance applies to that relative figure: a pretrained model's logits run
 to ~30), and whether cached greedy decoding gives transformers' tokens; an HF directory, a GGUF file (which
@@ -42,7 +42,7 @@ from gr_jax import methods
 from gr_jax.runtime.cli import setup_logging
 from gr_jax.backbones import t5_convert, t5_parity
 
-# the methods whose package holds a checker against their authors' outputs (`methods/<name>/t5_parity.py`)
+# the methods whose package holds a checker against their authors' outputs (`methods/<name>/parity.py`)
 METHODS_WITH_PARITY = tuple(sorted(m.name for m in pkgutil.iter_modules(methods.__path__)
                                    if m.ispkg and importlib.util.find_spec(f"gr_jax.methods.{m.name}.parity")))
 
@@ -50,7 +50,7 @@ METHODS_WITH_PARITY = tuple(sorted(m.name for m in pkgutil.iter_modules(methods.
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--method", choices=("t5",) + METHODS_WITH_PARITY, default="t5",
-                        help="t5, or a method whose package has a parity module (gr_jax/methods/<name>/t5_parity.py)")
+                        help="t5, or a method whose package has a parity module (gr_jax/methods/<name>/parity.py)")
     parser.add_argument("--arch", choices=("t5", "llama"), default="t5",
                         help="the backbone of --hf_dir / --demo (llama: decoder-only)")
     src = parser.add_mutually_exclusive_group(required=True)

@@ -290,7 +290,7 @@ def _attend_weighted(scores_BxSxH: Array, v_BxSxHxQ: Array, dtype) -> Array:
     return out_BxHxQ.astype(dtype)[:, None]
 
 
-def _attend(q_BxTxHxQ: Array, k_BxSxHxQ: Array, v_BxSxHxQ: Array, bias: Optional[Array], mask: Array,
+def attend(q_BxTxHxQ: Array, k_BxSxHxQ: Array, v_BxSxHxQ: Array, bias: Optional[Array], mask: Array,
             dropout: Callable[[Array], Array], dtype, no_dropout: bool = False) -> Array:
     """Softmax attention in float32. `mask` broadcasts to [B, H, T, S] (True = may attend)."""
     if no_dropout and q_BxTxHxQ.shape[1] == 1:
@@ -327,7 +327,7 @@ class Attention(nn.Module):
     def __call__(self, x_BxTxD: Array, k_BxSxHxQ: Array, v_BxSxHxQ: Array, bias: Optional[Array], mask: Array,
                  deterministic: bool) -> Array:
         q = self._heads(self.q(x_BxTxD))
-        out = _attend(q, k_BxSxHxQ, v_BxSxHxQ, bias, mask,
+        out = attend(q, k_BxSxHxQ, v_BxSxHxQ, bias, mask,
                       functools.partial(self.dropout, deterministic=deterministic), self.config.compute_dtype,
                       no_dropout=deterministic or self.config.dropout_rate == 0)
         return self.o(out.reshape(*out.shape[:2], -1))

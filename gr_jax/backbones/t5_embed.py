@@ -17,14 +17,13 @@ import numpy as np
 
 from gr_jax.data.pipeline import tokenize
 from gr_jax.docids.embed import Embedder, normalise
-from gr_jax.backbones import t5
 from gr_jax.runtime.validation import Count
 
 
 def t5_mean_pool(model, params, ids, mask=None):
     """Mean of the T5 encoder's output states over non-padding positions → [B, D] float32 (not normalised)."""
     mask = (ids != 0) if mask is None else mask
-    h = model.apply({"params": params}, ids, mask, method=t5.T5.encode).astype(jnp.float32)
+    h = model.apply({"params": params}, ids, mask, method="encode").astype(jnp.float32)
     return (h * mask[..., None]).sum(1) / jnp.maximum(mask.sum(1, keepdims=True), 1)
 
 

@@ -40,9 +40,9 @@ def load_torch_t5(hf_dir: str | os.PathLike):
 def greedy_jax(model: t5.T5, params, ids: np.ndarray, mask: np.ndarray, steps: int) -> np.ndarray:
     """Greedy decoding with the key/value cache (no EOS stopping: every row runs `steps` steps)."""
     variables = {"params": params}
-    encoded = model.apply(variables, jnp.asarray(ids), jnp.asarray(mask), method=t5.T5.encode)
-    cache = model.apply(variables, encoded, jnp.asarray(mask), steps, method=t5.T5.init_cache)
-    step = jax.jit(lambda c, tok: model.apply(variables, c, tok, method=t5.T5.decode_step))
+    encoded = model.apply(variables, jnp.asarray(ids), jnp.asarray(mask), method="encode")
+    cache = model.apply(variables, encoded, jnp.asarray(mask), steps, method="init_cache")
+    step = jax.jit(lambda c, tok: model.apply(variables, c, tok, method="decode_step"))
     token = jnp.full((ids.shape[0],), model.config.decoder_start_token_id, jnp.int32)
     out = []
     for _ in range(steps):
@@ -81,8 +81,8 @@ def check_parity(hf_dir: str | os.PathLike, gr_jax_checkpoint: str | os.PathLike
                           decoder_input_ids=torch.tensor(dec))
     model = t5.T5(config)
     variables = {"params": params}
-    encoded = model.apply(variables, jnp.asarray(ids), jnp.asarray(mask), method=t5.T5.encode)
-    logits = model.apply(variables, encoded, jnp.asarray(mask), jnp.asarray(dec), method=t5.T5.decode)
+    encoded = model.apply(variables, jnp.asarray(ids), jnp.asarray(mask), method="encode")
+    logits = model.apply(variables, encoded, jnp.asarray(mask), jnp.asarray(dec), method="decode")
     valid = mask[..., None].astype(bool)
     enc_diff = float(np.max(np.abs(np.asarray(encoded) - ref.encoder_last_hidden_state.numpy()) * valid))
     logit_diff = float(np.max(np.abs(np.asarray(logits) - ref.logits.numpy())))

@@ -35,15 +35,15 @@ def share_encoder(cache: t5.DecodeCache, n: int) -> t5.DecodeCache:
 
 
 def t5_step(model: t5.T5, params, cache, tokens):
-    return model.apply({"params": params}, cache, tokens, method=t5.T5.decode_step)
+    return model.apply({"params": params}, cache, tokens, method="decode_step")
 
 
 def t5_step_hidden(model: t5.T5, params, cache, tokens):
-    return model.apply({"params": params}, cache, tokens, method=t5.T5.decode_step_hidden)
+    return model.apply({"params": params}, cache, tokens, method="decode_step_hidden")
 
 
 def t5_project(model: t5.T5, params, hidden, tokens=None):
-    return model.apply({"params": params}, hidden, tokens, method=t5.T5.token_logits)
+    return model.apply({"params": params}, hidden, tokens, method="token_logits")
 
 
 def t5_cache(model: t5.T5, params, query_tokens, max_length: int):
@@ -51,8 +51,8 @@ def t5_cache(model: t5.T5, params, query_tokens, max_length: int):
     the positions decoded so far) for the levels the search unrolls; a run of levels in a `lax.scan` gives it room
     for the run's steps (`DecodeCache.to_fixed`) and lets it grow again after."""
     mask = query_tokens != model.config.pad_token_id
-    encoded = model.apply({"params": params}, query_tokens, mask, method=t5.T5.encode)
-    return model.apply({"params": params}, encoded, mask, max_length, True, method=t5.T5.init_cache)
+    encoded = model.apply({"params": params}, query_tokens, mask, method="encode")
+    return model.apply({"params": params}, encoded, mask, max_length, True, method="init_cache")
 
 
 def _int32(tokens):

@@ -124,13 +124,13 @@ def test_t5_scanned_forward_and_cached_steps_equal_the_unrolled(t5_pair):
     for growing in (False, True):
         caches = []
         for m in (scanned, unrolled):
-            encoded = m.apply({"params": params}, enc, method=t5.T5.encode)
-            caches.append(m.apply({"params": params}, encoded, enc != 0, 4, growing, method=t5.T5.init_cache))
+            encoded = m.apply({"params": params}, enc, method="encode")
+            caches.append(m.apply({"params": params}, encoded, enc != 0, 4, growing, method="init_cache"))
         assert caches[0].cross_k.shape == (3, 2, 7, config.num_heads, config.d_kv)
         assert _rel(caches[0].cross_k, caches[1].cross_k) <= TOL
         tiled = [c.repeat(2, share_cross=True) for c in caches]
         for t in range(3):
-            out = [m.apply({"params": params}, c, jnp.repeat(dec[:, t], 2), method=t5.T5.decode_step)
+            out = [m.apply({"params": params}, c, jnp.repeat(dec[:, t], 2), method="decode_step")
                    for m, c in zip((scanned, unrolled), tiled)]
             assert _rel(out[0][0], out[1][0]) <= TOL
             # a beam reorder between steps, as the search does it: the 4 decoder rows, not the 2 shared encoder rows

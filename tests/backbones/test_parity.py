@@ -39,13 +39,13 @@ def test_cached_decoding_matches_torch_incremental(hf_t5_dirs, version, torch):
     dec, _ = t5_parity.random_padded_batch(config.vocab_size, 3, 5, seed=6)
     model = t5.T5(config)
     v = {"params": params}
-    enc = model.apply(v, jnp.asarray(ids), jnp.asarray(mask), method=t5.T5.encode)
-    cache = model.apply(v, enc, jnp.asarray(mask), 5, method=t5.T5.init_cache)
+    enc = model.apply(v, jnp.asarray(ids), jnp.asarray(mask), method="encode")
+    cache = model.apply(v, enc, jnp.asarray(mask), 5, method="init_cache")
     past = None
     with torch.no_grad():
         enc_out = tm.get_encoder()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
         for t in range(5):
-            ours, cache = model.apply(v, cache, jnp.asarray(dec[:, t]), method=t5.T5.decode_step)
+            ours, cache = model.apply(v, cache, jnp.asarray(dec[:, t]), method="decode_step")
             out = tm(encoder_outputs=enc_out, attention_mask=torch.tensor(mask),
                      decoder_input_ids=torch.tensor(dec[:, t:t + 1]), past_key_values=past, use_cache=True)
             past = out.past_key_values

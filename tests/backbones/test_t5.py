@@ -49,16 +49,16 @@ class TestShapes(chex.TestCase):
             params = t5.init_params(config)
             ids, mask, dec = _batch(config)
 
-            encode = self.variant(lambda p, i, m: model.apply({"params": p}, i, m, method=t5.T5.encode))
-            decode = self.variant(lambda p, e, m, d: model.apply({"params": p}, e, m, d, method=t5.T5.decode))
-            step = self.variant(lambda p, c, tok: model.apply({"params": p}, c, tok, method=t5.T5.decode_step))
+            encode = self.variant(lambda p, i, m: model.apply({"params": p}, i, m, method="encode"))
+            decode = self.variant(lambda p, e, m, d: model.apply({"params": p}, e, m, d, method="decode"))
+            step = self.variant(lambda p, c, tok: model.apply({"params": p}, c, tok, method="decode_step"))
 
             enc = encode(params, ids, mask)
             chex.assert_shape(enc, (B, L, config.d_model))
             logits = decode(params, enc, mask, dec)
             chex.assert_shape(logits, (B, T, config.vocab_size))
             chex.assert_type(logits, jnp.float32)
-            cache = model.apply({"params": params}, enc, mask, T, method=t5.T5.init_cache)
+            cache = model.apply({"params": params}, enc, mask, T, method="init_cache")
             step_logits, cache = step(params, cache, dec[:, 0])
             chex.assert_shape(step_logits, (B, config.vocab_size))
             chex.assert_tree_all_finite((enc, logits, step_logits))
@@ -69,11 +69,11 @@ def test_cached_decoding_equals_full_forward(tiny):
     config, model, params = tiny
     ids, mask, dec = _batch(config, seed=2)
     v = {"params": params}
-    enc = model.apply(v, ids, mask, method=t5.T5.encode)
-    full_hidden = model.apply(v, enc, mask, dec, method=t5.T5.decode_hidden)
-    full_logits = model.apply(v, full_hidden, method=t5.T5.logits)
-    cache = model.apply(v, enc, mask, T + 3, method=t5.T5.init_cache)  # a longer cache than needed
-    step = jax.jit(lambda c, tok: model.apply(v, c, tok, method=t5.T5.decode_step_hidden))
+    enc = model.apply(v, ids, mask, method="encode")
+    full_hidden = model.apply(v, enc, mask, dec, method="decode_hidden")
+    full_logits = model.apply(v, full_hidden, method="logits")
+    cache = model.apply(v, enc, mask, T + 3, method="init_cache")  # a longer cache than needed
+    step = jax.jit(lambda c, tok: model.apply(v, c, tok, method="decode_step_hidden"))
     hidden = []
     for t in range(T):
         h, cache = step(cache, dec[:, t])
@@ -82,7 +82,7 @@ def test_cached_decoding_equals_full_forward(tiny):
     np.testing.assert_allclose(np.asarray(hidden), np.asarray(full_hidden), atol=1e-5, rtol=0)
     # Logits: the same bound relative to their size (the v1.1 head has std-1 weights, |logits| ~ 20, where
     # float32 rounding alone is ~2e-6 per op).
-    logits = model.apply(v, hidden, method=t5.T5.logits)
+    logits = model.apply(v, hidden, method="logits")
     scale = max(1.0, float(jnp.max(jnp.abs(full_logits))))
     np.testing.assert_allclose(np.asarray(logits), np.asarray(full_logits), atol=1e-5 * scale, rtol=0)
 
@@ -91,11 +91,11 @@ def test_padding_does_not_change_valid_positions(tiny):
     config, model, params = tiny
     ids, mask, dec = _batch(config, seed=3)
     v = {"params": params}
-    enc = model.apply(v, ids, mask, method=t5.T5.encode)
+    enc = model.apply(v, ids, mask, method="encode")
     # The same rows with 5 more padding columns.
     ids2 = jnp.pad(ids, ((0, 0), (0, 5)))
     mask2 = jnp.pad(mask, ((0, 0), (0, 5)))
-    enc2 = model.apply(v, ids2, mask2, method=t5.T5.encode)
+    enc2 = model.apply(v, ids2, mask2, method="encode")
     # Padding changes the length of the float32 reductions (softmax sums, matmuls), which reorders their rounding:
     # differences of some float32 ulps of the largest value are expected (7 were seen on v1.1 logits of size ~20),
     # so the tolerance is 32 ulps of the magnitude, not an absolute number. A real leak of padding into valid
@@ -107,12 +107,12 @@ def test_padding_does_not_change_valid_positions(tiny):
 
     m = np.asarray(mask)[..., None]
     close(np.asarray(enc2[:, :L]) * m, np.asarray(enc) * m)
-    logits = model.apply(v, enc, mask, dec, method=t5.T5.decode)
-    logits2 = model.apply(v, enc2, mask2, dec, method=t5.T5.decode)
+    logits = model.apply(v, enc, mask, dec, method="decode")
+    logits2 = model.apply(v, enc2, mask2, dec, method="decode")
     close(logits2, logits)
     # Changing a padded token's id must not matter either.
     ids3 = ids.at[2, 5].set(7)
-    enc3 = model.apply(v, ids3, mask, method=t5.T5.encode)
+    enc3 = model.apply(v, ids3, mask, method="encode")
     np.testing.assert_allclose(np.asarray(enc3[2, :2]), np.asarray(enc[2, :2]), atol=1e-6)
 
 
@@ -148,7 +148,7 @@ def test_bfloat16_close_to_float32(tiny):
     assert bf16.dtype == jnp.float32  # logits are always returned in float32
     scale = float(jnp.max(jnp.abs(f32)))
     assert float(jnp.max(jnp.abs(bf16 - f32))) < 0.05 * scale
-    enc = bf16_model.apply({"params": params}, ids, mask, method=t5.T5.encode)
+    enc = bf16_model.apply({"params": params}, ids, mask, method="encode")
     assert enc.dtype == jnp.bfloat16
 
 
@@ -192,8 +192,8 @@ def test_token_logits_are_the_columns_of_the_full_projection(tiny, scale):
     config, model, params = tiny
     hidden = jax.random.normal(jax.random.PRNGKey(4), (2, 3, config.d_model))
     tokens = jax.random.randint(jax.random.PRNGKey(5), (2, 3, 7), 0, config.vocab_size)
-    full = np.asarray(model.apply({"params": params}, hidden, scale, method=t5.T5.logits))
-    got = np.asarray(model.apply({"params": params}, hidden, tokens, scale, method=t5.T5.token_logits))
+    full = np.asarray(model.apply({"params": params}, hidden, scale, method="logits"))
+    got = np.asarray(model.apply({"params": params}, hidden, tokens, scale, method="token_logits"))
     want = np.take_along_axis(full, np.asarray(tokens), axis=-1)
     # the same d_model products summed in another order: float32 rounding relative to the largest logit
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(full).max())
@@ -207,8 +207,8 @@ def test_logits_below_a_vocabulary_limit_are_the_first_columns(tiny, scale):
     config, model, params = tiny
     hidden = jax.random.normal(jax.random.PRNGKey(6), (2, 3, config.d_model))
     k = config.vocab_size // 3
-    full = np.asarray(model.apply({"params": params}, hidden, scale, method=t5.T5.logits))
-    got = np.asarray(model.apply({"params": params}, hidden, scale, k, method=t5.T5.logits))
+    full = np.asarray(model.apply({"params": params}, hidden, scale, method="logits"))
+    got = np.asarray(model.apply({"params": params}, hidden, scale, k, method="logits"))
     assert got.shape == (2, 3, k)
     # each logit is the same d_model products; only a matmul blocked differently could reorder their sum
     np.testing.assert_allclose(got, full[..., :k], rtol=0, atol=1e-6 * np.abs(full).max())

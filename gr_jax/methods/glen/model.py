@@ -86,17 +86,17 @@ def step_table(network: t5.T5, net_params, input_tokens_BxL, length: int, start_
     """GLEN's M decoder steps with hidden-state feedback → (raw logits [B, M, V] float32, hidden [B, M, D])."""
     variables = {"params": net_params}
     mask = input_tokens_BxL != network.config.pad_token_id
-    encoded = network.apply(variables, input_tokens_BxL, mask, method=t5.T5.encode)
-    cache = network.apply(variables, encoded, mask, length, method=t5.T5.init_cache)
+    encoded = network.apply(variables, input_tokens_BxL, mask, method="encode")
+    cache = network.apply(variables, encoded, mask, length, method="init_cache")
     B = input_tokens_BxL.shape[0]
-    x = network.apply(variables, jnp.full((B,), start_token, jnp.int32), method=t5.T5.embed)
+    x = network.apply(variables, jnp.full((B,), start_token, jnp.int32), method="embed")
     hidden = []
     for _ in range(length):  # M is small (3 for NQ320k, 7 for MS MARCO): unrolled
-        h, cache = network.apply(variables, cache, x, method=t5.T5.decode_step_embedded)
+        h, cache = network.apply(variables, cache, x, method="decode_step_embedded")
         hidden.append(h)
         x = h
     hidden_BxMxD = jnp.stack(hidden, axis=1)
-    return network.apply(variables, hidden_BxMxD, method=t5.T5.logits), hidden_BxMxD
+    return network.apply(variables, hidden_BxMxD, method="logits"), hidden_BxMxD
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
@@ -211,15 +211,15 @@ class GlenRetriever(GenerativeRetriever):
         rngs = {} if deterministic else {"dropout": dropout_rng}
         variables = {"params": params["network"]}
         mask = inputs_BxL != self.config.pad_token_id
-        encoded = self.network.apply(variables, inputs_BxL, mask, deterministic, method=t5.T5.encode, rngs=rngs)
+        encoded = self.network.apply(variables, inputs_BxL, mask, deterministic, method="encode", rngs=rngs)
         start = jnp.full((inputs_BxL.shape[0], 1), self.config.decoder_start_token_id, jnp.int32)
-        x = self.network.apply(variables, start, method=t5.T5.embed)
+        x = self.network.apply(variables, start, method="embed")
         for _ in range(self.docid_length):
-            h = self.network.apply(variables, encoded, mask, x, deterministic, method=t5.T5.decode_hidden_embedded,
+            h = self.network.apply(variables, encoded, mask, x, deterministic, method="decode_hidden_embedded",
                                    rngs=rngs)
             x = jnp.concatenate([x, h[:, -1:].astype(x.dtype)], axis=1)
         hidden = x[:, 1:]
-        return self.network.apply(variables, hidden, method=t5.T5.logits), hidden
+        return self.network.apply(variables, hidden, method="logits"), hidden
 
     def token_log_probs(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
         """log P(target token) [B, T] under the masked step distributions (targets past M get 0), and the

@@ -160,13 +160,13 @@ class NciRetriever(GenerativeRetriever):
     def _step(self, params, cache: PawaCache, tokens_B):
         head, index = self.head, cache.step_index
         table = head._table(params)
-        start = self.network.apply({"params": params["network"]}, tokens_B, method=t5.T5.embed)
+        start = self.network.apply({"params": params["network"]}, tokens_B, method="embed")
         prev = table[jnp.clip(index - 1, 0, head.length - 1), jnp.clip(tokens_B, 0, head.codes - 1)]
         x_BxD = jnp.where(index == 0, start, prev.astype(start.dtype))
         prefix = jax.lax.dynamic_update_slice(cache.prefix, x_BxD[:, None, :].astype(jnp.float32),
                                               (0, jnp.minimum(index, head.length - 1), 0))
         hidden, inner = self.network.apply({"params": params["network"]}, cache.inner, x_BxD,
-                                           method=t5.T5.decode_step_embedded)
+                                           method="decode_step_embedded")
         g = head.adapted(params, prefix)  # the adaptor is causal: row `index` sees the prefix so far
         g_t = jax.lax.dynamic_index_in_dim(g, jnp.minimum(index, head.length - 1), axis=1, keepdims=True)
         logits = head.pawa_logits(self.network, params, hidden[:, None, :], g_t, index[None])[:, 0]

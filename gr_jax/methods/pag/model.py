@@ -85,7 +85,7 @@ def lexical_rep_from_hidden(network: t5.T5, net_params, hidden_BxLxD, mask_BxL, 
     non-decreasing and ≥ 0, so it commutes with the max, and V · L logarithms become V (the planner's query
     side: about 2× faster on a CPU at L 16). Not for training: where two logits round to one log, its gradient
     goes to the larger logit instead of being shared."""
-    logits = network.apply({"params": net_params}, hidden_BxLxD, True, vocab_limit, method=t5.T5.logits)
+    logits = network.apply({"params": net_params}, hidden_BxLxD, True, vocab_limit, method="logits")
     if pooled:
         return jnp.log1p(jax.nn.relu(jnp.where(mask_BxL[..., None], logits, -jnp.inf).max(axis=1)))
     act = jnp.log1p(jax.nn.relu(logits)) * mask_BxL[..., None].astype(jnp.float32)
@@ -100,8 +100,8 @@ def lexical_rep(network: t5.T5, net_params, tokens_BxL, dropout_rng=None, pooled
     rngs = {} if deterministic else {"dropout": dropout_rng}
     variables = {"params": net_params}
     mask = tokens_BxL != network.config.pad_token_id
-    encoded = network.apply(variables, tokens_BxL, mask, deterministic, method=t5.T5.encode, rngs=rngs)
-    hidden = network.apply(variables, encoded, mask, tokens_BxL, deterministic, method=t5.T5.decode_hidden,
+    encoded = network.apply(variables, tokens_BxL, mask, deterministic, method="encode", rngs=rngs)
+    hidden = network.apply(variables, encoded, mask, tokens_BxL, deterministic, method="decode_hidden",
                            rngs=rngs)
     return lexical_rep_from_hidden(network, net_params, hidden, mask, pooled, vocab_limit)
 
@@ -113,16 +113,16 @@ def sequential_hidden(network: t5.T5, net_params, query_BxL, prefix_BxT, dropout
     variables = {"params": net_params}
     c = network.config
     mask = query_BxL != c.pad_token_id
-    encoded = network.apply(variables, query_BxL, mask, deterministic, method=t5.T5.encode, rngs=rngs)
+    encoded = network.apply(variables, query_BxL, mask, deterministic, method="encode", rngs=rngs)
     start = jnp.full((query_BxL.shape[0], 1), c.decoder_start_token_id, query_BxL.dtype)
     dec_in = jnp.concatenate([query_BxL, start, prefix_BxT.astype(query_BxL.dtype)], axis=1)
-    return network.apply(variables, encoded, mask, dec_in, deterministic, method=t5.T5.decode_hidden,
+    return network.apply(variables, encoded, mask, dec_in, deterministic, method="decode_hidden",
                          rngs=rngs), mask
 
 
 def raw_logits(network: t5.T5, net_params, hidden):
     """PAG's sequential step scores: lm_head(h), unscaled, float32."""
-    return network.apply({"params": net_params}, hidden, False, method=t5.T5.logits)
+    return network.apply({"params": net_params}, hidden, False, method="logits")
 
 
 def pag_prefill(network: t5.T5, net_params, query_BxL, max_length: int):
@@ -131,10 +131,10 @@ def pag_prefill(network: t5.T5, net_params, query_BxL, max_length: int):
     reads the query causally, no decoder mask), so one encoder and one decoder pass serve both readings."""
     variables = {"params": net_params}
     mask = query_BxL != network.config.pad_token_id
-    encoded = network.apply(variables, query_BxL, mask, method=t5.T5.encode)
+    encoded = network.apply(variables, query_BxL, mask, method="encode")
     L = query_BxL.shape[1]
-    cache = network.apply(variables, encoded, mask, L + max_length, method=t5.T5.init_cache)
-    hidden, cache = network.apply(variables, cache, query_BxL, method=t5.T5.prefill_hidden)
+    cache = network.apply(variables, encoded, mask, L + max_length, method="init_cache")
+    hidden, cache = network.apply(variables, cache, query_BxL, method="prefill_hidden")
     return cache, hidden, mask
 
 
@@ -150,12 +150,12 @@ def pag_step(network: t5.T5, net_params, cache, tokens_R):
 
 
 def pag_step_hidden(network: t5.T5, net_params, cache, tokens_R):
-    return network.apply({"params": net_params}, cache, tokens_R, method=t5.T5.decode_step_hidden)
+    return network.apply({"params": net_params}, cache, tokens_R, method="decode_step_hidden")
 
 
 def pag_project(network: t5.T5, net_params, hidden, tokens=None):
     """`raw_logits` of the given tokens only (the search's candidate slots), or of all with None."""
-    return network.apply({"params": net_params}, hidden, tokens, False, method=t5.T5.token_logits)
+    return network.apply({"params": net_params}, hidden, tokens, False, method="token_logits")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -358,15 +358,15 @@ def test_prefill_equals_one_step_at_a_time():
     @jax.jit
     def both(params):
         mask = q != 0
-        enc = net.apply({"params": params}, q, mask, method=t5.T5.encode)
-        cache = net.apply({"params": params}, enc, mask, 8, method=t5.T5.init_cache)
-        hidden, filled = net.apply({"params": params}, cache, q, method=t5.T5.prefill_hidden)
+        enc = net.apply({"params": params}, q, mask, method="encode")
+        cache = net.apply({"params": params}, enc, mask, 8, method="init_cache")
+        hidden, filled = net.apply({"params": params}, cache, q, method="prefill_hidden")
         step, stepped = cache, []
         for t in range(q.shape[1]):
-            h, step = net.apply({"params": params}, step, q[:, t], method=t5.T5.decode_step_hidden)
+            h, step = net.apply({"params": params}, step, q[:, t], method="decode_step_hidden")
             stepped.append(h)
-        a, _ = net.apply({"params": params}, filled, jnp.asarray([9]), method=t5.T5.decode_step)
-        b, _ = net.apply({"params": params}, step, jnp.asarray([9]), method=t5.T5.decode_step)
+        a, _ = net.apply({"params": params}, filled, jnp.asarray([9]), method="decode_step")
+        b, _ = net.apply({"params": params}, step, jnp.asarray([9]), method="decode_step")
         return hidden, jnp.stack(stepped, 1), a, b
 
     hidden, stepped, a, b = both(params)
