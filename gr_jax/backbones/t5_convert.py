@@ -262,12 +262,14 @@ def hf_tensor_names(hf_dir: str | os.PathLike) -> set[str]:
 
 
 def is_hf_dir(path) -> bool:
-    """An HF T5 directory: a config.json without our format tag (the weights beside it are read later)."""
+    """An HF T5 directory: a config.json without our format tag and not another architecture's (BART's is
+    `bart_convert.is_hf_bart_dir`; the weights beside it are read later)."""
     try:
         meta = read_json(Path(path) / HF_CONFIG)
     except (OSError, ValueError):
         return False
-    return isinstance(meta, dict) and meta.get("format") not in (FORMAT_TAG, _UNCHECKED_TAG)
+    return (isinstance(meta, dict) and meta.get("format") not in (FORMAT_TAG, _UNCHECKED_TAG)
+            and meta.get("model_type") != "bart")
 
 
 def _read_json_object(path: Path, missing_hint: str) -> dict[str, Any]:

@@ -124,13 +124,15 @@ class SentencePieceVocabulary:
 
 
 class HFTokenizerVocabulary:
-    """An HF `tokenizer.json` (fast tokenizer) when no `spiece.model` is present; needs `tokenizers`."""
+    """An HF `tokenizer.json` (fast tokenizer) when no `spiece.model` is present; needs `tokenizers`. With
+    `bos_token` (tokenizer_config.json's `add_bos_token` and `bos_token`, as BART's written by
+    `backbones/bart_tokenizer`), `encode` starts every text with that token's id."""
 
     pad_id = PAD_ID
     eos_id = EOS_ID
     unk_id = UNK_ID
 
-    def __init__(self, tokenizer_json: str | os.PathLike):
+    def __init__(self, tokenizer_json: str | os.PathLike, bos_token: Optional[str] = None):
         try:
             from tokenizers import Tokenizer
         except ImportError:
@@ -144,6 +146,9 @@ class HFTokenizerVocabulary:
             got = self._tok.token_to_id(name)
             if got != want:
                 raise ValueError(f"{tokenizer_json}: {name} has id {got}, T5 expects {want}")
+        self.bos_id = None if bos_token is None else self._tok.token_to_id(bos_token)
+        if bos_token is not None and self.bos_id is None:
+            raise ValueError(f"{tokenizer_json}: the bos_token {bos_token!r} of tokenizer_config.json is not a token")
 
     @property
     def size(self) -> int:
@@ -151,11 +156,12 @@ class HFTokenizerVocabulary:
 
     @property
     def fingerprint(self) -> str:
-        return hashlib.blake2b(self._tok.to_str().encode("utf-8"), digest_size=12).hexdigest()
+        text = self._tok.to_str() + ("" if self.bos_id is None else f"\nbos {self.bos_id}")
+        return hashlib.blake2b(text.encode("utf-8"), digest_size=12).hexdigest()
 
     def encode(self, text: str) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        return list(ids)
+        return list(ids) if self.bos_id is None else [self.bos_id, *ids]
 
     def decode(self, ids: Sequence[int]) -> str:
         ids = [int(i) for i in ids]
@@ -206,18 +212,18 @@ def load_vocabulary(path: str | os.PathLike, extra_ids: int | None = None) -> Vo
         return SentencePieceVocabulary(p, extra_ids or 0)
     if not p.is_dir():
         raise ValueError(f"{p}: no such vocabulary file or tokenizer directory")
-    if extra_ids is None:
-        extra_ids = T5_EXTRA_IDS
-        cfg_path = p / "tokenizer_config.json"
-        if cfg_path.exists():
-            try:
-                extra_ids = int(read_json(cfg_path).get("extra_ids", T5_EXTRA_IDS))
-            except (json.JSONDecodeError, TypeError, ValueError) as e:
-                raise ValueError(f"{cfg_path}: cannot read extra_ids ({e})") from None
+    cfg_path = p / "tokenizer_config.json"
+    try:
+        cfg = read_json(cfg_path) if cfg_path.exists() else {}
+        if extra_ids is None:
+            extra_ids = int(cfg.get("extra_ids", T5_EXTRA_IDS))
+    except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{cfg_path}: cannot read extra_ids ({e})") from None
     if (p / "spiece.model").exists():
         return SentencePieceVocabulary(p / "spiece.model", extra_ids)
     if (p / "tokenizer.json").exists():
-        return HFTokenizerVocabulary(p / "tokenizer.json")
+        bos = cfg.get("bos_token") if cfg.get("add_bos_token") else None
+        return HFTokenizerVocabulary(p / "tokenizer.json", bos_token=bos if isinstance(bos, str) else None)
     raise ValueError(f"{p}: neither spiece.model nor tokenizer.json found")
 
 

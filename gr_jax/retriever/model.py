@@ -1,4 +1,4 @@
-"""`GenerativeRetriever`: the model object of the library — a Flax network (T5) plus a docid head, with
+"""`GenerativeRetriever`: the model object of the library — a Flax network (T5 or BART, `backbones/seq2seq`) plus a docid head, with
 `loss_fn` (the objective), `predict` (constrained beam search over a `TrieIndex`), `predict_documents`
 (beams → documents by the ranker) and `score` (log-likelihood of given docids).
 
@@ -34,7 +34,7 @@ from gr_jax.decoding.beam_search import BeamResult
 from gr_jax.index.device import leaf_documents
 from gr_jax.index.trie import TrieIndex
 from gr_jax.retriever.search import Searcher, share_encoder, t5_cache
-from gr_jax.backbones import t5
+from gr_jax.backbones import seq2seq, t5
 from gr_jax.retriever.contract import Capabilities
 from gr_jax.retriever.heads import TextHead
 from gr_jax.runtime.validation import Count, Signed
@@ -44,16 +44,16 @@ log = logging.getLogger(__name__)
 
 @gin.configurable
 class GenerativeRetriever:
-    def __init__(self, config: t5.T5Config, head=None, score_mode: str = "log_softmax",
+    def __init__(self, config: seq2seq.Config, head=None, score_mode: str = "log_softmax",
                  length_penalty: Signed = 0.0, *, network=None, objective: Optional[Callable] = None,
                  ranker: Optional[Callable] = None, bonus_fn: Optional[Callable] = None,
                  query_state_fn: Optional[Callable] = None, scan_levels: bool = True, index_shards: Count = 1):
-        if not isinstance(config, t5.T5Config) and network is None:
-            raise ValueError(f"{type(self).__name__} builds a T5 from a T5Config, got a {type(config).__name__}; for "
-                             f"a decoder-only LM set prepare.model_fn = @DecoderOnlyRetriever (e.g. "
-                             f"experiments/demo/dsi_url_smollm2.gin)")
+        if not seq2seq.is_config(config) and network is None:
+            raise ValueError(f"{type(self).__name__} builds a T5 or a BART from its config, got a "
+                             f"{type(config).__name__}; for a decoder-only LM set prepare.model_fn = "
+                             f"@DecoderOnlyRetriever (e.g. experiments/demo/dsi_url_smollm2.gin)")
         self.config = config
-        self.network = network if network is not None else t5.T5(config)
+        self.network = network if network is not None else seq2seq.network(config)
         self.head = head if head is not None else TextHead()
         self.score_mode = score_mode
         self.length_penalty = length_penalty
@@ -81,7 +81,7 @@ class GenerativeRetriever:
     def param_axes(self, params) -> dict:
         """Logical sharding axes of the parameter tree (training/partitioning maps them to the mesh)."""
         head = jax.tree_util.tree_map(lambda x: P("vocab", "embed") if x.ndim == 2 else P(), params["head"])
-        return {"network": t5.param_axes(self.config), "head": head}
+        return {"network": seq2seq.param_axes(self.config), "head": head}
 
     def use_docids(self, table) -> None:
         """The composition hands over the docid table the index holds (again whenever documents are added). A
@@ -90,7 +90,7 @@ class GenerativeRetriever:
     # -- parameters ---------------------------------------------------------------------------------------
     def init_params(self, seed: int = 0) -> dict:
         net_key, head_key = jax.random.split(jax.random.PRNGKey(seed))
-        return {"network": t5.init_params(self.config, seed=seed),
+        return {"network": seq2seq.init_params(self.config, seed=seed),
                 "head": self.head.init_params(self.config, head_key)}
 
     # -- training -----------------------------------------------------------------------------------------
@@ -99,10 +99,10 @@ class GenerativeRetriever:
         rngs = {} if deterministic else {"dropout": dropout_rng}
         mask = inputs_BxL != self.config.pad_token_id
         variables = {"params": params["network"]}
-        encoded = self.network.apply(variables, inputs_BxL, mask, deterministic, method=t5.T5.encode, rngs=rngs)
+        encoded = self.network.apply(variables, inputs_BxL, mask, deterministic, method="encode", rngs=rngs)
         x = self.head.embed(self.network, params, decoder_inputs_BxT)
         return self.network.apply(variables, encoded, mask, x, deterministic,
-                                  method=t5.T5.decode_hidden_embedded, rngs=rngs)
+                                  method="decode_hidden_embedded", rngs=rngs)
 
     def token_log_probs(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
         """log p(target token) per position [B, T], and the argmax hit per position."""
@@ -167,9 +167,7 @@ class GenerativeRetriever:
     def _search_params(self, params):
         """The parameters as the search's steps read them, made once per search (a scanning network's stacked
         layers)."""
-        if isinstance(self.network, t5.T5) and self.network.scan_layers:
-            return {**params, "network": t5.with_stacked_layers(params["network"], self.config)}
-        return params
+        return {**params, "network": seq2seq.search_params(self.network, params["network"])}
 
     @staticmethod
     def _tile(cache, n: int):

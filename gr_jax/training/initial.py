@@ -8,7 +8,10 @@ continues from such a path must use (`vocabulary`). `loader_for(path)` asks the 
   trained run        a MODEL_DIR trained here (its `checkpoints/`): the latest checkpoint's network, the config
                      it recorded, and its vocabulary (VOCABULARY, if set, must be that one);
   decoder-only LM    a named LM (`smollm2_135m`), a GGUF file or an HF Llama directory (`models.llama_io`);
-  HF T5 directory    config.json + safetensors / pytorch_model.bin (`models.convert`);
+  HF BART directory  config.json with model_type "bart" (`backbones.bart_convert`), ids moved to the library's;
+  fairseq BART       a fairseq checkpoint file (`*.pt`: SEAL's, MINDER's, LTRGR's), likewise; both need VOCABULARY
+                     (`backbones.bart_tokenizer`);
+  HF T5 directory    config.json + safetensors / pytorch_model.bin (`backbones.t5_convert`);
   converted          a gr_jax checkpoint directory (config.json with our format tag + orbax params).
 
 A method registers its own in its folder (`register(InitialLoader(...))` at import; GLEN refuses its phase-1
@@ -28,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from gr_jax.backbones import llama_io, t5, t5_convert
+from gr_jax.backbones import bart_convert, llama_io, seq2seq, t5, t5_convert
 from gr_jax.training.trainer import TrainingError, read_checkpoint
 from gr_jax.data.vocab import load_vocabulary
 from gr_jax.runtime.run_dir import RunDir
@@ -84,8 +87,8 @@ def initial_network(path: str, loaded: Optional[tuple], vocab_size: int, seed: i
                                 f"(tools/convert_checkpoint.py)")
     if vocab_size > ckpt_config.vocab_size:
         if not isinstance(ckpt_config, t5.T5Config):
-            raise ValueError(f"INITIAL_CHECKPOINT_PATH {path}: the docids need {vocab_size} token ids, the LM has "
-                             f"{ckpt_config.vocab_size}; use a docid scheme written in its vocabulary (text "
+            raise ValueError(f"INITIAL_CHECKPOINT_PATH {path}: the docids need {vocab_size} token ids, the network "
+                             f"has {ckpt_config.vocab_size}; use a docid scheme written in its vocabulary (text "
                              f"docids) or a codebook scheme")
         network, _ = t5_convert.grow_vocab(network, ckpt_config, vocab_size, seed=seed)
     log.info("initialised the network from %s", path)
@@ -116,14 +119,14 @@ def trained_run(path) -> tuple[ocp.CheckpointManager, int, dict]:
     return manager, step, meta
 
 
-def _run_config(path) -> t5.T5Config:
-    return t5.T5Config.from_dict(trained_run(path)[2]["config"])
+def _run_config(path) -> seq2seq.Config:
+    return seq2seq.config_from_dict(trained_run(path)[2]["config"])
 
 
-def _run_network(path) -> tuple[t5.T5Config, dict]:
+def _run_network(path) -> tuple[seq2seq.Config, dict]:
     manager, step, meta = trained_run(path)
     state = read_checkpoint(manager, step, f"INITIAL_CHECKPOINT_PATH {RunDir(path).checkpoint(step)}")["state"]
-    return t5.T5Config.from_dict(meta["config"]), state["params"]["network"]
+    return seq2seq.config_from_dict(meta["config"]), state["params"]["network"]
 
 
 def _run_vocabulary(path, vocabulary: Optional[str]) -> str:
@@ -146,12 +149,37 @@ def _lm(path) -> tuple[Any, dict]:
 
 
 def _is_converted(path) -> bool:
-    return Path(path).is_dir() and not t5_convert.is_hf_dir(path)
+    return Path(path).is_dir() and not t5_convert.is_hf_dir(path) and not bart_convert.is_hf_bart_dir(path)
+
+
+def _is_fairseq_file(path) -> bool:
+    return Path(path).is_file() and Path(path).suffix == ".pt"
+
+
+def _bart(read) -> Callable[[str], tuple[Any, dict]]:
+    def load(path):
+        config, params = read(path)
+        return bart_convert.to_library_ids(params, config)  # the library's pad/eos ids (bart_convert)
+
+    return load
+
+
+def _bart_vocabulary(path, vocabulary: Optional[str]) -> str:
+    if not vocabulary:
+        src = path if Path(path).is_dir() else Path(path).parent
+        raise ValueError(f"INITIAL_CHECKPOINT_PATH {path} is a BART checkpoint: set VOCABULARY to its tokenizer in "
+                         f"the library's ids, written once by `python -m gr_jax.backbones.bart_tokenizer {src} "
+                         f"<dir>` (it reads vocab.json + merges.txt, or encoder.json + vocab.bpe + dict.txt)")
+    return vocabulary
 
 
 register(InitialLoader("trained run", is_trained_run, _run_network, config=_run_config,
                        vocabulary=_run_vocabulary, priority=30))
 register(InitialLoader("decoder-only LM", llama_io.is_lm_spec, _lm, priority=20))
+register(InitialLoader("HF BART directory", bart_convert.is_hf_bart_dir, _bart(bart_convert.load_hf),
+                       vocabulary=_bart_vocabulary, priority=15))
+register(InitialLoader("fairseq BART checkpoint", _is_fairseq_file, _bart(bart_convert.load_fairseq),
+                       vocabulary=_bart_vocabulary, priority=15))
 register(InitialLoader("HF T5 directory", t5_convert.is_hf_dir, t5_convert.load_hf, priority=10))
 register(InitialLoader("converted checkpoint", _is_converted, t5_convert.load_checkpoint,
                        config=t5_convert.load_checkpoint_config, priority=0))
