@@ -68,12 +68,15 @@ class BeamResult:
 
 @flax.struct.dataclass
 class History:
-    """The alive beams after each level d (prefixes of d + 1 tokens), in decreasing pruning-score order."""
+    """The alive beams after each level d (prefixes of d + 1 tokens), in decreasing pruning-score order; with a
+    `history_width` W, the best W candidates of each level instead, finished ones (leaves) included (SEAL keeps
+    the top 2N of every step as keys while N beams go on)."""
 
-    tokens: jax.Array  # int32 [B, T, N, T], -1 after the prefix
-    scores: jax.Array  # float32 [B, T, N] model score (not length-penalised); -inf where not valid
-    states: Any  # the constraint's state of each prefix, leaves [B, T, N]
-    valid: jax.Array  # bool [B, T, N]
+    tokens: jax.Array  # int32 [B, T, W, T], -1 after the prefix
+    scores: jax.Array  # float32 [B, T, W] model score (not length-penalised); -inf where not valid
+    states: Any  # the constraint's state of each prefix, leaves [B, T, W]
+    valid: jax.Array  # bool [B, T, W]
+    leaf: Any = None  # int32 [B, T, W] the leaf a candidate completes, -1 for an unfinished prefix
 
 
 def _owns_rows(x) -> bool:
@@ -229,7 +232,17 @@ def _history(levels: list) -> History:
     return History(tokens=stack(*(s.tokens for s in levels)),
                    scores=stack(*(jnp.where(s.valid, s.score, NEG_INF) for s in levels)),
                    states=jax.tree_util.tree_map(stack, *(s.node for s in levels)),
-                   valid=stack(*(s.valid for s in levels)))
+                   valid=stack(*(s.valid for s in levels)),
+                   leaf=stack(*(jnp.where(s.valid, s.leaf, -1) for s in levels)))
+
+
+def _best_candidates(src: _State, C: int, d: int, tokens, score, prune, child, leaf, width: int) -> _State:
+    """The `width` best candidates of a level by pruning score, finished and unfinished together (a history of
+    SEAL's top 2N), padded with dead ones."""
+    B, n = prune.shape[0], prune.shape[1]
+    _, idx = jax.lax.top_k(prune.reshape(B, n * C), min(width, n * C))
+    state = _extend(src, idx, C, d, tokens, score, prune, child, leaf, d + 1)
+    return _pad_beams(state, idx, width)[0]
 
 
 def _pad_beams(state: _State, idx, N: int):
@@ -258,7 +271,7 @@ def _growing(cache):
 
 def _scan_run(run: int, start: int, stop: int, has_leaves: bool, candidates: bool, step_fn: StepFn, cache, last,
               alive: _State, finished: _State, constraint, *, N: int, score_mode: str, length_penalty: float,
-              start_token: int, accumulate_bonus: bool, project_fn, keep_history: bool):
+              start_token: int, accumulate_bonus: bool, project_fn, keep_history: bool, history_width: int = 0):
     """Levels start .. stop − 1 (1 ≤ start, stop < T) as one `lax.scan` over the depth: the body is the loop's
     level with d traced (the constraint's `children_in_run`), the cache reordered after every level; `candidates`:
     the scoring path every level of the run takes unrolled (`_candidates_only`). Returns (cache, last, alive,
@@ -285,12 +298,15 @@ def _scan_run(run: int, start: int, stop: int, has_leaves: bool, candidates: boo
                           child, leaf, d + 1)
             finished = _merge_finished(finished, new, N)
         _, idx = jax.lax.top_k(jnp.where(is_leaf, NEG_INF, prune).reshape(B, N * C), min(N, N * C))
+        kept = None
+        if keep_history and history_width:
+            kept = _best_candidates(src, C, d, tokens, score, prune, child, leaf, history_width)
         alive, idx = _select(src, idx, C, d, tokens, score, jnp.where(is_leaf, NEG_INF, prune), child, N)
         rows = (jnp.arange(B)[:, None] * N + idx // C).reshape(-1)
         cache = gather_rows(cache, rows, B * N)
         last = jnp.where(alive.valid, jnp.take_along_axis(alive.tokens, jnp.full((B, N, 1), d), axis=2)[..., 0],
                          start_token).reshape(-1)
-        return (cache, last, alive, finished), (alive if keep_history else None)
+        return (cache, last, alive, finished), ((kept or alive) if keep_history else None)
 
     # room for the run's stop − start steps: the padded cache is full after them
     (cache, last, alive, finished), levels = jax.lax.scan(
@@ -302,7 +318,7 @@ def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: i
                 score_mode: str = "log_softmax", length_penalty: float = 0.0, bonus_fn: Optional[BonusFn] = None,
                 query_state=None, start_token: int = 0, tile_fn=None, accumulate_bonus: bool = True,
                 project_fn: Optional[ProjectFn] = None, keep_history: bool = False,
-                scan_levels: bool = False) -> BeamResult:
+                scan_levels: bool = False, history_width: int = 0) -> BeamResult:
     """Constrained beam search (pure; call it under `jax.jit`). `cache` has `batch_size` rows; `constraint`
     follows `index.constraint.Constraint` (a `DeviceTrie`, a substring index, ...) and sets the number of steps.
 
@@ -319,7 +335,8 @@ def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: i
     `_token_scores` for where that saves work.
 
     `keep_history`: also return the alive beams of every level (`BeamResult.history`), the last level's
-    selection included.
+    selection included; with `history_width` W > 0, the best W candidates of every level instead, finished ones
+    included (`History.leaf`): SEAL's keys are the top 2N candidates of every step while N beams go on.
 
     `scan_levels`: each run of levels the constraint serves with a traced depth (`level_runs()` /
     `children_in_run`: a `DeviceTrie`'s runs of CSR levels of one slot budget) is one compiled body in a
@@ -351,7 +368,8 @@ def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: i
             cache, last, alive, finished, run_levels = _scan_run(
                 r, d, stop, run_leaves, candidates, step_fn, cache, last, alive, finished, constraint, N=N,
                 score_mode=score_mode, length_penalty=length_penalty, start_token=start_token,
-                accumulate_bonus=accumulate_bonus, project_fn=project_fn, keep_history=keep_history)
+                accumulate_bonus=accumulate_bonus, project_fn=project_fn, keep_history=keep_history,
+                history_width=history_width)
             if keep_history:
                 levels += [jax.tree_util.tree_map(lambda x, i=i: x[i], run_levels) for i in range(stop - d)]
             d = stop
@@ -379,8 +397,11 @@ def beam_search(step_fn: StepFn, cache, constraint: Constraint, *, batch_size: i
         if d + 1 < T or keep_history:
             go_prune = jnp.where(is_leaf, NEG_INF, prune).reshape(B, n * C)
             _, idx = jax.lax.top_k(go_prune, min(N, n * C))
+            if keep_history and history_width:
+                levels.append(_best_candidates(src, C, d, tokens, score, prune, child, leaf, history_width))
             alive, idx = _select(src, idx, C, d, tokens, score, jnp.where(is_leaf, NEG_INF, prune), child, N)
-            levels.append(alive)
+            if not (keep_history and history_width):
+                levels.append(alive)
             if d + 1 < T:
                 cache, last = _reorder(alive, idx, C, d, cache, N, start_token)
         d += 1

@@ -148,10 +148,11 @@ class GenerativeRetriever:
     def _project(self, params, hidden, tokens=None):
         return self.head.project(self.network, params, hidden, tokens)
 
-    def searcher(self, num_beams: int, keep_history: bool = False) -> Searcher:
+    def searcher(self, num_beams: int, keep_history: bool = False, history_width: int = 0) -> Searcher:
         """The model's searcher with `num_beams` beams (with `keep_history`: one that also returns the alive
-        beams of every level, `BeamResult.history`)."""
-        key = (num_beams, True) if keep_history else num_beams
+        beams of every level, `BeamResult.history`, or with `history_width` the best that many candidates of every
+        level)."""
+        key = (num_beams, True, history_width) if keep_history else num_beams
         if key not in self._searchers:
             # a head that scores candidate tokens alone lets "renormalized" / "raw" skip the full projection
             split = self.head.candidate_logits
@@ -161,7 +162,8 @@ class GenerativeRetriever:
                 vocab_size=self.head.output_size(self.config), num_beams=num_beams, score_mode=self.score_mode,
                 length_penalty=self.length_penalty, bonus_fn=self.bonus_fn, tile_fn=self._tile,
                 project_fn=self._project if split else None, keep_history=keep_history,
-                params_fn=self._search_params, scan_levels=self.scan_levels, index_shards=self.index_shards)
+                params_fn=self._search_params, scan_levels=self.scan_levels, index_shards=self.index_shards,
+                history_width=history_width if keep_history else 0)
         return self._searchers[key]
 
     def _search_params(self, params):

@@ -130,7 +130,7 @@ class Searcher:
                  bonus_fn: Optional[bs.BonusFn] = None, tile_fn: Callable = share_encoder,
                  accumulate_bonus: bool = True, project_fn: Optional[Callable] = None, mesh="auto",
                  keep_history: bool = False, params_fn: Optional[Callable] = None, scan_levels: bool = False,
-                 index_shards: int = 1):
+                 index_shards: int = 1, history_width: int = 0):
         self.params_fn = params_fn  # params → the form the steps read, once per search (stacked layers)
         self.step_fn = step_fn  # one object: exhaustive scoring compiles once
         self._mesh_arg = mesh
@@ -149,6 +149,7 @@ class Searcher:
         self.tile_fn = tile_fn
         self.accumulate_bonus = accumulate_bonus
         self.keep_history = keep_history  # BeamResult.history: the alive beams of every level (SEAL's n-grams)
+        self.history_width = history_width  # > 0: the best that many candidates of every level instead
         # a constraint's runs of levels as one compiled body each (`beam_search`'s scan_levels): the step function
         # must then keep its cache's shapes from step to step (a fixed cache; a growing T5 cache is made fixed)
         self.scan_levels = scan_levels
@@ -169,7 +170,7 @@ class Searcher:
                               tile_fn=self.tile_fn, accumulate_bonus=self.accumulate_bonus,
                               project_fn=None if self.project_fn is None
                               else functools.partial(self.project_fn, params), keep_history=self.keep_history,
-                              scan_levels=self.scan_levels)
+                              scan_levels=self.scan_levels, history_width=self.history_width)
 
     def _full_step(self, params, cache, tokens):
         """(logits over the whole vocabulary, cache), whether `step_fn` returns logits or hidden states."""

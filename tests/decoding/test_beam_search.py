@@ -270,9 +270,10 @@ def test_scanned_levels_equal_the_unrolled_search_bit_for_bit(mode):
     trie = index.device()
     assert any(b - a >= 3 for a, b in trie.level_runs())
     cache = toy_cache(seed=9, batch=4)
-    for N in (1, 4, len(seqs)):
+    for N, width in ((1, 0), (4, 0), (4, 8), (len(seqs), 0)):  # width: SEAL's wider history (top 2N)
         a, b = (jax.jit(lambda c, t, s=scan: beam_search(toy_step, c, t, batch_size=4, num_beams=N, score_mode=mode,
-                                                         length_penalty=1.0, keep_history=True, scan_levels=s))(
+                                                         length_penalty=1.0, keep_history=True, scan_levels=s,
+                                                         history_width=width))(
             cache, trie) for scan in (False, True))
         valid = np.asarray(a.valid)
         np.testing.assert_array_equal(valid, np.asarray(b.valid))
@@ -284,7 +285,7 @@ def test_scanned_levels_equal_the_unrolled_search_bit_for_bit(mode):
         hv = np.asarray(a.history.valid)
         exact(hv, np.asarray(b.history.valid))
         for check, x, y in ((exact, a.history.tokens, b.history.tokens), (close, a.history.scores, b.history.scores),
-                            (exact, a.history.states, b.history.states)):
+                            (exact, a.history.states, b.history.states), (exact, a.history.leaf, b.history.leaf)):
             check(np.asarray(x)[hv], np.asarray(y)[hv])
 
 
@@ -389,3 +390,26 @@ def test_flat_search_refuses_renormalized_scores():
     flat = _flat_prefixes([[2, 3], [2, 4]], index, lambda p: 0.0)
     with pytest.raises(ValueError, match="renormalized"):
         beam_search_flat(toy_step, toy_cache(), flat, batch_size=B, num_beams=2, score_mode="renormalized")
+
+
+def test_a_wider_history_keeps_the_best_candidates_of_every_level_finished_ones_too():
+    """`history_width` W (SEAL's top 2N): level d's history is the W best of all the candidates the N alive
+    beams make there — finished ones (token 4, a leaf) included, marked by their leaf — while only N unfinished
+    ones go on; worked out by brute force from teacher-forced scores."""
+    cache = toy_cache()
+    N, W = 2, 4
+    res = jax.jit(lambda c: beam_search(toy_step, c, _TwoTokens(), batch_size=B, num_beams=N, keep_history=True,
+                                        history_width=W))(cache)
+    h = res.history
+    for b in range(B):
+        alive = [()]
+        for d in range(3):
+            cands = [p + (t,) for p in alive for t in (2, 3, 4)]
+            scored = sorted(((_teacher_forced(cache, c)[b], c) for c in cands), reverse=True)
+            want = [c for _, c in scored[:W]]
+            got = [tuple(t[: d + 1]) for t, ok in zip(np.asarray(h.tokens[b, d]).tolist(), np.asarray(h.valid[b, d]))
+                   if ok]
+            assert got == want
+            leaves = [int(x) for x, ok in zip(np.asarray(h.leaf[b, d]), np.asarray(h.valid[b, d])) if ok]
+            assert [x >= 0 for x in leaves] == [c[-1] == 4 for c in want]
+            alive = [c for _, c in scored if c[-1] != 4][:N]
