@@ -4,7 +4,7 @@ The tool builds SEAL's ``seal.index.FMIndex`` over a small deterministic corpus
 of token ids and records, for several hundred n-gram queries, what SEAL's index
 answers: the occurrence count, the allowed next tokens with their counts, and
 the documents that contain the n-gram. The output is one JSON file (by default
-``tests/fixtures/seal_fm_index.json``) that holds the corpus, the queries, the
+``tests/fixtures/seal_parity/fm_index.json``) that holds the corpus, the queries, the
 answers and SEAL's layout conventions, so a test can compare our substring
 index against SEAL without SEAL being installed.
 
@@ -13,7 +13,7 @@ following SEAL's own README (sdsl-lite, swig, ``pip install -e .``), then put
 the SEAL checkout on ``PYTHONPATH`` and run::
 
     PYTHONPATH=path/to/SEAL python tools/seal_fm_fixtures.py \
-        --out tests/fixtures/seal_fm_index.json --seed 1
+        --out tests/fixtures/seal_parity/fm_index.json --seed 1
 
 ``seal/__init__.py`` imports SEAL's retrieval/beam-search code (fairseq-era
 transformers, more_itertools, ...). When that fails, the tool imports only
@@ -54,7 +54,7 @@ import numpy as np
 
 LOG = logging.getLogger("seal_fm_fixtures")
 
-DEFAULT_OUT = os.path.join("tests", "fixtures", "seal_fm_index.json")
+DEFAULT_OUT = os.path.join("tests", "fixtures", "seal_parity", "fm_index.json")
 FORMAT_VERSION = 1
 
 

@@ -203,6 +203,15 @@ class SubstringIndex:
     def nbytes(self) -> int:
         return int(sum(s.text.nbytes + s.sa.nbytes + s.starts.nbytes + s.rows.nbytes for s in self.segments))
 
+    def token_counts(self) -> np.ndarray:
+        """Occurrences of every token id [vocab_size] (SEAL's unigram counts); cached until the next insert."""
+        if "token_counts" not in self._device:
+            counts = np.zeros(self.vocab_size, np.int64)
+            for s in self.segments:
+                counts += np.bincount(s.text[s.text < self.vocab_size], minlength=self.vocab_size)
+            self._device["token_counts"] = counts
+        return self._device["token_counts"]
+
     # host queries (tests, tools)
     def count(self, ngram: Sequence[int]) -> int:
         return sum(hi - lo for lo, hi in (s.range(ngram) for s in self.segments))

@@ -4,14 +4,17 @@
 Per batch of queries and per view, the model reads the query marked with the view (SEAL's ` || body`,
 ` || title`; MINDER adds ` || query`: `mark`) and the shared beam search runs under the view's constraint:
 
-  body    any n-gram of an identifier text, up to `body_length` tokens; every alive beam of every level is a key
-          (SEAL's `keep_history`: n-grams of every length);
-  title   DOC_START, then up to `title_length` tokens ending in TITLE_END: the finished beams are the keys;
+  body    any n-gram of an identifier text, up to `body_length` tokens;
+  title   DOC_START, then up to `title_length` tokens ending in TITLE_END;
   query   QUERY_START, then up to `query_length` tokens ending in TITLE_END (MINDER's pseudo-query view).
+
+The keys of a view are, as in SEAL's beam search, the best 2N candidates of every step while N beams go on
+(`key_candidates` 2; SEAL's `keep_history`): n-grams of every length, and the finished titles among them.
 
 A key's score is the sum of its tokens' log-probabilities (score mode log_softmax, no length penalty: SEAL
 rescores its keys to exactly this). Its frequency and occurrences come from the index on the device; the
-scoring of documents runs on the host after the searches. A key found by two views is kept once, at its
+scoring of documents runs on the host after the searches, with SEAL's unigram bonus (the first decoding step's
+token probabilities under the body view) and first pass (`ranker`). A key found by two views is kept once, at its
 best score. As SEAL's `add_query_to_keys`, the query's own spans of up to `query_keys` tokens that occur in the
 index are keys too, scored by teacher forcing under the body view (SEAL: spans of 1–3 words and their
 capitalisations). MINDER sums the views' keys in one pool (the identifier text holds every view); `query_view_boost`
@@ -28,6 +31,7 @@ from typing import Optional
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.methods.api import (
@@ -44,7 +48,7 @@ from gr_jax.methods.api import (
     SubstringIndex,
 )
 from gr_jax.methods.seal.docids import MARKERS, Markers
-from gr_jax.methods.seal.ranker import Key, rank_documents
+from gr_jax.methods.seal.ranker import Key, best_unigrams, rank_documents, type_scores
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +76,14 @@ class SealSearch:
     """What SEAL (and MINDER) search and how keys score; defaults are the authors' (SEAL's `SEALSearcher`)."""
 
     views: tuple = ("body", "title")  # MINDER: ("body", "title", "query")
-    # generated tokens (SEAL's max_length 10 / 15 / 30 count the decoder's start token, MINDER's pseudo-query
-    # also its forced ` ||`)
-    body_length: Count = 9
-    title_length: Count = 14
-    query_length: Count = 28
+    # generated tokens: SEAL's max_length 10 / 15 / 30 count the decoder's start token and the EOS that
+    # transformers forces at max_length - 1 (MINDER's pseudo-query also its forced ` ||`)
+    body_length: Count = 8
+    title_length: Count = 13
+    query_length: Count = 27
+    # the keys of a step: its best key_candidates × beams candidates, finished titles among them (SEAL: the top 2N
+    # of every step while N beams go on); 1: the alive beams of every level and the N best finished titles
+    key_candidates: Count = 2
     max_hits: Count = 1500  # keys occurring more often make no candidates
     smoothing: Positive = 5.0
     score_exponent: Positive = 2.0
@@ -86,6 +93,12 @@ class SealSearch:
     # 'intersective': SEAL's LM+FM scoring; 'best_key': a document ranks by the best log P(n | q) of the keys it
     # holds (000 Fig. 2's fixed-position units: a document ranks by its highest-ranked unit)
     document_score: str = "intersective"
+    # SEAL's unigram bonus (`ranker` docstring): the types of the first decoding step under the body view score
+    # the positions no key took, and the best of them join the keys; over the `top_k_unigrams` most probable
+    unigram_bonus: bool = True
+    best_unigrams: bool = True
+    top_k_unigrams: Count = 5000
+    fully_score: Count = 1500  # candidates of SEAL's first pass that are scored fully
 
     def __post_init__(self):
         if self.document_score not in DOCUMENT_SCORES:
@@ -123,6 +136,10 @@ class SealScoring:
     score_exponent: float
     repetition_penalty: float
     max_hits: int
+    unigram_bonus: bool = True
+    best_unigrams: bool = True
+    top_k_unigrams: int = 5000
+    fully_score: int = 1500
 
     def __call__(self, *args, **kwargs):
         raise ValueError("SealScoring scores documents from keys, not beams: use the model's rank")
@@ -152,7 +169,8 @@ class _SealRanking:
                              f"GenerativeRetriever.ranker ({type(self.ranker).__name__}) would go unused: remove it "
                              f"(SealSearch.document_score chooses the scoring)")
         s = self.search
-        self.ranker = SealScoring(s.document_score, s.smoothing, s.score_exponent, s.repetition_penalty, s.max_hits)
+        self.ranker = SealScoring(s.document_score, s.smoothing, s.score_exponent, s.repetition_penalty, s.max_hits,
+                                  s.unigram_bonus, s.best_unigrams, s.top_k_unigrams, s.fully_score)
         self._markers: Optional[Markers] = None
         self._identifiers = None
 
@@ -168,9 +186,10 @@ class _SealRanking:
     def describe(self) -> str:
         s = self.search
         return (f"{type(self).__name__}(views={','.join(s.views)}, lengths={s.body_length}/{s.title_length}/"
-                f"{s.query_length}, query_keys={s.query_keys}, max_hits={s.max_hits}, exponent={s.score_exponent}, "
+                f"{s.query_length}, key_candidates={s.key_candidates}, query_keys={s.query_keys}, max_hits={s.max_hits}, exponent={s.score_exponent}, "
                 f"repetition_penalty={s.repetition_penalty}, query_view_boost={s.query_view_boost}, "
-                f"smoothing={s.smoothing}, document_score={s.document_score})")
+                f"smoothing={s.smoothing}, document_score={s.document_score}, unigram_bonus={s.unigram_bonus}, "
+                f"best_unigrams={s.best_unigrams}, top_k_unigrams={s.top_k_unigrams}, fully_score={s.fully_score})")
 
     def use_docids(self, table) -> None:
         if table.index_kind != "substrings":
@@ -229,11 +248,14 @@ class _SealRanking:
         query's own spans: "body")."""
         B = len(query_tokens_BxL)
         out = [dict() for _ in range(B)]
+        width = self.search.key_candidates * num_beams if self.search.key_candidates > 1 else 0
         for view in self.search.views:
             marker, args, history = self._view(view)
             dev = index.device(**args)
             prefix = tuple(args.get("prefix", ()))
-            res = self.searcher(num_beams, keep_history=history).search(params, mark(query_tokens_BxL, marker), dev)
+            history = history or bool(width)  # SEAL: the top 2N of every step, finished titles too
+            res = self.searcher(num_beams, keep_history=history, history_width=width).search(
+                params, mark(query_tokens_BxL, marker), dev)
             if history:
                 h = res.history
                 T, N = h.scores.shape[1:]
@@ -241,6 +263,8 @@ class _SealRanking:
                 lengths = np.broadcast_to(np.arange(1, T + 1)[:, None], (T, N)).reshape(-1)
                 lengths = np.broadcast_to(lengths, (B, T * N))
                 scores, valid = np.asarray(h.scores).reshape(B, -1), np.asarray(h.valid).reshape(B, -1)
+                if view != "body":  # a title or pseudo-query key is a finished one (it ends in TITLE_END)
+                    valid = valid & (np.asarray(h.leaf).reshape(B, -1) >= 0)
                 states = jax.tree_util.tree_map(lambda x: x.reshape(B, T * N), h.states)
             else:
                 tokens, lengths = np.asarray(res.tokens), np.asarray(res.lengths)
@@ -305,19 +329,57 @@ class _SealRanking:
         SEAL score, best first; each document's keys are those that counted for it, in the greedy order (what
         LTRGR's rank data stores)."""
         s, out = self.search, []
-        for keys in self.keys(params, query_tokens_BxL, index, num_beams):
+        unigrams = None
+        if s.unigram_bonus and s.document_score == "intersective":
+            unigrams = np.asarray(self._first_step(params, mark(query_tokens_BxL, self.markers.view_body)))
+        for b, keys in enumerate(self.keys(params, query_tokens_BxL, index, num_beams)):
             items = sorted(keys.items())  # key order never changes a score (ties broken by tokens)
             if s.document_score == "best_key":
                 out.append(_best_key(items))
                 continue
             ks = [Key(t, v[0], v[1]) for t, v in items]
             found = [None if v[2] is None else (v[2], v[3]) for _, v in items]
+            types = None if unigrams is None else self._types(unigrams[b], ks, index)
+            if types is not None and s.best_unigrams:
+                extra = self._unigram_keys(types, len(ks), index)
+                ks += [k for k, _ in extra]
+                found += [f for _, f in extra]
+                items += [((k.tokens[0],), (k.weight, k.count, None, None, "body")) for k, _ in extra]  # a body key to LTRGR
             ranked = rank_documents(ks, found, self._documents, index.num_positions, max_hits=s.max_hits,
                                     smoothing=s.smoothing, exponent=s.score_exponent, beta=s.repetition_penalty,
-                                    matched=True)
+                                    matched=True, types=types, fully_score=s.fully_score)
             out.append([(r, v, [(ks[i].tokens, ks[i].count, items[i][1][4]) for i in taken])
                         for r, v, taken in ranked])
         return out
+
+    def _first_step(self, params, inputs_BxL):
+        """log P(t | q) of every token at the first decoding step [B, V] (SEAL's unigram scores: the body view)."""
+        start = np.full((len(inputs_BxL), 1), self.config.decoder_start_token_id, np.int32)
+        return _first_step_log_probs(self, params, np.asarray(inputs_BxL, np.int32), start)
+
+    def _types(self, log_probs: np.ndarray, keys: list, index: SubstringIndex) -> np.ndarray:
+        m = self.markers
+        excluded = {PAD_ID, EOS_ID, *(getattr(m, name) for name in MARKERS)}
+        excluded |= {k.tokens[0] for k in keys if len(k.tokens) == 1}
+        s = self.search
+        return type_scores(log_probs[: index.vocab_size], index.token_counts(), index.num_positions, excluded,
+                           s.top_k_unigrams, s.smoothing)
+
+    def _unigram_keys(self, types: np.ndarray, n: int, index: SubstringIndex) -> list:
+        """SEAL's best unigrams as keys of weight u(t), with their occurrences where rare (positive u only)."""
+        best = [t for t in best_unigrams(types, n) if types[t] > 0]
+        if not best:
+            return []
+        dev = index.device(1)
+        grams = np.asarray(best, np.int32)[:, None]
+        states = _walk(dev, _pad_rows(grams, 1 << (len(best) - 1).bit_length()),
+                       _pad_rows(np.ones(len(best), np.int32), 1 << (len(best) - 1).bit_length()))
+        counts = np.asarray(_counts(dev, states))[: len(best)]
+        rare = counts <= self.search.max_hits
+        most = int(counts[rare].max()) if rare.any() else 1
+        rows, starts, ok = (np.asarray(a) for a in _occurrences(dev, states, 1 << max(most - 1, 0).bit_length()))
+        return [(Key((t,), 0.0, int(c), weight=float(types[t])), (rows[j][ok[j]], starts[j][ok[j]]) if r else None)
+                for j, (t, c, r) in enumerate(zip(best, counts.tolist(), rare.tolist()))]
 
     def rank(self, params, query_tokens_BxL, index: SubstringIndex, num_beams: int = 15):
         """(query, document row, score) arrays: every document with a positive SEAL score (with 'best_key': every
@@ -333,6 +395,12 @@ class _SealRanking:
         """Identifier tokens of corpus rows [len(rows), W], −1 past each one's end."""
         where, seqs = self._identifiers
         return seqs[where[rows]]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _first_step_log_probs(model, params, inputs_BxL, start_Bx1):
+    hidden = model._hidden(params, inputs_BxL, start_Bx1)
+    return jax.nn.log_softmax(model.head.logits(model.network, params, hidden)[:, 0].astype(jnp.float32), axis=-1)
 
 
 def _best_key(items) -> list:

@@ -15,17 +15,30 @@ how much of it is new: with C the token types of the keys already taken for this
 
 Ties in the greedy order are broken by the key's tokens, then the position: the result never depends on the
 order keys arrive in. Candidates are the documents of the keys that occur at most `max_hits` times (SEAL's
-"rare" keys; their occurrences come from the index); every key with w > 0, frequent ones included (found by
-scanning the candidate), then scores each candidate (SEAL's full scoring; here every candidate is fully scored,
-SEAL scores the best 1500 of a first pass). Left out: SEAL's unigram bonus (the query-span keys are
-`model._SealRanking._query_keys`).
+"rare" keys; their occurrences come from the index). SEAL's first pass scores each candidate by the rare keys
+it holds (each key once, discounted by `cover` in the greedy's key order), and only the best `fully_score`
+(1500) go on; the full scoring then takes every key with w > 0, frequent ones included (found by scanning the
+candidate).
+
+The unigram bonus (SEAL's `unigram_scores`): each token type t has a score u(t), the log-odds above with
+P(t|q) the model's first-step probability of t (no exponent, no 1e-10), for the `top_k_unigrams` most probable
+types only and 0 for the special ids and the tokens of one-token keys (`type_scores`). After the greedy, every
+distinct type at a position no key took adds u(t) · cover((t,), C). The best `len(keys)` types by u also join
+the keys as one-token keys of weight u (`best_unigrams`; SEAL's add_best_unigrams_to_ngrams).
+
+Where SEAL's own code (seal/keys.py `aggregate_evidence`, which tests/fixtures/seal_scoring.json records)
+differs, on purpose: its first pass keeps one set of covered positions across all documents and marks the
+positions *after* each occurrence (its index stores documents reversed), so which documents reach the full
+scoring depends on the suffix array's row order; here the first pass is per document and depends on nothing
+but the keys. And SEAL keeps equal scores in the order documents reached the full scoring; here ties are broken
+by row. With at most `fully_score` candidates, both give the same scores.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -35,6 +48,31 @@ class Key:
     tokens: tuple  # the key's token ids (a title key includes its DOC_START prefix)
     score: float  # log P(n | q)
     count: int  # F(n)
+    weight: Optional[float] = None  # given instead of w(score, count): a best unigram's u(t)
+
+
+def type_scores(unigram_log_probs: np.ndarray, counts: np.ndarray, positions: int, excluded, top_k: int = 5000,
+                smoothing: float = 5.0) -> np.ndarray:
+    """u(t) for every token id (module docstring): `unigram_log_probs` [V] the model's first-step log P(t|q),
+    `counts` [V] each type's occurrences in the index, `excluded` ids that score 0 (the special ids and the
+    tokens of one-token keys)."""
+    lp = np.asarray(unigram_log_probs, np.float64)
+    V = len(lp)
+    order = np.lexsort((np.arange(V), -lp))  # most probable first, ties by id
+    keep = np.zeros(V, bool)
+    keep[order[:top_k]] = True
+    out = np.zeros(V)
+    for t in np.flatnonzero(keep & (np.asarray(counts[:V]) > 0)).tolist():
+        if t in excluded or not math.isfinite(lp[t]) or lp[t] >= 0.0:
+            continue
+        snr = math.log((int(counts[t]) + smoothing) / (positions + smoothing))
+        out[t] = max(0.0, (lp[t] + math.log1p(-math.exp(snr))) - (snr + math.log1p(-math.exp(lp[t]))))
+    return out
+
+
+def best_unigrams(types: np.ndarray, n: int) -> list[int]:
+    """The n types of highest u(t) (ties by id), SEAL's add_best_unigrams_to_ngrams: they join the keys."""
+    return np.lexsort((np.arange(len(types)), -np.asarray(types)))[:n].tolist()
 
 
 def weight(score: float, count: int, positions: int, smoothing: float = 5.0, exponent: float = 2.0) -> float:
@@ -87,7 +125,8 @@ def document_score(keys: Sequence[Key], weights: Sequence[float], found: dict, b
 def rank_documents(keys: Sequence[Key], found: Sequence, documents: Callable[[np.ndarray], np.ndarray],
                    positions: int,
                    max_hits: int = 1500, smoothing: float = 5.0, exponent: float = 2.0,
-                   beta: float = 0.8, matched: bool = False) -> list[tuple]:
+                   beta: float = 0.8, matched: bool = False, types: Optional[np.ndarray] = None,
+                   fully_score: Optional[int] = None) -> list[tuple]:
     """(row, score) of every candidate document with a positive score, best first (ties: row ascending); with
     `matched`, (row, score, the indices of the keys that counted for it, in the greedy order): LTRGR's stored
     keys.
@@ -95,13 +134,15 @@ def rank_documents(keys: Sequence[Key], found: Sequence, documents: Callable[[np
     keys: the query's distinct keys; found[i]: (rows, start positions) arrays of every occurrence of key i
     (from the index; needed for the keys with count ≤ max_hits, None for the others); documents(rows): the
     candidates' identifier tokens as one array [len(rows), W], −1 past each one's end (scanned for the frequent
-    keys); positions: N.
+    keys); positions: N; types: u(t) of every token id (`type_scores`; None: no unigram bonus); fully_score: how
+    many candidates of the first pass are scored fully (None: all).
 
     The greedy runs key by key (in `document_score`'s order) over every candidate at once: positions are
     global over the candidates laid end to end, `used` marks taken positions, `types` the token types taken
     per document. `document_score` is the same computation for one document, written plainly (tests compare).
     """
-    w = np.array([weight(k.score, k.count, positions, smoothing, exponent) for k in keys])
+    w = np.array([weight(k.score, k.count, positions, smoothing, exponent) if k.weight is None else k.weight
+                  for k in keys])
     live = [i for i in range(len(keys)) if w[i] > 0]
     rare = [i for i in live if keys[i].count <= max_hits]
     for i in rare:
@@ -111,20 +152,23 @@ def rank_documents(keys: Sequence[Key], found: Sequence, documents: Callable[[np
     candidates = np.unique(np.concatenate([np.asarray(found[i][0], np.int64) for i in rare])) if rare else []
     if not len(candidates):
         return []
+    if fully_score is not None and len(candidates) > fully_score:
+        candidates = _first_pass(keys, w, rare, found, candidates, beta, fully_score)
     texts = np.asarray(documents(candidates), np.int32)
     texts = np.concatenate([texts, np.full((len(texts), 1), -1, np.int32)], axis=1)  # -1: no key crosses
     offsets = np.arange(len(texts) + 1, dtype=np.int64) * texts.shape[1]
     joined = texts.ravel()
     used = np.zeros(len(joined), bool)
     vocab = {t: u for u, t in enumerate(sorted({t for i in live for t in keys[i].tokens}))}
-    types = np.zeros((len(candidates), len(vocab)), bool)
+    types_ = np.zeros((len(candidates), len(vocab)), bool)
     score = np.zeros(len(candidates))
     taken = [[] for _ in candidates] if matched else None
     for i in sorted(live, key=lambda i: (-w[i], keys[i].tokens)):
         L = len(keys[i].tokens)
         if keys[i].count <= max_hits:
-            doc = np.searchsorted(candidates, np.asarray(found[i][0], np.int64))
-            at = offsets[doc] + np.asarray(found[i][1], np.int64)
+            rows, starts = np.asarray(found[i][0], np.int64), np.asarray(found[i][1], np.int64)
+            kept = np.isin(rows, candidates)  # all of them, unless the first pass left documents out
+            at = offsets[np.searchsorted(candidates, rows[kept])] + starts[kept]
         else:
             at = occurrences(joined, keys[i].tokens)
         at = np.sort(at)
@@ -145,12 +189,15 @@ def rank_documents(keys: Sequence[Key], found: Sequence, documents: Callable[[np
         used[span.ravel()] = True
         hit = np.unique(np.searchsorted(offsets, at, side="right") - 1)
         cols = np.array(sorted({vocab[t] for t in keys[i].tokens}))
-        new = (~types[hit][:, cols]).sum(axis=1)
+        new = (~types_[hit][:, cols]).sum(axis=1)
         score[hit] += w[i] * (1.0 - beta + beta * new / len(cols))
-        types[np.ix_(hit, cols)] = True
+        types_[np.ix_(hit, cols)] = True
         if matched:
             for h in hit.tolist():
                 taken[h].append(i)
+    if types is not None:
+        score += _unigram_bonus(joined, used, texts.shape[1], len(candidates), types, vocab, types_taken=types_,
+                                beta=beta)
     if matched:
         out = [(int(r), float(v), taken[j]) for j, (r, v) in enumerate(zip(candidates, score)) if v > 0]
         out.sort(key=lambda x: (-x[1], x[0]))
@@ -158,3 +205,36 @@ def rank_documents(keys: Sequence[Key], found: Sequence, documents: Callable[[np
     out = [(int(r), float(v)) for r, v in zip(candidates, score) if v > 0]
     out.sort(key=lambda x: (-x[1], x[0]))
     return out
+
+
+def _first_pass(keys, w, rare, found, candidates, beta: float, keep: int) -> np.ndarray:
+    """The `keep` best candidates by SEAL's first pass: the rare keys each document holds, once each, in the
+    greedy's key order, discounted by `cover`; ties by row. Sorted by row again."""
+    first = np.zeros(len(candidates))
+    seen: list[set] = [set() for _ in candidates]
+    for i in sorted(rare, key=lambda i: (-w[i], keys[i].tokens)):
+        for j in np.unique(np.searchsorted(candidates, np.asarray(found[i][0], np.int64))).tolist():
+            first[j] += w[i] * cover(keys[i].tokens, seen[j], beta)
+            seen[j].update(keys[i].tokens)
+    best = np.lexsort((candidates, -first))[:keep]
+    return np.sort(candidates[best])
+
+
+def _unigram_bonus(joined: np.ndarray, used: np.ndarray, width: int, n: int, types: np.ndarray, vocab: dict,
+                   types_taken: np.ndarray, beta: float) -> np.ndarray:
+    """Per candidate, Σ over the distinct types at the positions no key took of u(t) · cover((t,), C)."""
+    at = np.flatnonzero(~used & (joined >= 0))
+    tokens = joined[at].astype(np.int64)
+    doc = at // width
+    pairs = np.unique(doc * (len(types) + 1) + np.minimum(tokens, len(types)))
+    doc, tokens = pairs // (len(types) + 1), pairs % (len(types) + 1)
+    inside = tokens < len(types)
+    doc, tokens = doc[inside], tokens[inside]
+    u = np.asarray(types, np.float64)[tokens]
+    col = np.array([vocab.get(int(t), -1) for t in tokens], np.int64)
+    taken = np.zeros(len(tokens), bool)
+    known = col >= 0
+    taken[known] = types_taken[doc[known], col[known]]
+    bonus = np.zeros(n)
+    np.add.at(bonus, doc, np.where(u > 0, u * np.where(taken, 1.0 - beta, 1.0), 0.0))
+    return bonus

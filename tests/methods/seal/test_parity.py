@@ -1,0 +1,73 @@
+"""SEAL against its authors' code (`methods/seal/parity.py`): our document scoring on the keys and unigram
+scores SEAL's `aggregate_evidence` was given, our substring index on the n-grams SEAL's FM-index answered
+(tests/fixtures/seal_parity, written by SEAL's own code). The checks fail for the right reasons: a count off by
+one or two keys' scores swapped move the scores past the tolerance."""
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gr_jax.methods.seal import parity
+from gr_jax.methods.seal.ranker import weight
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "seal_parity"
+# float64 sums of a few dozen terms of magnitude up to ~300: 1e-9 of the magnitude is far above their rounding
+# (~1e-14 measured) and far below what one key's weight moves (≥ 1e-3 of a document's score)
+TOLERANCE = 1e-9
+
+
+@pytest.fixture(scope="module")
+def scoring():
+    return json.loads((FIXTURE / "scoring.json").read_text())
+
+
+def test_scores_and_order_are_seals():
+    result = parity.check_fixture(FIXTURE)
+    assert parity.within(result, TOLERANCE), result
+    defaults = result["scoring"]["nq_defaults"]
+    assert defaults["queries"] == 50 and defaults["documents_compared"] > 5000
+    assert defaults["seal_only_documents"] <= 5  # documents only a boundary-crossing key made candidates
+
+
+def _first_query_diff(fixture, variant="nq_defaults") -> float:
+    q = fixture["queries"][0]
+    theirs = {int(d): s for d, s in q["outputs"][variant]["ranking"] if s > 0}
+    ours = dict(parity.rank_like_seal(fixture, q, variant))
+    return max(abs(ours.get(d, 0.0) - s) / s for d, s in theirs.items())
+
+
+def _heaviest(fixture) -> int:
+    """The first query's key of the largest weight."""
+    q, n = fixture["queries"][0], fixture["corpus"]["n_tokens"]
+    return max(range(len(q["ngrams"])), key=lambda k: weight(q["ngrams"][k][1], q["seal_counts"][k], n))
+
+
+def test_a_count_off_by_one_is_caught(scoring):
+    assert _first_query_diff(scoring) <= TOLERANCE
+    bad = copy.deepcopy(scoring)
+    q = bad["queries"][0]
+    q["seal_counts"][_heaviest(bad)] += 1  # the key that weighs most occurs once more in SEAL's index
+    assert _first_query_diff(bad) > 1e3 * TOLERANCE
+
+
+def test_swapped_key_scores_are_caught(scoring):
+    bad = copy.deepcopy(scoring)
+    q = bad["queries"][0]
+    i = _heaviest(bad)
+    j = min(range(len(q["ngrams"])), key=lambda k: q["ngrams"][k][1])  # the least likely key
+    (a, sa), (b, sb) = q["ngrams"][i], q["ngrams"][j]
+    q["ngrams"][i], q["ngrams"][j] = [a, sb], [b, sa]
+    assert _first_query_diff(bad) > 1e3 * TOLERANCE
+
+
+@pytest.mark.slow  # starts a process
+def test_check_parity_tool():
+    out = subprocess.run([sys.executable, "tools/check_parity.py", "--method", "seal", "--fixture", str(FIXTURE),
+                          "--tolerance", str(TOLERANCE)], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[3], timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["within_tolerance"] is True
