@@ -58,6 +58,9 @@ class DocidTable:
     # `index.substring.SubstringIndex`; SEAL, MINDER). A substring table's rows are not training targets: the
     # method's own objectives config samples n-grams of them.
     index_kind: str = "prefix_tree"
+    # constants of the scheme its model reads, JSON values (SEAL spelled in a pretrained vocabulary: the ids of
+    # its markers, methods/seal/docids.py); equal in every table that is concatenated, saved with the table
+    constants: Optional[dict] = None
 
     def __post_init__(self):
         self.sequences = np.asarray(self.sequences, dtype=np.int32)
@@ -88,7 +91,8 @@ class DocidTable:
 
     @classmethod
     def from_lists(cls, sequences: Sequence[Sequence[int]], doc_rows: Sequence[int], space: DocidTokenSpace,
-                   weights: Optional[Sequence[Sequence[float]]] = None, index_kind: str = "prefix_tree"):
+                   weights: Optional[Sequence[Sequence[float]]] = None, index_kind: str = "prefix_tree",
+                   constants: Optional[dict] = None):
         lengths = np.array([len(s) for s in sequences], dtype=np.int32)
         width = int(lengths.max()) if len(lengths) else 1
         arr = np.full((len(sequences), width), PAD_ID, dtype=np.int32)
@@ -99,7 +103,8 @@ class DocidTable:
                 if len(weights[i]) != len(s):
                     raise ValueError(f"DocidTable: docid {i} has {len(s)} tokens but {len(weights[i])} weights")
                 w[i, : len(s)] = weights[i]
-        return cls(arr, lengths, np.asarray(doc_rows, dtype=np.int64), space, w, index_kind=index_kind)
+        return cls(arr, lengths, np.asarray(doc_rows, dtype=np.int64), space, w, index_kind=index_kind,
+                   constants=constants)
 
     def __len__(self) -> int:
         return len(self.doc_rows)
@@ -115,6 +120,8 @@ class DocidTable:
             raise ValueError("DocidTable.concatenate: the tables carry different extras")
         if len({t.index_kind for t in tables}) > 1:
             raise ValueError("DocidTable.concatenate: the tables are held by different kinds of index")
+        if any(t.constants != tables[0].constants for t in tables):
+            raise ValueError("DocidTable.concatenate: the tables carry different scheme constants")
         width = max(t.sequences.shape[1] for t in tables)
 
         def pad(a, value):
@@ -125,7 +132,7 @@ class DocidTable:
         extras = None if tables[0].extras is None else {
             k: np.concatenate([t.extras[k] for t in tables]) for k in tables[0].extras}
         return cls(seqs, np.concatenate([t.lengths for t in tables]), np.concatenate([t.doc_rows for t in tables]),
-                   tables[0].space, weights, extras, tables[0].index_kind)
+                   tables[0].space, weights, extras, tables[0].index_kind, tables[0].constants)
 
     @property
     def fixed_length(self) -> bool:
@@ -246,7 +253,8 @@ class DocidTable:
                      **extra)
             (tmp / "docids.json").write_text(json.dumps({"space": self.space.to_json(),
                                                          "extras": sorted(self.extras or {}),
-                                                         "index_kind": self.index_kind}))
+                                                         "index_kind": self.index_kind,
+                                                         "constants": self.constants}))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "DocidTable":
@@ -259,7 +267,7 @@ class DocidTable:
         except (OSError, KeyError, ValueError) as e:
             raise ValueError(f"{path}: not a saved DocidTable ({e})") from None
         return cls(**arrays, space=DocidTokenSpace(**meta["space"]), extras=extras or None,
-                   index_kind=meta.get("index_kind", "prefix_tree"))
+                   index_kind=meta.get("index_kind", "prefix_tree"), constants=meta.get("constants"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,6 +42,13 @@ def test_table_save_load(tmp_path):
     back = DocidTable.load(tmp_path / "t")
     np.testing.assert_array_equal(back.sequences, table.sequences)
     assert back.space == table.space
+    assert back.constants is None
+    marked = DocidTable.from_lists([[5, 6]], [2], table.space, constants={"markers": {"end": [7, 8]}})
+    marked.save(tmp_path / "c")
+    assert DocidTable.load(tmp_path / "c").constants == {"markers": {"end": [7, 8]}}
+    assert DocidTable.concatenate([marked, marked]).constants == marked.constants
+    with pytest.raises(ValueError, match="different scheme constants"):
+        DocidTable.concatenate([table, marked])
     (tmp_path / "bad").mkdir()
     with pytest.raises(ValueError, match="not a saved DocidTable"):
         DocidTable.load(tmp_path / "bad")
