@@ -522,8 +522,12 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
             yield i, obj
 
 
+_DPR_HEADER = ["id", "text", "title"]  # the first line of DPR's and SEAL's psgs_w100.tsv
+
+
 def read_corpus(path: str | os.PathLike) -> Corpus:
-    """JSONL ({"id", "text", optional "title", "url"}) or TSV (id, text[, title[, url]])."""
+    """JSONL ({"id", "text", optional "title", "url"}) or TSV (id, text[, title[, url]]; a first line that is
+    DPR's header `id text title`, as SEAL's psgs_w100.tsv has, is the header)."""
     path = Path(path)
     ids, texts, titles, urls, seen = [], [], [], [], {}
     if path.suffix == ".jsonl":
@@ -541,7 +545,8 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
         n = len(first.rstrip("\r\n").split("\t"))
         if n not in (2, 3, 4):
             raise DataError(f"{path}:1: expected 2 to 4 tab-separated fields (id, text[, title[, url]])")
-        for i, fields in iter_tsv(path, n, names=" (id, text[, title[, url]])"):
+        header = _DPR_HEADER if first.rstrip("\r\n").split("\t") == _DPR_HEADER else None
+        for i, fields in iter_tsv(path, n, header=header, names=" (id, text[, title[, url]])"):
             doc = _nonempty(fields[0], "document id", path, i)
             _add_unique(seen, doc, path, i, "document id")
             ids.append(doc)

@@ -6,6 +6,8 @@
     nq320k_nci      NQ320k, NCI layout        nq320k_glen  GLEN layout      nq320k_genret  GenRET layout
     msmarco         MS MARCO passage (collection.tsv, queries.{train,dev}.tsv, qrels.{train,dev}.tsv)
     jsonl           corpus.jsonl + queries.<split>.jsonl + qrels.<split>.tsv (users' own data)
+    tsv             corpus.tsv (id, text[, title]: DPR's and SEAL's psgs_w100.tsv, header included) +
+                    queries.<split>.tsv (qid, query) + qrels.<split>.tsv
 
 A name that needs files checks `data_dir` for them first and says which are missing and what to set.
 """
@@ -27,16 +29,17 @@ _REQUIRED = {
     "nq320k_genret": ["corpus_lite.json", "train.json", "dev.json"],
     "msmarco": ["collection.tsv", "queries.train.tsv", "queries.dev.tsv", "qrels.train.tsv", "qrels.dev.tsv"],
     "jsonl": ["corpus.jsonl", "queries.train.jsonl", "qrels.train.tsv"],
+    "tsv": ["corpus.tsv", "queries.*.tsv", "qrels.*.tsv"],
 }
 BUILT_IN = ("demo", "pydoc")
 NAMES = (*BUILT_IN, *_REQUIRED)
 
 
-def _read_jsonl_dataset(d: Path) -> readers.Dataset:
-    corpus = readers.read_corpus(d / "corpus.jsonl")
+def _read_jsonl_dataset(d: Path, suffix: str = ".jsonl") -> readers.Dataset:
+    corpus = readers.read_corpus(d / f"corpus{suffix}")
     queries, qrels = {}, {}
-    for path in sorted(d.glob("queries.*.jsonl")):
-        split = path.name[len("queries."):-len(".jsonl")]
+    for path in sorted(d.glob(f"queries.*{suffix}")):
+        split = path.name[len("queries."):-len(suffix)]
         queries[split] = readers.read_queries(path)
         qrels[split] = readers.read_qrels_checked(d / f"qrels.{split}.tsv", queries[split], corpus)
     return readers.Dataset(corpus, queries, qrels)
@@ -93,5 +96,5 @@ def load_dataset(name: str = gin.REQUIRED, data_dir: Optional[str] = None, demo_
     d = Path(os.fspath(data_dir))
     loaders = {"nq320k_nci": readers.read_nq320k_nci, "nq320k_glen": readers.read_nq320k_glen,
                "nq320k_genret": readers.read_nq320k_genret, "msmarco": readers.read_msmarco,
-               "jsonl": _read_jsonl_dataset}
+               "jsonl": _read_jsonl_dataset, "tsv": lambda d: _read_jsonl_dataset(d, ".tsv")}
     return loaders[name](d)

@@ -18,7 +18,7 @@ What a method extends or implements, how an experiment file binds it, and which 
 | embedder | an `Embedder` (`trains_on_queries` to be fine-tuned on D0 and its queries first) | `prepare.embedder`, `run_dynamic.embedder` | dpr |
 | trainer hooks | a training loop through `trainer.fit` (checkpoints, exact resume, the NaN guard) | — | dpr, pag (planner alignment) |
 | command | a `Command` in `methods/<name>/command.py` (`python -m gr_jax.methods.<name>.command`) | `runs/<name>.gin` | pag, fewshot, seal |
-| parity | `parity.py` checking against the authors' outputs | `tools/check_parity.py --method <name>` | glen, pag |
+| parity | `parity.py` checking against the authors' outputs | `tools/check_parity.py --method <name>` | glen, pag, seal |
 
 The rest of this module is the building blocks methods use: backbones, data and evaluation pieces, the
 runtime's writing, provenance and validation helpers.
@@ -57,7 +57,7 @@ from gr_jax.index.substring import DeviceSubstrings, SubstringIndex
 from gr_jax.index.trie import TrieIndex
 
 # --- backbones and LM tools ------------------------------------------------------------------------------
-from gr_jax.backbones import llama, lm_generate, t5, t5_convert
+from gr_jax.backbones import bart, bart_convert, bart_tokenizer, llama, lm_generate, t5, t5_convert
 from gr_jax.backbones.bert import Bert, SentenceEncoder, l2_normalise, load_sentence_encoder, mean_pool
 from gr_jax.backbones.lm import LMContext, PseudoQueryGenerator, clean_text
 from gr_jax.backbones.lm import batches as lm_batches
@@ -74,7 +74,7 @@ from gr_jax.data.trec import write_qrels, write_run
 # --- baselines, evaluation, composition ------------------------------------------------------------------
 from gr_jax.baselines.bm25 import BM25, hard_negatives
 from gr_jax.baselines.dense import DenseIndex
-from gr_jax.compose import restore
+from gr_jax.compose import import_checkpoint, restore
 from gr_jax.evaluation import drift
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.report import markdown_table

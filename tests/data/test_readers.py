@@ -145,3 +145,16 @@ def test_generic_jsonl_and_tsv(tmp_path):
 def test_fix_double_utf8():
     assert readers.fix_double_utf8("naÃ¯ve â€œquotesâ€\x9d") == "naïve “quotes”"
     assert readers.fix_double_utf8("plain café") == "plain café"  # already correct: unchanged
+
+
+def test_a_corpus_in_seals_layout_keeps_titles_and_skips_dprs_header(tmp_path):
+    """DPR's and SEAL's psgs_w100.tsv: id, text, title with a header line, which is not a document; the `tsv`
+    dataset reads it as corpus.tsv beside TREC-style queries and qrels."""
+    from gr_jax.data import sources
+
+    (tmp_path / "corpus.tsv").write_text("id\ttext\ttitle\n1\tAaron is a prophet\tAaron\n2\tBread is food\tBread\n")
+    (tmp_path / "queries.test.tsv").write_text("q1\twho is aaron\n")
+    (tmp_path / "qrels.test.tsv").write_text("q1\t0\t1\t1\n")
+    ds = sources.load_dataset("tsv", str(tmp_path))
+    assert list(ds.corpus.doc_ids) == ["1", "2"] and list(ds.corpus.titles) == ["Aaron", "Bread"]
+    assert list(ds.queries["test"].qids) == ["q1"] and ds.qrels["test"] == {"q1": {"1": 1}}

@@ -9,7 +9,9 @@ SEAL indexes `title @@ body</s>` per document and decodes a title as the tokens 
 pseudo-query as ` || q @@`: QUERY_START is ` ||`. Any n-gram of the text is a body key (it may cross into the
 title, as in SEAL); a title key is DOC_START … TITLE_END; a pseudo-query key QUERY_START … TITLE_END. Three more
 ids mark the *input* with the view the model is asked to generate (SEAL's ` || body`, ` || title`,
-` || query`). The six ids sit right above the text vocabulary (the model's vocabulary grows by six).
+` || query`). The six ids sit right above the text vocabulary (the model's vocabulary grows by six); with
+`marker_ids = 'spelled'` they are SEAL's own, spelled in the vocabulary (a released checkpoint's BPE: DOC_START is
+EOS, TITLE_END ` @@`, QUERY_START ` ||`, the views ` || body || +` …), and the table carries them (`markers_of`).
 
 A corpus without titles gives no title view; a document without pseudo-queries no pseudo-query view.
 
@@ -67,18 +69,43 @@ def text_units(text: str, kind: str, sentences_per_paragraph: int = 3) -> list[s
 
 @dataclasses.dataclass(frozen=True)
 class Markers:
-    """The six marker ids, right above a text vocabulary of `text_vocab_size` ids."""
+    """Where identifier texts and inputs mark SEAL's views: three ids inside identifier texts (DOC_START,
+    TITLE_END, QUERY_START) and three token sequences a query is marked with for the view it is asked to
+    generate; `special` are ids that are never content (their unigram scores are 0). Either six new ids above a
+    text vocabulary (`above`), or SEAL's released markers spelled in a pretrained vocabulary (`spelled`)."""
 
-    text_vocab_size: int
+    doc_start: int
+    title_end: int
+    query_start: int
+    view_body: tuple
+    view_title: tuple
+    view_query: tuple
+    special: tuple = ()
 
-    def __getattr__(self, name):
-        if name in MARKERS:
-            return self.text_vocab_size + MARKERS.index(name)
-        raise AttributeError(name)
+    @classmethod
+    def above(cls, text_vocab_size: int) -> "Markers":
+        ids = [text_vocab_size + i for i in range(len(MARKERS))]
+        return cls(ids[0], ids[1], ids[2], (ids[3],), (ids[4],), (ids[5],), special=tuple(ids))
 
-    @property
-    def end(self) -> int:
-        return self.text_vocab_size + len(MARKERS)
+    def to_json(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Markers":
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def markers_of(table) -> Markers:
+    """The markers of a SEAL identifier table: spelled ones from its constants, else the six ids at the top of its
+    token space."""
+    spelled = (table.constants or {}).get("seal_markers")
+    return Markers.from_json(spelled) if spelled else Markers.above(table.space.end - len(MARKERS))
+
+
+# SEAL's markers as its released checkpoints read and write them (seal/retrieval.py, scripts/build_fm_index.py):
+# a title ends with " @@", a pseudo-query (MINDER) starts with " ||", a query is marked " || body || +" etc.
+SPELLED = {"title_end": " @@", "query_start": " ||", "view_body": " || body || +", "view_title": " || title || +",
+           "view_query": " || query || +"}
 
 
 @gin.configurable
@@ -93,8 +120,13 @@ class SealDocids(DocidScheme):
     units: Optional[str] = added_field(None)
     max_unit_tokens: Count = added_field(24)
     sentences_per_paragraph: Count = added_field(3)
+    # "new": six marker ids above the text vocabulary (a model trained here); "spelled": SEAL's released markers
+    # spelled in the vocabulary (SPELLED; DOC_START is EOS), so that a released SEAL/MINDER/LTRGR checkpoint reads
+    # and writes them as it was trained to
+    marker_ids: str = added_field("new")
     name = "seal"
     text_vocab_size: int = 0
+    spelled: Optional[dict] = None
     pseudo_queries_digest: str = ""
     _vocab: object = dataclasses.field(default=None, repr=False)
     _queries: Optional[dict] = dataclasses.field(default=None, repr=False)
@@ -105,9 +137,11 @@ class SealDocids(DocidScheme):
 
     @property
     def markers(self) -> Markers:
-        return Markers(self.text_vocab_size)
+        return Markers.from_json(self.spelled) if self.spelled else Markers.above(self.text_vocab_size)
 
     def __post_init__(self):
+        if self.marker_ids not in ("new", "spelled"):
+            raise ValueError(f"SealDocids.marker_ids must be 'new' or 'spelled', got {self.marker_ids!r}")
         if self.units not in (None, *UNITS):
             raise ValueError(f"SealDocids.units must be one of {UNITS} or None, got {self.units!r}")
         if self.units and self.pseudo_queries_file:
@@ -117,6 +151,7 @@ class SealDocids(DocidScheme):
         if context.vocab is None:
             raise ValueError("SEAL identifiers need the text vocabulary")
         self._vocab, self.text_vocab_size = context.vocab, int(context.vocab.size)
+        self.spelled = _spell(context.vocab) if self.marker_ids == "spelled" else None
         if self.uses_training_queries:
             if context.queries is None:
                 raise ValueError("SealDocids(pseudo_queries_file='train') needs the training queries")
@@ -129,7 +164,9 @@ class SealDocids(DocidScheme):
         self._vocab = vocab
 
     def space(self, vocab_size: int = 0) -> DocidTokenSpace:
-        return DocidTokenSpace("text", self.markers.end)
+        if self.spelled:  # the markers are words of the vocabulary: nothing above it
+            return DocidTokenSpace("text", self.text_vocab_size)
+        return DocidTokenSpace("text", self.text_vocab_size + len(MARKERS))
 
     def _pseudo_queries(self) -> dict:
         if self._queries is None:
@@ -148,7 +185,7 @@ class SealDocids(DocidScheme):
 
     def identifier(self, corpus, row: int) -> list[int]:
         """The identifier text of corpus row `row` (module docstring)."""
-        m, enc = self.markers, self._vocab.encode
+        m, enc = self.markers, self._encode
         ids = [m.doc_start]
         if self.with_titles and corpus.titles is not None:  # a blank title is empty: the title view never
             title = corpus.titles[row] or ""                 # runs on into the body or a pseudo-query
@@ -178,7 +215,14 @@ class SealDocids(DocidScheme):
             if missing:
                 log.warning("%s: %d of %d documents have no pseudo-queries (no pseudo-query view for them)",
                             self.pseudo_queries_file, missing, len(rows))
-        return DocidTable.from_lists(seqs, rows, self.space(), index_kind="substrings")
+        constants = {"seal_markers": self.spelled} if self.spelled else None
+        return DocidTable.from_lists(seqs, rows, self.space(), index_kind="substrings", constants=constants)
+
+    def _encode(self, text: str) -> list[int]:
+        """Token ids of a piece of text inside an identifier (without the vocabulary's start token, if it has one)."""
+        ids = self._vocab.encode(text)
+        bos = getattr(self._vocab, "bos_id", None)
+        return ids[1:] if bos is not None and ids[:1] == [bos] else ids
 
     def state(self):
         return {"max_text_tokens": self.max_text_tokens, "with_titles": self.with_titles,
@@ -186,7 +230,8 @@ class SealDocids(DocidScheme):
                 "text_vocab_size": self.text_vocab_size, "pseudo_queries_digest": self.pseudo_queries_digest,
                 "training_queries": self._queries if self.uses_training_queries else None,
                 "units": self.units, "max_unit_tokens": self.max_unit_tokens,
-                "sentences_per_paragraph": self.sentences_per_paragraph}, {}
+                "sentences_per_paragraph": self.sentences_per_paragraph, "marker_ids": self.marker_ids,
+                "spelled": self.spelled}, {}
 
     def load_state(self, meta, arrays) -> None:
         self.max_text_tokens, self.with_titles = int(meta["max_text_tokens"]), bool(meta["with_titles"])
@@ -197,5 +242,32 @@ class SealDocids(DocidScheme):
         self.units = meta.get("units")  # schemes saved before units existed have none
         self.max_unit_tokens = int(meta.get("max_unit_tokens", self.max_unit_tokens))
         self.sentences_per_paragraph = int(meta.get("sentences_per_paragraph", self.sentences_per_paragraph))
+        self.marker_ids = meta.get("marker_ids", "new")  # schemes saved before spelled markers had new ids
+        self.spelled = meta.get("spelled")
         if meta.get("training_queries") is not None:
             self._queries = {str(d): list(q) for d, q in meta["training_queries"].items()}
+
+
+def _spell(vocab) -> dict:
+    """SEAL's markers (SPELLED) as ids of `vocab`; DOC_START is EOS (SEAL's passages follow one another's EOS). The
+    three identifier markers must each be one token, as in BART's vocabulary."""
+    from gr_jax.methods.api import EOS_ID, PAD_ID
+
+    bos = getattr(vocab, "bos_id", None)
+
+    def enc(text):
+        ids = vocab.encode(text)
+        return ids[1:] if bos is not None and ids[:1] == [bos] else ids
+
+    out = {"doc_start": EOS_ID}
+    for name, text in SPELLED.items():
+        ids = enc(text)
+        if name in ("title_end", "query_start"):
+            if len(ids) != 1:
+                raise UserError(f"SealDocids(marker_ids='spelled'): {text!r} is {len(ids)} tokens in this vocabulary, "
+                                f"SEAL's released checkpoints read it as one (BART's vocabulary); use marker_ids='new'")
+            out[name] = ids[0]
+        else:
+            out[name] = list(ids)
+    out["special"] = [PAD_ID, EOS_ID] + ([bos] if bos is not None else [])
+    return out

@@ -47,7 +47,7 @@ from gr_jax.methods.api import (
     rankers,
     SubstringIndex,
 )
-from gr_jax.methods.seal.docids import MARKERS, Markers
+from gr_jax.methods.seal.docids import Markers, markers_of
 from gr_jax.methods.seal.ranker import Key, best_unigrams, rank_documents, type_scores
 
 log = logging.getLogger(__name__)
@@ -56,17 +56,20 @@ VIEWS = ("body", "title", "query")
 DOCUMENT_SCORES = ("intersective", "best_key")
 
 
-def mark(tokens_BxL: np.ndarray, marker: int) -> np.ndarray:
-    """Each row with `marker` before its EOS (the last token dropped where the row is full)."""
+def mark(tokens_BxL: np.ndarray, marker) -> np.ndarray:
+    """Each row with `marker` (an id, or a sequence of ids: a spelled view marker) before its EOS (the row's last
+    tokens dropped where it is full)."""
     t = np.asarray(tokens_BxL)
+    seq = (int(marker),) if np.ndim(marker) == 0 else tuple(int(x) for x in marker)
     B, L = t.shape
-    out = np.full((B, L), PAD_ID, t.dtype if np.iinfo(t.dtype).max >= marker else np.int32)
+    out = np.full((B, L), PAD_ID, t.dtype if np.iinfo(t.dtype).max >= max(seq) else np.int32)
     for b in range(B):
         row = t[b]
         end = np.flatnonzero((row == EOS_ID) | (row == PAD_ID))
-        n = min(int(end[0]) if len(end) else L, L - 2)
+        n = min(int(end[0]) if len(end) else L, L - 1 - len(seq))
         out[b, :n] = row[:n]
-        out[b, n], out[b, n + 1] = marker, EOS_ID
+        out[b, n: n + len(seq)] = seq
+        out[b, n + len(seq)] = EOS_ID
     return out
 
 
@@ -195,7 +198,7 @@ class _SealRanking:
         if table.index_kind != "substrings":
             raise ValueError(f"{type(self).__name__} retrieves with a substring index; its docid scheme must make "
                              f"identifier texts (prepare.docid_scheme = @SealDocids())")
-        self._markers = Markers(table.space.end - len(MARKERS))
+        self._markers = markers_of(table)
         where = np.full(int(table.doc_rows.max()) + 1 if len(table) else 0, -1, np.int64)
         where[table.doc_rows] = np.arange(len(table))
         seqs = table.sequences  # int32
@@ -359,7 +362,7 @@ class _SealRanking:
 
     def _types(self, log_probs: np.ndarray, keys: list, index: SubstringIndex) -> np.ndarray:
         m = self.markers
-        excluded = {PAD_ID, EOS_ID, *(getattr(m, name) for name in MARKERS)}
+        excluded = {PAD_ID, EOS_ID, *m.special}
         excluded |= {k.tokens[0] for k in keys if len(k.tokens) == 1}
         s = self.search
         return type_scores(log_probs[: index.vocab_size], index.token_counts(), index.num_positions, excluded,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gr_jax.methods.api import SubstringIndex
 from gr_jax.methods.seal.ranker import Key, best_unigrams, rank_documents, type_scores, weight
 
 VARIANTS = ("nq_defaults", "no_unigram_scores", "small_cutoffs")
@@ -131,8 +132,6 @@ def check_fixture(folder) -> dict:
 
 
 def check_index(fm: dict) -> dict:
-    from gr_jax.index.substring import SubstringIndex
-
     eos = fm["layout"]["eos"]
     docs = [d + [eos] for d in fm["corpus"]]
     index = SubstringIndex.build(docs, vocab_size=max(max(d) for d in docs) + 1)

@@ -37,7 +37,7 @@ from gr_jax.methods.api import (
     Positive,
     tokenize,
 )
-from gr_jax.methods.seal.docids import MARKERS, Markers
+from gr_jax.methods.seal.docids import Markers, markers_of
 from gr_jax.methods.seal.model import mark
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class SealPairs(ObjectivesConfig):
         if table is None or table.index_kind != "substrings":
             raise ValueError("SealPairs needs SEAL identifier texts: prepare.docid_scheme = @SealDocids()")
         where = {int(r): i for i, r in enumerate(table.doc_rows.tolist())}
-        return Markers(table.space.end - len(MARKERS)), lambda row: table.sequence(where[int(row)])
+        return markers_of(table), lambda row: table.sequence(where[int(row)])
 
     def _examples(self, pairs, table, vocab, lengths, seed: int) -> list:
         m, identifier = self._identifiers(table)

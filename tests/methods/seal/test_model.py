@@ -45,7 +45,7 @@ def _setup(views=("body", "title")):
 def test_identifier_texts_mark_every_view():
     scheme, table, _, _ = _setup()
     m = scheme.markers
-    assert (m.doc_start, m.title_end, m.query_start) == (12, 13, 14) and m.end == 18
+    assert (m.doc_start, m.title_end, m.query_start) == (12, 13, 14) and scheme.space().end == 18
     assert table.sequence(1) == [m.doc_start, 8, 9, m.title_end, 3, 4, 3]  # DOC_START eta theta @@ beta gamma beta
     assert table.sequence(3) == [m.doc_start, m.title_end, 6, 2, 3]  # a blank title is empty
     assert split_views(table.sequence(1), m) == ([8, 9], [3, 4, 3], [])
