@@ -126,7 +126,7 @@ class SealDocids(DocidScheme):
     marker_ids: str = added_field("new")
     name = "seal"
     text_vocab_size: int = 0
-    spelled: Optional[dict] = None
+    spelled: Optional[dict] = added_field(None)  # the marker ids of marker_ids="spelled" (fitted)
     pseudo_queries_digest: str = ""
     _vocab: object = dataclasses.field(default=None, repr=False)
     _queries: Optional[dict] = dataclasses.field(default=None, repr=False)

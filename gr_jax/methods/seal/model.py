@@ -327,7 +327,8 @@ class _SealRanking:
             hit = (occ_rows[j][ok[j]], occ_starts[j][ok[j]]) if rare[j] else (None, None)
             out[b][key] = (float(scores[j]), int(counts[i]), *hit, "body")
 
-    def ranked(self, params, query_tokens_BxL, index: SubstringIndex, num_beams: int = 15) -> list:
+    def ranked(self, params, query_tokens_BxL, index: SubstringIndex, num_beams: int = 15,
+               with_keys: bool = True) -> list:
         """Per query, [(document row, score, [(key tokens, F(n), view), ...])] of every document with a positive
         SEAL score, best first; each document's keys are those that counted for it, in the greedy order (what
         LTRGR's rank data stores)."""
@@ -350,7 +351,10 @@ class _SealRanking:
                 items += [((k.tokens[0],), (k.weight, k.count, None, None, "body")) for k, _ in extra]  # a body key to LTRGR
             ranked = rank_documents(ks, found, self._documents, index.num_positions, max_hits=s.max_hits,
                                     smoothing=s.smoothing, exponent=s.score_exponent, beta=s.repetition_penalty,
-                                    matched=True, types=types, fully_score=s.fully_score)
+                                    matched=with_keys, types=types, fully_score=s.fully_score)
+            if not with_keys:
+                out.append([(r, v, []) for r, v in ranked])
+                continue
             out.append([(r, v, [(ks[i].tokens, ks[i].count, items[i][1][4]) for i in taken])
                         for r, v, taken in ranked])
         return out
@@ -388,7 +392,7 @@ class _SealRanking:
         """(query, document row, score) arrays: every document with a positive SEAL score (with 'best_key': every
         document holding a key that occurs at most max_hits times)."""
         q, d, sc = [], [], []
-        for b, ranked in enumerate(self.ranked(params, query_tokens_BxL, index, num_beams)):
+        for b, ranked in enumerate(self.ranked(params, query_tokens_BxL, index, num_beams, with_keys=False)):
             q += [b] * len(ranked)
             d += [r for r, _, _ in ranked]
             sc += [v for _, v, _ in ranked]

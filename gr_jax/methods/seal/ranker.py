@@ -163,15 +163,20 @@ def rank_documents(keys: Sequence[Key], found: Sequence, documents: Callable[[np
     types_ = np.zeros((len(candidates), len(vocab)), bool)
     score = np.zeros(len(candidates))
     taken = [[] for _ in candidates] if matched else None
+    width = texts.shape[1]
+    by_token = np.argsort(joined, kind="stable")  # the positions of each token, ascending: a frequent key's
+    sorted_tokens = joined[by_token]              # occurrences from its first token's, not a scan of the texts
     for i in sorted(live, key=lambda i: (-w[i], keys[i].tokens)):
         L = len(keys[i].tokens)
         if keys[i].count <= max_hits:
             rows, starts = np.asarray(found[i][0], np.int64), np.asarray(found[i][1], np.int64)
             kept = np.isin(rows, candidates)  # all of them, unless the first pass left documents out
-            at = offsets[np.searchsorted(candidates, rows[kept])] + starts[kept]
+            at = np.sort(offsets[np.searchsorted(candidates, rows[kept])] + starts[kept])
         else:
-            at = occurrences(joined, keys[i].tokens)
-        at = np.sort(at)
+            k = keys[i].tokens
+            at = by_token[np.searchsorted(sorted_tokens, k[0], "left"): np.searchsorted(sorted_tokens, k[0], "right")]
+            for j in range(1, L):  # -1 ends every text, so a key never runs past one and at + j stays inside
+                at = at[joined[np.minimum(at + j, len(joined) - 1)] == k[j]]
         span = at[:, None] + np.arange(L)
         free = ~used[span].any(axis=1)
         at, span = at[free], span[free]
@@ -187,7 +192,7 @@ def rank_documents(keys: Sequence[Key], found: Sequence, documents: Callable[[np
         if not len(at):
             continue
         used[span.ravel()] = True
-        hit = np.unique(np.searchsorted(offsets, at, side="right") - 1)
+        hit = np.unique(at // width)
         cols = np.array(sorted({vocab[t] for t in keys[i].tokens}))
         new = (~types_[hit][:, cols]).sum(axis=1)
         score[hit] += w[i] * (1.0 - beta + beta * new / len(cols))
@@ -211,11 +216,14 @@ def _first_pass(keys, w, rare, found, candidates, beta: float, keep: int) -> np.
     """The `keep` best candidates by SEAL's first pass: the rare keys each document holds, once each, in the
     greedy's key order, discounted by `cover`; ties by row. Sorted by row again."""
     first = np.zeros(len(candidates))
-    seen: list[set] = [set() for _ in candidates]
+    vocab = {t: u for u, t in enumerate(sorted({t for i in rare for t in keys[i].tokens}))}
+    seen = np.zeros((len(candidates), len(vocab)), bool)
     for i in sorted(rare, key=lambda i: (-w[i], keys[i].tokens)):
-        for j in np.unique(np.searchsorted(candidates, np.asarray(found[i][0], np.int64))).tolist():
-            first[j] += w[i] * cover(keys[i].tokens, seen[j], beta)
-            seen[j].update(keys[i].tokens)
+        hit = np.unique(np.searchsorted(candidates, np.asarray(found[i][0], np.int64)))
+        cols = np.array(sorted({vocab[t] for t in keys[i].tokens}))
+        new = (~seen[hit][:, cols]).sum(axis=1)
+        first[hit] += w[i] * (1.0 - beta + beta * new / len(cols))
+        seen[np.ix_(hit, cols)] = True
     best = np.lexsort((candidates, -first))[:keep]
     return np.sort(candidates[best])
 

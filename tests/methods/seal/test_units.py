@@ -102,3 +102,14 @@ def test_unit_targets_drawn_by_overlap_with_the_query():
     assert [t for _, v, t in got] == [[2, 6, DOT, m.title_end]] * 8 and {v for _, v, _ in got} == {m.view_query}
     first = SealPairs(title_samples=0, span_samples=0, query_samples=2).supervised("q", query, identifier, 1, m, 0)
     assert [t for _, _, t in first] == [[5, DOT, m.title_end], [2, 6, DOT, m.title_end]]  # MINDER's: in order
+
+
+def test_schemes_saved_before_spelled_markers_still_match():
+    """marker_ids and spelled were added after SEAL schemes were saved: at their defaults they are not part of
+    what a saved state was built from, so a MODEL_DIR trained before them is not refused."""
+    from gr_jax.docids.base import scheme_params
+    from gr_jax.methods.seal.docids import SealDocids
+
+    params = scheme_params(SealDocids())
+    assert "marker_ids" not in params and "spelled" not in params
+    assert scheme_params(SealDocids(marker_ids="spelled"))["marker_ids"] == "spelled"
