@@ -4,6 +4,7 @@
     python tools/check_parity.py --demo          # writes a tiny random HF T5 first, then checks it
     python tools/check_parity.py --method glen --fixture tests/fixtures/glen_parity
     python tools/check_parity.py --method pag --fixture tests/fixtures/pag_parity
+    python tools/check_parity.py --method seal --fixture tests/fixtures/seal_parity   # or minder, ltrgr
     python tools/check_parity.py --arch llama --hf_dir path/to/hf_llama   # or --gguf FILE, --smollm2, --demo
     python tools/check_parity.py --backbone bart --hf_dir path/to/hf_bart [--fairseq checkpoint_best.pt]  # or --demo
 
@@ -47,9 +48,15 @@ from gr_jax import methods
 from gr_jax.runtime.cli import setup_logging
 from gr_jax.backbones import t5_convert, t5_parity
 
-# the methods whose package holds a checker against their authors' outputs (`methods/<name>/parity.py`)
-METHODS_WITH_PARITY = tuple(sorted(m.name for m in pkgutil.iter_modules(methods.__path__)
-                                   if m.ispkg and importlib.util.find_spec(f"gr_jax.methods.{m.name}.parity")))
+# the methods whose package holds a checker against their authors' outputs (`methods/<name>/parity.py`: its
+# `check_fixture`, or a `CHECKS` table when the package holds several methods, as seal/ holds MINDER and LTRGR)
+PARITY_MODULES = {}
+for _m in pkgutil.iter_modules(methods.__path__):
+    if _m.ispkg and importlib.util.find_spec(f"gr_jax.methods.{_m.name}.parity"):
+        _module = f"gr_jax.methods.{_m.name}.parity"
+        _names = getattr(importlib.import_module(_module), "CHECKS", {_m.name: None})
+        PARITY_MODULES.update({name: _module for name in _names})
+METHODS_WITH_PARITY = tuple(sorted(PARITY_MODULES))
 
 
 def main(argv=None) -> int:
@@ -90,8 +97,8 @@ def main(argv=None) -> int:
         elif args.arch == "bart":
             ok = _bart(args)
         elif args.method != "t5":  # the method's own checker: check_fixture(folder) -> dict, within(dict, tol)
-            checker = importlib.import_module(f"gr_jax.methods.{args.method}.parity")
-            result = checker.check_fixture(args.fixture)
+            checker = importlib.import_module(PARITY_MODULES[args.method])
+            result = getattr(checker, "CHECKS", {}).get(args.method, checker.check_fixture)(args.fixture)
             result["within_tolerance"] = ok = checker.within(result, args.tolerance)
             sys.stdout.write(json.dumps(result) + "\n")
         elif args.demo:

@@ -37,12 +37,38 @@ SEAL's package `__init__` also imports seal/retrieval.py and seal/beam_search.py
 tool loads `seal/index.py` and `seal/keys.py` by path from SEAL's `seal` directory (found on sys.path, or
 --seal_dir) as submodules of an empty `seal` package, without running `seal/__init__.py`. Exit status 2 when
 SEAL cannot be imported either way.
+
+Another package's keys.py (MINDER, liyongqi67/MINDER, ships a modified copy of SEAL's `seal` package whose
+`aggregate_evidence` adds 14 to the LM score of keys starting with " ||" (45056), capped at -1.0):
+--keys_from DIR loads `DIR/keys.py` (and `DIR/index.py` if DIR has one) as `seal.keys` (`seal.index`), always by
+path; the compiled `seal.cpp_modules` still comes from SEAL's package (sys.path or --seal_dir), imported first.
+--keys_repo/--keys_commit only label the header ("keys_from"), which also records the files' git blob ids.
+--query_start TOKEN (MINDER: 45056) makes the corpus MINDER-like and adds query-view keys: about 60% of the
+documents get 1..3 pseudo-query segments `[TOKEN] + q + [3]` after the body (MINDER's identifier layout
+"title @@ body || q1 @@ || q2 @@", " @@" = 3 here), each q 2..8 tokens, mostly from the document's own content; each
+query gets 1..4 keys `[TOKEN] + q + [3]` (a segment of the target document, of another document, a truncated
+segment, or random tokens) with LM scores in [-40, -0.5] (above and below MINDER's -15 cap point), before the
+other kinds; n-grams of other documents may also start with TOKEN. The unigram scores then cover ids 0..203 and
+TOKEN: per query a log-softmax over those 205 ids, stored aligned with corpus["unigram_ids"] (corpus also gets
+"query_start", "pseudo_queries", "layout", "unigram_length", "unigram_layout"); the scoring
+function gets a list of length TOKEN + 1 with -inf at every other id (it indexes unigram scores by token id,
+TOKEN included, since documents contain it). Per query, "query_view" flags the keys starting with TOKEN.
+--duplicate_keys P: with probability P a query repeats 1..3 of its keys (same or new score, at a random place;
+kind "duplicate"), as MINDER's retrieval, which drops SEAL's `deduplicate`, may pass them. --variants picks
+variants, --n_queries the number of queries, --no_all_ngrams drops "all_ngrams". MINDER's fixture:
+
+    PYTHONPATH=path/to/SEAL python tools/seal_scoring_fixtures.py --keys_from path/to/MINDER/seal \
+        --keys_repo liyongqi67/MINDER --keys_commit COMMIT --query_start 45056 --duplicate_keys 0.3 \
+        --variants nq_defaults,no_unigram_scores --out tests/fixtures/seal_parity/minder_scoring.json
+
+(MINDER's seal/cpp_modules sources are SEAL's; a checkout's `seal` directory works as DIR without building it.)
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -105,10 +131,10 @@ def _drop_seal_modules():
         del sys.modules[name]
 
 
-def import_seal(seal_dir: str | None):
-    """SEAL's FMIndex class and keys module, and how they were imported ("package" or "by_path")."""
+def import_seal(seal_dir: str | None, keys_from: str | None = None):
+    """SEAL's FMIndex class and keys module, and how they were imported ("package", "by_path", "keys_from")."""
     errors = []
-    if seal_dir is None:
+    if seal_dir is None and keys_from is None:
         try:
             import seal  # noqa: F401  (SEAL's own __init__: index, retrieval, beam_search)
             from seal import keys
@@ -122,6 +148,11 @@ def import_seal(seal_dir: str | None):
             raise SealImportError("; ".join(
                 errors + ["no package `seal` on sys.path (put SEAL's checkout on PYTHONPATH)"]))
         locations = list(spec.submodule_search_locations)
+    elif seal_dir is None:
+        spec = importlib.util.find_spec("seal")
+        if spec is None or not spec.submodule_search_locations:
+            raise SealImportError("no package `seal` on sys.path for the compiled seal.cpp_modules (or --seal_dir)")
+        locations = list(spec.submodule_search_locations)
     else:
         locations = [str(Path(seal_dir).resolve())]
     if not any((Path(p) / "keys.py").is_file() and (Path(p) / "index.py").is_file() for p in locations):
@@ -132,13 +163,27 @@ def import_seal(seal_dir: str | None):
     pkg.__spec__.submodule_search_locations = locations
     sys.modules["seal"] = pkg
     try:
+        if keys_from is not None:
+            keys_dir = Path(keys_from).resolve()
+            if not (keys_dir / "keys.py").is_file():
+                raise FileNotFoundError(f"no keys.py in {keys_dir}")
+            importlib.import_module("seal.cpp_modules.fm_index")  # SEAL's compiled module, before DIR is searched
+            pkg.__path__ = [str(keys_dir)] + locations            # keys.py (and index.py, if there) from DIR
+            pkg.__spec__.submodule_search_locations = pkg.__path__
         index_mod = importlib.import_module("seal.index")       # needs the compiled seal/cpp_modules/_fm_index
         pkg.FMIndex = index_mod.FMIndex                          # seal/keys.py does `from seal import FMIndex`
         keys = importlib.import_module("seal.keys")              # needs torch, tqdm, more_itertools
     except Exception as exc:
         _drop_seal_modules()
         raise SealImportError("; ".join(errors + [f"by path from {locations}: {type(exc).__name__}: {exc}"])) from exc
-    return index_mod.FMIndex, keys, "by_path", Path(keys.__file__).resolve().parent
+    mode = "by_path" if keys_from is None else "keys_from"
+    return index_mod.FMIndex, keys, mode, Path(keys.__file__).resolve().parent
+
+
+def git_blob_id(path: Path) -> str:
+    """`git hash-object` of a file: compares it with a repository's blob without git."""
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def seal_commit(package_dir: Path) -> str | None:
@@ -154,16 +199,24 @@ def seal_commit(package_dir: Path) -> str | None:
     return lines[1]
 
 
-def make_corpus(rng: random.Random):
+def make_corpus(rng: random.Random, query_start: int | None = None):
     cum = list(accumulate(1.0 / (r + 1) ** 1.1 for r in range(len(CONTENT))))
-    docs, titles = [], []
+    docs, titles, bodies, pseudo = [], [], [], []
     for _ in range(N_DOCS):
         n = rng.randint(3, 60)
         content = rng.choices(CONTENT, cum_weights=cum, k=n)
         t = rng.randint(1, min(3, n - 1))
         titles.append(content[:t])
-        docs.append(content[:t] + [TITLE_EOS] + content[t:] + [EOS])
-    return docs, titles
+        bodies.append(content[t:])
+        queries = []
+        if query_start is not None and rng.random() < 0.6:   # MINDER: "title @@ body || q1 @@ || q2 @@"
+            for _ in range(rng.randint(1, 3)):
+                queries.append([rng.choice(content) if rng.random() < 0.6 else rng.choices(CONTENT, cum_weights=cum)[0]
+                                for _ in range(rng.randint(2, 8))])
+        pseudo.append(queries)
+        segments = [tok for q in queries for tok in [query_start, *q, TITLE_EOS]]
+        docs.append(content[:t] + [TITLE_EOS] + content[t:] + segments + [EOS])
+    return docs, titles, bodies, pseudo
 
 
 def naive_count(text: list[int], ngram: list[int]) -> int:
@@ -177,10 +230,11 @@ def log_softmax(logits):
     return [x - lse for x in logits]
 
 
-def make_query(rng: random.Random, docs, titles, text, occurring):
-    """5..30 distinct n-grams with LM scores, and their kinds."""
+def make_query(rng: random.Random, docs, titles, text, occurring, bodies, pseudo, query_start=None,
+               duplicate_keys=0.0):
+    """5..30 distinct n-grams with LM scores, and their kinds (plus repeated keys with --duplicate_keys)."""
     target = rng.randrange(len(docs))
-    body = docs[target][len(titles[target]) + 1:-1] or docs[target][:-1]
+    body = bodies[target] or docs[target][:-1]
     m = rng.randint(5, 30)
     picked: dict[tuple, str] = {}
 
@@ -188,6 +242,25 @@ def make_query(rng: random.Random, docs, titles, text, occurring):
         gram = tuple(gram)
         if gram and gram not in picked:
             picked[gram] = kind
+
+    if query_start is not None:
+        # MINDER's query view: keys [query_start] + q + [" @@"], first (its query keys are appended to the others)
+        with_queries = [d for d in range(len(docs)) if pseudo[d]]
+        for _ in range(rng.randint(1, 4)):
+            r = rng.random()
+            if r < 0.4 and pseudo[target]:
+                add([query_start, *rng.choice(pseudo[target]), TITLE_EOS], "target_query")
+            elif r < 0.6:
+                add([query_start, *rng.choice(pseudo[rng.choice(with_queries)]), TITLE_EOS], "query")
+            elif r < 0.75:
+                q = rng.choice(pseudo[rng.choice(with_queries)])
+                add([query_start, *q[:rng.randint(1, len(q) - 1)], TITLE_EOS], "query_truncated")
+            else:
+                while True:
+                    gram = [query_start, *(rng.choice(CONTENT) for _ in range(rng.randint(2, 6))), TITLE_EOS]
+                    if naive_count(text, gram) == 0:
+                        break
+                add(gram, "query_absent")
 
     # overlapping substrings of the target's body
     start = rng.randrange(len(body))
@@ -228,19 +301,35 @@ def make_query(rng: random.Random, docs, titles, text, occurring):
             add(gram, "absent")
     grams = list(picked.items())
     rng.shuffle(grams)
+
+    def new_score(gram):
+        if query_start is not None and gram[0] == query_start:
+            return -round(rng.uniform(0.5, 40.0), 6)       # query-view keys: MINDER caps sr + 14 at -1.0
+        if rng.random() < 0.1:
+            return -round(rng.uniform(1e-4, 0.05), 6)      # near-certain n-grams
+        return -round(rng.uniform(0.05, 15.0), 6)
+
     scores = []
     for i in range(len(grams)):
         if i and rng.random() < 0.1:
             scores.append(scores[-1])                      # a tie
-        elif rng.random() < 0.1:
-            scores.append(-round(rng.uniform(1e-4, 0.05), 6))  # near-certain n-grams
         else:
-            scores.append(-round(rng.uniform(0.05, 15.0), 6))
-    unigram_scores = [round(x, 6) for x in log_softmax([rng.gauss(0.0, 2.0) for _ in range(VOCAB_SIZE)])]
+            scores.append(new_score(grams[i][0]))
+    ngrams = [[list(g), s] for (g, _), s in zip(grams, scores)]
+    kinds = [k for _, k in grams]
+    if duplicate_keys > 0 and rng.random() < duplicate_keys:
+        for _ in range(rng.randint(1, 3)):
+            g, s = ngrams[rng.randrange(len(ngrams))]
+            dup = [list(g), s if rng.random() < 0.5 else new_score(g)]
+            at = rng.randint(0, len(ngrams))
+            ngrams.insert(at, dup)
+            kinds.insert(at, "duplicate")
+    n_ids = VOCAB_SIZE + (query_start is not None)
+    unigram_scores = [round(x, 6) for x in log_softmax([rng.gauss(0.0, 2.0) for _ in range(n_ids)])]
     return {
         "target_doc": target,
-        "ngrams": [[list(g), s] for (g, _), s in zip(grams, scores)],
-        "kinds": [k for _, k in grams],
+        "ngrams": ngrams,
+        "kinds": kinds,
         "unigram_scores": unigram_scores,
     }
 
@@ -249,9 +338,14 @@ def _tokens(ngram):
     return [int(t) for t in ngram]
 
 
-def run_variant(keys, index, query, kwargs, with_unigrams, detail_docs):
+def run_variant(keys, index, query, kwargs, with_unigrams, detail_docs, unigram_vector=None, keep_all_ngrams=True):
     ngrams_and_scores = [(list(g), float(s)) for g, s in query["ngrams"]]
-    unigram_scores = list(query["unigram_scores"]) if with_unigrams else None
+    if not with_unigrams:
+        unigram_scores = None
+    elif unigram_vector is not None:
+        unigram_scores = list(unigram_vector)
+    else:
+        unigram_scores = list(query["unigram_scores"])
     try:
         results, all_ngrams = keys.aggregate_evidence(
             ngrams_and_scores=ngrams_and_scores, unigram_scores=unigram_scores, index=index, **copy.deepcopy(kwargs))
@@ -266,37 +360,60 @@ def run_variant(keys, index, query, kwargs, with_unigrams, detail_docs):
             top.append({"doc": int(doc), "score": float(score),
                         "ngrams": [[_tokens(n), float(s)] for n, s in doc_ngrams],
                         "best": [_tokens(best[0]), float(best[1])]})
-    return {"n_docs": len(ranking), "ranking": ranking, "top": top,
-            "all_ngrams": [[_tokens(n), float(s)] for n, s in all_ngrams.items()]}
+    out = {"n_docs": len(ranking), "ranking": ranking, "top": top}
+    if keep_all_ngrams:
+        out["all_ngrams"] = [[_tokens(n), float(s)] for n, s in all_ngrams.items()]
+    return out
 
 
-def build(FMIndex, keys, seed: int, detail_docs: int):
+def build(FMIndex, keys, seed: int, detail_docs: int, query_start: int | None = None, duplicate_keys: float = 0.0,
+          variants=None, n_queries: int = N_QUERIES, keep_all_ngrams: bool = True):
+    variants = {name: VARIANTS[name] for name in (variants or VARIANTS)}
     rng = random.Random(seed)
-    docs, titles = make_corpus(rng)
+    docs, titles, bodies, pseudo = make_corpus(rng, query_start)
+    unigram_ids = list(range(VOCAB_SIZE)) + ([query_start] if query_start is not None else [])
     index = FMIndex()
     index.initialize(docs, in_memory=True)
     index.labels = [str(i) for i in range(len(docs))]
     text = [t for d in reversed(docs) for t in d]        # the text SEAL's index holds, read forward
     occurring = {tuple(text[i:i + n]) for n in range(2, 6) for i in range(len(text) - n + 1)}
     queries = []
-    for q in range(N_QUERIES):
-        query = make_query(rng, docs, titles, text, occurring)
+    for q in range(n_queries):
+        query = make_query(rng, docs, titles, text, occurring, bodies, pseudo, query_start, duplicate_keys)
+        unigram_vector = None
+        if query_start is not None:    # indexed by token id: -inf at the ids no document holds
+            unigram_vector = [float("-inf")] * (query_start + 1)
+            for i, s in zip(unigram_ids, query["unigram_scores"]):
+                unigram_vector[i] = s
+            query["query_view"] = [g[0] == query_start for g, _ in query["ngrams"]]
         query["seal_counts"] = [int(index.get_count(list(g))) for g, _ in query["ngrams"]]
         query["naive_counts"] = [naive_count(text, list(g)) for g, _ in query["ngrams"]]
         query["outputs"] = {}
-        for name, (overrides, with_unigrams) in VARIANTS.items():
+        for name, (overrides, with_unigrams) in variants.items():
             query["outputs"][name] = run_variant(keys, index, query, {**NQ_KWARGS, **overrides}, with_unigrams,
-                                                 detail_docs)
+                                                 detail_docs, unigram_vector, keep_all_ngrams)
         queries.append(query)
-        log.info("query %d/%d: %d n-grams", q + 1, N_QUERIES, len(query["ngrams"]))
+        log.info("query %d/%d: %d n-grams", q + 1, n_queries, len(query["ngrams"]))
+    corpus = {"vocab_size": VOCAB_SIZE, "eos": EOS, "title_eos": TITLE_EOS, "n_docs": len(docs),
+              "n_tokens": len(index), "docs": docs, "titles": titles,
+              "index_text": "SEAL's FMIndex.initialize stores each document reversed, concatenated in order, so "
+                            "the indexed text read forward is the documents last to first; locate() gives "
+                            "positions in the reversed concatenation"}
+    if query_start is not None:
+        corpus.update({
+            "query_start": query_start, "pseudo_queries": pseudo,
+            "layout": f"title + [{TITLE_EOS}] + body + concat([{query_start}] + q + [{TITLE_EOS}] for q in "
+                      f"pseudo_queries[d]) + [{EOS}]: MINDER's identifier text 'title @@ body || q1 @@ || q2 @@' "
+                      f"(scripts/build_fm_index.py --include_title --include_query --query_format stable); "
+                      f"{query_start} is BART's ' ||', {TITLE_EOS} stands for ' @@' (49314), MINDER's title and "
+                      f"query end",
+            "unigram_ids": unigram_ids, "unigram_length": query_start + 1,
+            "unigram_layout": "per query, unigram_scores is aligned with unigram_ids; the scoring function got a "
+                              "list of length unigram_length (indexed by token id), -inf at every other id"})
     return {
-        "corpus": {"vocab_size": VOCAB_SIZE, "eos": EOS, "title_eos": TITLE_EOS, "n_docs": len(docs),
-                   "n_tokens": len(index), "docs": docs, "titles": titles,
-                   "index_text": "SEAL's FMIndex.initialize stores each document reversed, concatenated in order, so "
-                                 "the indexed text read forward is the documents last to first; locate() gives "
-                                 "positions in the reversed concatenation"},
+        "corpus": corpus,
         "variants": {name: {"kwargs": {**NQ_KWARGS, **overrides}, "unigram_scores": with_unigrams}
-                     for name, (overrides, with_unigrams) in VARIANTS.items()},
+                     for name, (overrides, with_unigrams) in variants.items()},
         "queries": queries,
     }
 
@@ -309,21 +426,58 @@ def main(argv=None) -> int:
                         help="SEAL's `seal` package directory, loaded by path (default: `seal` on sys.path)")
     parser.add_argument("--detail_docs", type=int, default=5,
                         help="per query and variant, how many top documents keep their n-gram lists")
+    parser.add_argument("--keys_from", default=None,
+                        help="a `seal` package directory (e.g. MINDER's) whose keys.py (and index.py, if there) are "
+                             "loaded by path instead of SEAL's; the compiled cpp_modules stay SEAL's")
+    parser.add_argument("--keys_repo", default=None, help="the repository --keys_from comes from (header only)")
+    parser.add_argument("--keys_commit", default=None, help="its commit (header only)")
+    parser.add_argument("--query_start", type=int, default=None,
+                        help="MINDER's query-view token (45056, ' ||'): pseudo-query segments in the corpus, "
+                             "query-view keys in the queries, unigram scores over ids 0..203 and this id")
+    parser.add_argument("--duplicate_keys", type=float, default=0.0,
+                        help="probability that a query repeats 1..3 of its keys (MINDER does not de-duplicate)")
+    parser.add_argument("--variants", default=None,
+                        help=f"comma-separated subset of {','.join(VARIANTS)} (default: all)")
+    parser.add_argument("--n_queries", type=int, default=N_QUERIES, help="how many queries")
+    parser.add_argument("--no_all_ngrams", action="store_true", help="leave out each output's all_ngrams")
     args = parser.parse_args(argv)
+    variants = args.variants.split(",") if args.variants else None
+    unknown = [v for v in variants or [] if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    if args.query_start is not None and args.query_start < VOCAB_SIZE:
+        parser.error(f"--query_start must be >= {VOCAB_SIZE} (ids below are the corpus's)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        FMIndex, keys, mode, package_dir = import_seal(args.seal_dir)
+        FMIndex, keys, mode, package_dir = import_seal(args.seal_dir, args.keys_from)
     except SealImportError as exc:
         log.error("cannot import SEAL (facebookresearch/SEAL, built as its README says, on PYTHONPATH; "
                   "or --seal_dir): %s", exc)
         return 2
+    if args.keys_from is not None:    # SEAL's checkout is where the compiled module came from
+        package_dir = Path(sys.modules["seal.cpp_modules.fm_index"].__file__).resolve().parent.parent
     commit = seal_commit(package_dir)
     log.info("SEAL imported (%s), commit %s", mode, commit or "unknown")
     fixture = {"schema": SCHEMA, "generator": "tools/seal_scoring_fixtures.py", "seed": args.seed,
                "seal": {"repo": "facebookresearch/SEAL", "commit": commit,
                         "written_against": SEAL_COMMIT_WRITTEN_AGAINST, "import_mode": mode,
-                        "function": "seal.keys.aggregate_evidence", "index": "seal.index.FMIndex"},
-               **build(FMIndex, keys, args.seed, args.detail_docs)}
+                        "function": "seal.keys.aggregate_evidence", "index": "seal.index.FMIndex"}}
+    if args.keys_from is not None:
+        index_file = Path(sys.modules["seal.index"].__file__).resolve()
+        keys_file = Path(keys.__file__).resolve()
+        fixture["keys_from"] = {
+            "repo": args.keys_repo, "commit": args.keys_commit,
+            "keys_py": {"from": "keys_from", "git_blob": git_blob_id(keys_file)},
+            "index_py": {"from": "keys_from" if index_file.parent == keys_file.parent else "seal",
+                         "git_blob": git_blob_id(index_file)},
+            "cpp_modules": "SEAL's compiled seal.cpp_modules.fm_index",
+            "call": "seal.keys.aggregate_evidence with the keywords SEAL's retrieve_from_keys passes (MINDER's "
+                    "also passes tokenizer=, used only in commented-out prints there; not passed)"}
+    if args.query_start is not None or args.duplicate_keys:
+        fixture["query_start"] = args.query_start
+        fixture["duplicate_keys"] = args.duplicate_keys
+    fixture.update(build(FMIndex, keys, args.seed, args.detail_docs, args.query_start, args.duplicate_keys,
+                         variants, args.n_queries, not args.no_all_ngrams))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(fixture, separators=(",", ":")) + "\n", encoding="utf-8")

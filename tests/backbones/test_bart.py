@@ -91,6 +91,7 @@ def test_a_swapped_weight_breaks_parity(hf_dir, tmp_path):
     assert np.max(np.abs(ours - ref)) / np.max(np.abs(ref)) > 100 * REL
 
 
+@pytest.mark.slow  # the default tier checks logits, cached steps and greedy tokens (the first test)
 @pytest.mark.torch
 def test_export_loads_in_transformers_with_the_same_logits(hf_dir, tmp_path):
     """The other direction: our parameters written as an HF directory and read by transformers."""
@@ -112,6 +113,7 @@ def test_export_loads_in_transformers_with_the_same_logits(hf_dir, tmp_path):
     np.testing.assert_array_equal(again["final_logits_bias"], params["final_logits_bias"])
 
 
+@pytest.mark.slow  # the default tier checks logits, cached steps and greedy tokens (the first test)
 @pytest.mark.torch
 def test_constrained_beams_match_transformers_generate(hf_dir):
     """Constrained beam search over a prefix tree of docids: the same beams and scores as transformers'

@@ -31,6 +31,8 @@ from gr_jax.methods.api import SubstringIndex
 from gr_jax.methods.seal.ranker import Key, best_unigrams, rank_documents, type_scores, weight
 
 VARIANTS = ("nq_defaults", "no_unigram_scores", "small_cutoffs")
+MINDER_VARIANTS = ("nq_defaults", "no_unigram_scores")
+MINDER_QUERY_BOOST = 14.0  # MINDER's keys.py: a pseudo-query key's log P + 14, at most -1 (SealSearch.query_view_boost)
 
 
 def _occurrences(texts: list[list[int]], g: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -45,19 +47,28 @@ def _occurrences(texts: list[list[int]], g: tuple) -> tuple[np.ndarray, np.ndarr
 
 
 def rank_like_seal(fixture: dict, query: dict, variant: str) -> list[tuple]:
-    """Our ranking of one fixture query under one of SEAL's settings: [(document, score)], best first."""
+    """Our ranking of one fixture query under one of SEAL's settings: [(document, score)], best first. A MINDER
+    fixture (`query_start`: its pseudo-query view's first token) adds MINDER's view boost to the keys that start
+    with it (`SealSearch.query_view_boost` 14: log P + 14, at most −1) and passes keys as MINDER's retrieval does,
+    repeats included (the last one's score counts; every repeat counts towards the number of best unigrams)."""
     corpus, kw = fixture["corpus"], fixture["variants"][variant]["kwargs"]
+    query_start = fixture.get("query_start")
     texts = [[corpus["eos"]] + d[:-1] for d in corpus["docs"]]
     width = max(len(t) for t in texts)
     table = np.array([t + [-1] * (width - len(t)) for t in texts])
     positions = int(corpus["n_tokens"])
-    counts = np.zeros(corpus["vocab_size"], np.int64)
+    size = int(corpus.get("unigram_length", corpus["vocab_size"]))
+    counts = np.zeros(size, np.int64)
     for t in texts:
         np.add.at(counts, np.asarray(t[1:]), 1)  # SEAL counts every token of the text, the EOS once per document
     counts[corpus["eos"]] = len(texts)
-    keys, found = [], []
+    given = {}
     for (g, lm), seal_count in zip(query["ngrams"], query["seal_counts"]):
-        g = tuple(g)
+        if query_start is not None and g and g[0] == query_start:
+            lm = min(lm + MINDER_QUERY_BOOST, -1.0)
+        given[tuple(g)] = (lm, seal_count)  # a repeated key: the last one's score
+    keys, found = [], []
+    for g, (lm, seal_count) in given.items():
         rows, starts = _occurrences(texts, g)
         w = weight(lm, seal_count, positions, kw["smoothing"], kw["alpha"])
         keys.append(Key(g, lm, len(rows), weight=w))
@@ -65,10 +76,12 @@ def rank_like_seal(fixture: dict, query: dict, variant: str) -> list[tuple]:
     types = None
     if fixture["variants"][variant]["unigram_scores"]:
         excluded = {0, 1, 2} | {k.tokens[0] for k in keys if len(k.tokens) == 1}
-        types = type_scores(np.asarray(query["unigram_scores"]), counts, positions, excluded,
-                            kw["use_top_k_unigrams"], kw["smoothing"])
+        ids = corpus.get("unigram_ids", range(len(query["unigram_scores"])))
+        log_probs = np.full(size, -np.inf)
+        log_probs[np.asarray(list(ids))] = query["unigram_scores"]
+        types = type_scores(log_probs, counts, positions, excluded, kw["use_top_k_unigrams"], kw["smoothing"])
         if kw["add_best_unigrams_to_ngrams"]:
-            for t in best_unigrams(types, len(keys)):
+            for t in best_unigrams(types, len(query["ngrams"])):
                 rows, starts = _occurrences(texts, (t,))
                 keys.append(Key((t,), 0.0, len(rows), weight=float(types[t])))
                 found.append((rows, starts))
@@ -95,9 +108,9 @@ def _same_order_up_to_ties(ours: list, theirs: list, rel: float) -> bool:
     return True
 
 
-def check_scoring(fixture: dict, rel: float = 1e-9) -> dict:
+def check_scoring(fixture: dict, rel: float = 1e-9, variants=VARIANTS) -> dict:
     out = {}
-    for variant in VARIANTS:
+    for variant in variants:
         worst, docs, ordered, only_seal, only_ours, queries = 0.0, 0, 0, 0, 0, 0
         for q in fixture["queries"]:
             theirs = [(int(d), float(s)) for d, s in q["outputs"][variant]["ranking"] if s > 0]
@@ -118,17 +131,27 @@ def check_scoring(fixture: dict, rel: float = 1e-9) -> dict:
     return out
 
 
-def check_fixture(folder) -> dict:
-    """The figures of both comparisons (module docstring)."""
+def _read(folder, names) -> list[dict]:
     folder = Path(folder)
-    missing = [n for n in ("fm_index.json", "scoring.json") if not (folder / n).is_file()]
+    missing = [n for n in names if not (folder / n).is_file()]
     if missing:
         raise ValueError(f"{folder}: no {', '.join(missing)}; not a SEAL parity fixture folder "
                          f"(tools/seal_fm_fixtures.py, tools/seal_scoring_fixtures.py write them)")
-    fm = json.loads((folder / "fm_index.json").read_text())
-    scoring = json.loads((folder / "scoring.json").read_text())
+    return [json.loads((folder / n).read_text()) for n in names]
+
+
+def check_fixture(folder) -> dict:
+    """The figures of both comparisons (module docstring)."""
+    fm, scoring = _read(folder, ("fm_index.json", "scoring.json"))
     return {"fixture": str(folder), "seal_commit": fm["seal"].get("commit"), "index": check_index(fm),
             "scoring": check_scoring(scoring)}
+
+
+def check_minder_fixture(folder) -> dict:
+    """MINDER's scoring (its keys.py: SEAL's with the pseudo-query view's boost) on minder_scoring.json."""
+    fm, minder = _read(folder, ("fm_index.json", "minder_scoring.json"))
+    return {"fixture": str(folder), "minder_commit": minder["keys_from"].get("commit"), "index": check_index(fm),
+            "scoring": check_scoring(minder, variants=MINDER_VARIANTS)}
 
 
 def check_index(fm: dict) -> dict:
@@ -163,3 +186,9 @@ def within(result: dict, tolerance: float) -> bool:
         if variant != "small_cutoffs":  # there the first pass may pick other documents (module docstring)
             ok &= r["queries_in_seal_order"] == r["queries"] and r["our_only_documents"] == 0
     return ok
+
+
+# `tools/check_parity.py --method NAME`: the family's methods and their checks. LTRGR retrieves with MINDER's code
+# (its training script's rank loss is written inline in the script's loop, with no function to run on a fixture:
+# tests/methods/seal/test_training_ltrgr.py checks ours against that formula by hand), so its check is MINDER's.
+CHECKS = {"seal": check_fixture, "minder": check_minder_fixture, "ltrgr": check_minder_fixture}

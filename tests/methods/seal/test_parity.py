@@ -25,16 +25,18 @@ def scoring():
     return json.loads((FIXTURE / "scoring.json").read_text())
 
 
-def test_scores_and_order_are_seals():
-    result = parity.check_fixture(FIXTURE)
+def test_scores_and_order_are_seals(scoring):
+    """SEAL's NQ settings here; every variant in the slow tier (the tool's test)."""
+    result = {"index": parity.check_index(json.loads((FIXTURE / "fm_index.json").read_text())),
+              "scoring": parity.check_scoring(scoring, variants=("nq_defaults",))}
     assert parity.within(result, TOLERANCE), result
     defaults = result["scoring"]["nq_defaults"]
     assert defaults["queries"] == 50 and defaults["documents_compared"] > 5000
     assert defaults["seal_only_documents"] <= 5  # documents only a boundary-crossing key made candidates
 
 
-def _first_query_diff(fixture, variant="nq_defaults") -> float:
-    q = fixture["queries"][0]
+def _first_query_diff(fixture, variant="nq_defaults", q: int = 0) -> float:
+    q = fixture["queries"][q]
     theirs = {int(d): s for d, s in q["outputs"][variant]["ranking"] if s > 0}
     ours = dict(parity.rank_like_seal(fixture, q, variant))
     return max(abs(ours.get(d, 0.0) - s) / s for d, s in theirs.items())
@@ -66,8 +68,22 @@ def test_swapped_key_scores_are_caught(scoring):
 
 @pytest.mark.slow  # starts a process
 def test_check_parity_tool():
-    out = subprocess.run([sys.executable, "tools/check_parity.py", "--method", "seal", "--fixture", str(FIXTURE),
-                          "--tolerance", str(TOLERANCE)], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parents[3], timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1])["within_tolerance"] is True
+    for method in ("seal", "minder"):
+        out = subprocess.run([sys.executable, "tools/check_parity.py", "--method", method, "--fixture", str(FIXTURE),
+                              "--tolerance", str(TOLERANCE)], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[3], timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1])["within_tolerance"] is True
+
+
+def test_minders_scoring_with_its_pseudo_query_boost():
+    """MINDER's keys.py (SEAL's scoring plus its +14 on keys that start with the pseudo-query view's token, capped
+    at -1; keys passed with repeats): scores within tolerance on SEAL's NQ settings, in MINDER's order, and the
+    boost matters (without it the scores move)."""
+    minder = json.loads((FIXTURE / "minder_scoring.json").read_text())
+    result = parity.check_scoring(minder, variants=("nq_defaults",))["nq_defaults"]
+    assert result["max_rel_diff_score"] <= TOLERANCE and result["queries_in_seal_order"] == result["queries"] == 50
+    unboosted = copy.deepcopy(minder)
+    unboosted["query_start"] = None  # the same keys read without MINDER's boost
+    moved = max(_first_query_diff(unboosted, q=k) for k in range(5))
+    assert moved > 1e3 * TOLERANCE
