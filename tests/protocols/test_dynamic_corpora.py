@@ -38,7 +38,8 @@ EvalConfig.batch_size = 32
 TWO_PARTS = "run_dynamic.n_parts = 2\n"
 
 GR = {  # a text-docid DSI, MDGR, a numeric-docid DSI with DSI++ (replay, SAM and the generative memory; covers the
-    # plain numeric path), SEAL, SEAL on sentence units (Fig. 2), SEAL++
+    # plain numeric path), SEAL on BART (its authors' network), SEAL on sentence units (Fig. 2), SEAL++ (these two
+    # on T5)
     "naive": """
         include 'runs/dynamic.gin'
         include 'experiments/demo/dsi_naive.gin'
@@ -63,8 +64,8 @@ GR = {  # a text-docid DSI, MDGR, a numeric-docid DSI with DSI++ (replay, SAM an
         genret_objective.iterations = 20
         EvalConfig.num_beams = 4
         """,
-    "seal": """
-        include 'experiments/demo/dynamic_seal.gin'
+    "seal_bart": """
+        include 'experiments/demo/dynamic_seal_bart.gin'
         SealSearch.body_length = 3
         SealSearch.title_length = 4
         EvalConfig.num_beams = 4
@@ -210,7 +211,7 @@ def test_command_with_generative_retrievers(tmp_path, name):
     f.write_text(textwrap.dedent(GR[name]) + SMALL + TWO_PARTS + extra)
     assert dynamic_cmd.main([f"--gin_file={f}", f"--gin.MODEL_DIR='{tmp_path / name}'"]) == 0
     result = _check_outputs(tmp_path / name, name, n_parts=2)
-    expect = {"naive": "gr-naive", "mdgr": "gr-mdgr", "pq_replay": "gr-pq++", "seal": "gr-seal",
+    expect = {"naive": "gr-naive", "mdgr": "gr-mdgr", "pq_replay": "gr-pq++", "seal_bart": "gr-seal",
               "seal_sentence": "gr-seal", "seal_replay": "gr-seal++", "genret": "gr-genret"}[name]
     assert result["method"] == expect
     added = [s.get("docids_added") for s in result["steps"][1:]]
@@ -221,6 +222,8 @@ def test_command_with_generative_retrievers(tmp_path, name):
     else:
         assert sum(added) > 0
     assert (tmp_path / name / "model" / "checkpoints").is_dir()
+    if name == "seal_bart":  # the network is the BART its experiment file names
+        assert "bart.get_config.name = 'tiny'" in (tmp_path / name / "model" / "config.gin").read_text()
     if name.startswith("seal"):  # every new document enters the substring index: one identifier text each
         assert added == [15] * 2
     if name in ("seal_replay", "pq_replay"):

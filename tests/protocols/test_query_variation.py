@@ -264,8 +264,9 @@ def test_dense_system_is_order_invariant_under_a_bag_of_words_embedder(tmp_path)
 
 @pytest.mark.slow
 def test_trained_seal_command(tmp_path, capsys):
-    """The protocol runs on SEAL (substring index, intersective scoring) like on any retriever."""
-    exp, _ = train_small(tmp_path, "m", "experiments/demo/seal.gin", 4)
+    """The protocol runs on SEAL (substring index, intersective scoring; on BART, its authors' network) like on any
+    retriever."""
+    exp, _ = train_small(tmp_path, "m", "experiments/demo/seal_bart.gin", 4)
     args = [f"--gin_file={exp}", "--gin_file=runs/robustness.gin", f"--gin.MODEL_DIR='{tmp_path / 'm'}'",
             f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'", "--gin.run_robustness.max_queries=6",
             "--gin.run_robustness.seeds=[5]", "--gin.run_robustness.variations=['misspelling', 'reordering']",
