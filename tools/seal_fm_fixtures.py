@@ -52,6 +52,8 @@ from collections import Counter
 
 import numpy as np
 
+
+from gr_jax.runtime import cli  # the argument validators every tool uses
 LOG = logging.getLogger("seal_fm_fixtures")
 
 DEFAULT_OUT = os.path.join("tests", "fixtures", "seal_parity", "fm_index.json")
@@ -292,13 +294,13 @@ def query_index(index, ngram, shift):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=DEFAULT_OUT, help="output JSON path (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=1, help="corpus/query RNG seed (default: %(default)s)")
-    p.add_argument("--n-docs", type=int, default=300)
-    p.add_argument("--vocab-lo", type=int, default=4)
-    p.add_argument("--vocab-hi", type=int, default=203)
-    p.add_argument("--min-len", type=int, default=3)
-    p.add_argument("--max-len", type=int, default=60)
-    p.add_argument("--eos", type=int, default=2,
+    p.add_argument("--seed", type=cli.natural, default=1, help="corpus/query RNG seed (default: %(default)s)")
+    p.add_argument("--n-docs", type=cli.count, default=300)
+    p.add_argument("--vocab-lo", type=cli.natural, default=4)
+    p.add_argument("--vocab-hi", type=cli.count, default=203)
+    p.add_argument("--min-len", type=cli.count, default=3)
+    p.add_argument("--max-len", type=cli.count, default=60)
+    p.add_argument("--eos", type=cli.natural, default=2,
                    help="token appended to every document before indexing, as SEAL's "
                         "scripts/build_fm_index.py does (BART eos=2); -1 = append nothing")
     p.add_argument("--seal-commit", default=None,

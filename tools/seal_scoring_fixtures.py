@@ -82,6 +82,15 @@ import types
 from itertools import accumulate
 from pathlib import Path
 
+
+from gr_jax.runtime import cli  # the argument validators every tool uses
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a probability in [0, 1]")
+    return value
 log = logging.getLogger("seal_scoring_fixtures")
 
 SCHEMA = 1
@@ -421,24 +430,24 @@ def build(FMIndex, keys, seed: int, detail_docs: int, query_start: int | None = 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="tests/fixtures/seal_parity/scoring.json", help="the JSON to write")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the corpus, the queries and their scores")
+    parser.add_argument("--seed", type=cli.natural, default=0, help="seeds the corpus, the queries and their scores")
     parser.add_argument("--seal_dir", default=None,
                         help="SEAL's `seal` package directory, loaded by path (default: `seal` on sys.path)")
-    parser.add_argument("--detail_docs", type=int, default=5,
+    parser.add_argument("--detail_docs", type=cli.natural, default=5,
                         help="per query and variant, how many top documents keep their n-gram lists")
     parser.add_argument("--keys_from", default=None,
                         help="a `seal` package directory (e.g. MINDER's) whose keys.py (and index.py, if there) are "
                              "loaded by path instead of SEAL's; the compiled cpp_modules stay SEAL's")
     parser.add_argument("--keys_repo", default=None, help="the repository --keys_from comes from (header only)")
     parser.add_argument("--keys_commit", default=None, help="its commit (header only)")
-    parser.add_argument("--query_start", type=int, default=None,
+    parser.add_argument("--query_start", type=cli.natural, default=None,
                         help="MINDER's query-view token (45056, ' ||'): pseudo-query segments in the corpus, "
                              "query-view keys in the queries, unigram scores over ids 0..203 and this id")
-    parser.add_argument("--duplicate_keys", type=float, default=0.0,
+    parser.add_argument("--duplicate_keys", type=_probability, default=0.0,
                         help="probability that a query repeats 1..3 of its keys (MINDER does not de-duplicate)")
     parser.add_argument("--variants", default=None,
                         help=f"comma-separated subset of {','.join(VARIANTS)} (default: all)")
-    parser.add_argument("--n_queries", type=int, default=N_QUERIES, help="how many queries")
+    parser.add_argument("--n_queries", type=cli.count, default=N_QUERIES, help="how many queries")
     parser.add_argument("--no_all_ngrams", action="store_true", help="leave out each output's all_ngrams")
     args = parser.parse_args(argv)
     variants = args.variants.split(",") if args.variants else None
