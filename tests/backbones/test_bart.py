@@ -66,6 +66,7 @@ def test_logits_cached_steps_and_greedy_match_transformers(hf_dir):
     assert result["greedy_identical"], result
 
 
+@pytest.mark.slow  # the default tier's parity checks; this shows they can fail
 @pytest.mark.torch
 def test_a_swapped_weight_breaks_parity(hf_dir, tmp_path):
     """The check can fail: the value and output projections of the decoder's first cross-attention swapped."""
@@ -147,7 +148,7 @@ def test_constrained_beams_match_transformers_generate(hf_dir):
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("as_cfg", [False, True], ids=["args-namespace", "cfg-dict"])
+@pytest.mark.parametrize("as_cfg", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["args-namespace", "cfg-dict"])
 def test_fairseq_checkpoint_reads_as_the_hf_one(unbiased_hf_dir, tmp_path, as_cfg):
     from gr_jax.backbones import t5_convert
 

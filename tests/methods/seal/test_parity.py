@@ -76,6 +76,7 @@ def test_check_parity_tool():
         assert json.loads(out.stdout.strip().splitlines()[-1])["within_tolerance"] is True
 
 
+@pytest.mark.slow  # the default tier checks SEAL's scoring, of which MINDER's is SEAL's plus the boost
 def test_minders_scoring_with_its_pseudo_query_boost():
     """MINDER's keys.py (SEAL's scoring plus its +14 on keys that start with the pseudo-query view's token, capped
     at -1; keys passed with repeats): scores within tolerance on SEAL's NQ settings, in MINDER's order, and the
