@@ -397,26 +397,22 @@ def library_id_order(vocab_size: int) -> np.ndarray:
     return perm
 
 
-def to_library_ids(params: Mapping, config: BartConfig) -> tuple[BartConfig, dict]:
-    """Parameters and config over the library's ids (<pad> 0, </s> 1, <unk> 2, <s> 3): the rows of the
-    embedding and the logits bias moved, the special ids renumbered."""
-    perm = library_id_order(config.vocab_size)
-    inverse = np.argsort(perm)  # library id → BART id
+def _moved(params: Mapping, config: BartConfig, old_to_new: np.ndarray) -> tuple[BartConfig, dict]:
+    """The embedding's and the logits bias's rows moved from id i to id old_to_new[i], the special ids renumbered."""
+    new_to_old = np.argsort(old_to_new)
     out = dict(params)
-    out["embedding"] = np.asarray(params["embedding"])[inverse]
-    out["final_logits_bias"] = np.asarray(params["final_logits_bias"])[inverse]
-    ids = {name: int(perm[getattr(config, name)]) for name in ("pad_token_id", "eos_token_id",
-                                                                "decoder_start_token_id")}
+    for name in ("embedding", "final_logits_bias"):
+        out[name] = np.asarray(params[name])[new_to_old]
+    ids = {name: int(old_to_new[getattr(config, name)])
+           for name in ("pad_token_id", "eos_token_id", "decoder_start_token_id")}
     return config.replace(**ids), out
+
+
+def to_library_ids(params: Mapping, config: BartConfig) -> tuple[BartConfig, dict]:
+    """Parameters and config over the library's ids (<pad> 0, </s> 1, <unk> 2, <s> 3)."""
+    return _moved(params, config, library_id_order(config.vocab_size))
 
 
 def from_library_ids(params: Mapping, config: BartConfig) -> tuple[BartConfig, dict]:
     """The inverse of `to_library_ids` (export to HF / fairseq ids)."""
-    perm = library_id_order(config.vocab_size)
-    inverse = np.argsort(perm)
-    out = dict(params)
-    out["embedding"] = np.asarray(params["embedding"])[perm]
-    out["final_logits_bias"] = np.asarray(params["final_logits_bias"])[perm]
-    ids = {name: int(inverse[getattr(config, name)]) for name in ("pad_token_id", "eos_token_id",
-                                                                   "decoder_start_token_id")}
-    return config.replace(**ids), out
+    return _moved(params, config, np.argsort(library_id_order(config.vocab_size)))

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from gr_jax.methods.api import SubstringIndex
-from gr_jax.methods.seal.ranker import Key, best_unigrams, rank_documents, type_scores, weight
+from gr_jax.methods.seal.ranker import Key, best_unigrams, occurrences, rank_documents, type_scores, weight
 
 VARIANTS = ("nq_defaults", "no_unigram_scores", "small_cutoffs")
 MINDER_VARIANTS = ("nq_defaults", "no_unigram_scores")
@@ -36,32 +36,33 @@ MINDER_QUERY_BOOST = 14.0  # MINDER's keys.py: a pseudo-query key's log P + 14, 
 
 
 def _occurrences(texts: list[list[int]], g: tuple) -> tuple[np.ndarray, np.ndarray]:
-    rows, starts = [], []
-    n = len(g)
-    for r, t in enumerate(texts):
-        for s in range(len(t) - n + 1):
-            if tuple(t[s:s + n]) == g:
-                rows.append(r)
-                starts.append(s)
-    return np.asarray(rows, np.int64), np.asarray(starts, np.int64)
+    """(rows, starts) of every occurrence of g in the texts."""
+    hits = [(r, int(p)) for r, t in enumerate(texts) for p in occurrences(t, g)]
+    return np.asarray([r for r, _ in hits], np.int64), np.asarray([p for _, p in hits], np.int64)
 
 
-def rank_like_seal(fixture: dict, query: dict, variant: str) -> list[tuple]:
+def corpus_view(corpus: dict):
+    """(SEAL's full-scoring texts `[EOS] + document[:-1]`, the same as a −1-padded table, SEAL's unigram counts) of a
+    fixture's corpus: made once for all its queries."""
+    texts = [[corpus["eos"]] + d[:-1] for d in corpus["docs"]]
+    width = max(len(t) for t in texts)
+    table = np.array([t + [-1] * (width - len(t)) for t in texts])
+    counts = np.zeros(int(corpus.get("unigram_length", corpus["vocab_size"])), np.int64)
+    for t in texts:
+        np.add.at(counts, np.asarray(t[1:]), 1)  # SEAL counts every token of the text, the EOS once per document
+    counts[corpus["eos"]] = len(texts)
+    return texts, table, counts
+
+
+def rank_like_seal(fixture: dict, query: dict, variant: str, view=None) -> list[tuple]:
     """Our ranking of one fixture query under one of SEAL's settings: [(document, score)], best first. A MINDER
     fixture (`query_start`: its pseudo-query view's first token) adds MINDER's view boost to the keys that start
     with it (`SealSearch.query_view_boost` 14: log P + 14, at most −1) and passes keys as MINDER's retrieval does,
     repeats included (the last one's score counts; every repeat counts towards the number of best unigrams)."""
     corpus, kw = fixture["corpus"], fixture["variants"][variant]["kwargs"]
     query_start = fixture.get("query_start")
-    texts = [[corpus["eos"]] + d[:-1] for d in corpus["docs"]]
-    width = max(len(t) for t in texts)
-    table = np.array([t + [-1] * (width - len(t)) for t in texts])
-    positions = int(corpus["n_tokens"])
-    size = int(corpus.get("unigram_length", corpus["vocab_size"]))
-    counts = np.zeros(size, np.int64)
-    for t in texts:
-        np.add.at(counts, np.asarray(t[1:]), 1)  # SEAL counts every token of the text, the EOS once per document
-    counts[corpus["eos"]] = len(texts)
+    texts, table, counts = view if view is not None else corpus_view(corpus)
+    positions, size = int(corpus["n_tokens"]), len(counts)
     given = {}
     for (g, lm), seal_count in zip(query["ngrams"], query["seal_counts"]):
         if query_start is not None and g and g[0] == query_start:
@@ -109,12 +110,12 @@ def _same_order_up_to_ties(ours: list, theirs: list, rel: float) -> bool:
 
 
 def check_scoring(fixture: dict, rel: float = 1e-9, variants=VARIANTS) -> dict:
-    out = {}
+    out, view = {}, corpus_view(fixture["corpus"])
     for variant in variants:
         worst, docs, ordered, only_seal, only_ours, queries = 0.0, 0, 0, 0, 0, 0
         for q in fixture["queries"]:
             theirs = [(int(d), float(s)) for d, s in q["outputs"][variant]["ranking"] if s > 0]
-            ours = rank_like_seal(fixture, q, variant)
+            ours = rank_like_seal(fixture, q, variant, view)
             ours_by_doc = dict(ours)
             common = [(d, s) for d, s in theirs if d in ours_by_doc]
             only_seal += len(theirs) - len(common)
