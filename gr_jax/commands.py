@@ -207,7 +207,7 @@ def eval_main(argv=None) -> int:
     return 0
 
 
-REPRODUCE_USAGE = """python -m gr_jax.reproduce --paper NAME --gin.OUTPUT_DIR=DIR [--gin_file=DATASET_SETTINGS ...] [--quick]
+REPRODUCE_USAGE = """python -m gr_jax.reproduce --paper NAME --gin.OUTPUT_DIR=DIR [--gin_file=DATASET_SETTINGS ...] [--quick | --released DIR]
        [--only SYSTEM ...] [--rerun SYSTEM ...] [--gin.NAME=VALUE ...] [--gin_search_paths=A,B]
 
 A paper's tables in one command (protocols/paper_tables.py): every system of the paper's tables is run by its
@@ -215,7 +215,23 @@ protocol in OUTPUT_DIR/systems/<system>/ (a system whose recipe has not changed 
 OUTPUT_DIR/paper/ gets tables.md (ours beside the published values), tables.json, significance.json (paired
 randomisation tests) and tables.png. `--gin_file` (e.g. datasets/pydoc.gin) and other `--gin.` bindings are
 given to every system's run; `--quick` adds the paper's smoke-run bindings. Papers: gin_configs/papers/.
+
+With `--released DIR` (papers of gin_configs/released/: glen, pag, nci, seal) it evaluates the authors' released
+checkpoints in DIR with the paper's settings instead (protocols/released.py) and prints ours beside the published
+value, with the difference and the tolerance of each row; exit 1 when a row is outside its tolerance.
 """
+
+
+def _released_exit(record: dict) -> int:
+    """1 when a system failed or a row of the released table is outside its tolerance (named on stderr)."""
+    bad = [f"{n}: failed at its {s['stage']} ({s['last_line']}; log: {s['log']})"
+           for n, s in record["status"].items() if s["status"] == "failed"]
+    bad += [f"{r['system']} {r['split']} {r['metric']}: ours {r['ours']:.4f}, published {r['published']:.4f}, "
+            f"outside ±{r['tolerance']}" for r in record["rows"] if r["within"] is False]
+    if bad:
+        sys.stderr.write("error: " + "; ".join(bad) + "\n")
+        return 1
+    return 0
 
 
 def reproduce_main(argv=None) -> int:
@@ -227,6 +243,7 @@ def reproduce_main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", nargs="+", default=None)
     parser.add_argument("--rerun", nargs="+", default=[])
+    parser.add_argument("--released", default=None)
     args = parser.parse_args(rest)
     output = [b for b in bindings if b.split("=", 1)[0].strip() == "OUTPUT_DIR"]
     bindings = [b for b in bindings if b.split("=", 1)[0].strip() != "OUTPUT_DIR"]
@@ -239,12 +256,23 @@ def reproduce_main(argv=None) -> int:
     try:
         with contextlib.ExitStack() as held:
             held.enter_context(locks.output_lock(output_dir, "gr_jax reproduce"))
-            record = paper_tables.reproduce(args.paper, output_dir, files, bindings, quick=args.quick,
-                                            rerun=args.rerun, search_paths=paths, only=args.only)
+            if args.released is not None:
+                if args.quick or args.rerun:
+                    raise paper_tables.ReproduceError("--released evaluates the released checkpoints as they are: "
+                                                      "--quick and --rerun do not apply")
+                from gr_jax.protocols import released
+
+                record = released.reproduce_released(args.paper, args.released, output_dir, files, bindings,
+                                                     search_paths=paths, only=args.only)
+            else:
+                record = paper_tables.reproduce(args.paper, output_dir, files, bindings, quick=args.quick,
+                                                rerun=args.rerun, search_paths=paths, only=args.only)
     except gin_utils.expected_errors() as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
     sys.stdout.write(record["markdown"] + "\n")
+    if args.released is not None:
+        return _released_exit(record)
     failed = {n: s for n, s in record["status"].items() if s["status"] in ("failed", "skipped")}
     if failed:
         sys.stderr.write("error: " + "; ".join(

@@ -322,6 +322,7 @@ RUN_DIR_NAMES = {"config.gin", "vocabulary", "docid_scheme", "docids", "checkpoi
                  "train_metrics.jsonl", "eval_metrics.jsonl", "final_metrics.json", "imported.json", "runs",
                  "tensorboard", "robustness", "cross_lingual", "aligned", "model"}
 NOT_A_RUN_DIR = {("gr_jax/methods/glen/parity.py", "model"), ("gr_jax/methods/pag/parity.py", "model"),
+                 ("gr_jax/methods/genret/parity.py", "model"),  # a parity fixture's HF folder, not a MODEL_DIR
                  ("gr_jax/t5x/models.py", "runs")}
 
 

@@ -86,7 +86,7 @@ def _msmarco_layout(tmp_path, corpus, queries, qrels):
 
 @pytest.mark.slow
 def test_released_pag_artefacts_import_and_evaluate(tmp_path, capsys):
-    """PAG's artefacts made here from a random tiny model: imported by tools/import_checkpoint.py and evaluated
+    """PAG's artefacts made here from a random tiny model: imported by gr_jax/import_checkpoint.py and evaluated
     by `gr_jax.infer` (raw.tsv queries, both JSON docid files); the run equals the one of a PagRetriever built
     directly from the HF directory and the JSON files; a docid file changed after the import is refused."""
     from gr_jax import infer as infer_cmd
