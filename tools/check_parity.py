@@ -5,6 +5,7 @@
     python tools/check_parity.py --method glen --fixture tests/fixtures/glen_parity
     python tools/check_parity.py --method pag --fixture tests/fixtures/pag_parity
     python tools/check_parity.py --method seal --fixture tests/fixtures/seal_parity   # or minder, ltrgr
+    python tools/check_parity.py --method genret --fixture tests/fixtures/genret_parity
     python tools/check_parity.py --arch llama --hf_dir path/to/hf_llama   # or --gguf FILE, --smollm2, --demo
     python tools/check_parity.py --backbone bart --hf_dir path/to/hf_bart [--fairseq checkpoint_best.pt]  # or --demo
 
@@ -18,6 +19,10 @@ PAG: a fixture folder of PAG's own outputs (model/, inputs.npz, outputs.npz, dec
 docid_to_tokenids.json files, lex_run.json, meta.json; tests/fixtures/pag_parity/REFERENCE.md) — lexical
 representations, set docids, s_lex, planning set, raw step logits, final beams and rankings with and without the
 look-ahead bonus (`gr_jax/methods/pag/parity.py`); needs no torch.
+GenRET: a fixture folder written from GenRET's run.py by tools/genret_fixtures.py (model/, head.safetensors,
+inputs.npz, outputs.npz, meta.json) — docid logits, decoder states, the Sinkhorn plan and codes, the four loss
+terms and the prefix-centred states, with the flags that reproduce the released code (`methods/genret/parity.py`);
+differences relative to the reference's magnitude.
 Llama (`--arch llama`, decoder-only): max |Δ| of the logits at real positions of a left-padded batch, also
 relative to the largest logit (the tolerance applies to that relative figure: a pretrained model's logits run
 to ~30), and whether cached greedy decoding gives transformers' tokens; an HF directory, a GGUF file (which

@@ -23,24 +23,32 @@ The loss of a batch of (query, document) pairs at position t, h the decoder stat
 In the in-batch terms a column holding the same document as the row's own (a document drawn twice) is masked.
 The batches of position t > 0 are prefix groups (`GenretBatches`), as GenRET's released code builds them.
 
-Differences from GenRET's released code (sunnweiwei/GenRet, run.py), on purpose or for lack of a piece:
-* its Sinkhorn divides by the total mass on the document side, so only the per-code normalisation acts (a
-  one-sided balance); here both marginals are enforced (the paper's algorithm: ε 1, 100 iterations, scores
-  rescaled to [−1, 1] by their largest magnitude — the released code rescales by the batch's max and min);
-* before each main stage it trains a "pre" stage (contrastive + prefix codes only), then initialises E_t by a
-  size-constrained k-means (scikit's KMeansConstrained) of the documents' states at t, prefix-group means replaced
-  by the global mean; here there is no "pre" stage, and E_t is initialised at the stage's start from the same
-  prefix-centred states by the core's k-means followed by Lloyd steps with the balanced assignment
-  (`GenretTraining.on_refresh`, `balanced_kmeans`: no cluster above twice the mean size);
-* its code logits are the raw h_t · E_tᵀ; here the core head's projection, which for T5 v1.0 (tied) scales h_t by
-  d_model^-0.5 (a constant factor inside the softmax); the contrastive and reconstruction terms use the raw h_t;
-* it rebuilds the optimizer per stage (constant lr 5e-4); here one AdamW with the run's schedule runs through, so
-  the moments of a frozen codebook decay over a few steps after its stage, and with weight decay > 0 (the demo
-  sets 0) a frozen codebook would shrink through the later stages;
-* it draws one query per document per epoch (training and generated queries); here every training pair is used;
-* its final "fit" stage appends a code that separates documents sharing a docid (and fails as shipped: its label
-  count does not match); not built: documents sharing a docid share a leaf and are returned together, as the
-  released inference returns them.
+Differences from GenRET's released code (sunnweiwei/GenRet @ a1d80e1, run.py), and the flag that reproduces theirs.
+On the same weights and inputs (checked against their code: `methods/genret/parity.py`, tests/fixtures/genret_parity):
+* the start input: theirs a learned vector (row 0 of its first code-input table) — `GenretHead.start = 'learned'`
+  (ours: the start token's text embedding);
+* the code logits: theirs the raw h_t · E_tᵀ — `GenretHead.raw_logits = True` (ours: the T5 v1.0 head's d_model^-0.5,
+  a constant factor inside the softmax);
+* the Sinkhorn: theirs centres the scores and divides by half their range, then enforces the per-code mass only (its
+  per-row step divides by the total mass) — `genret_objective.sinkhorn = 'released'` (ours: both marginals, the
+  paper's algorithm, scores divided by their largest magnitude);
+* duplicates: theirs counts another copy of the row's document as a negative in the contrastive and reconstruction
+  terms — `genret_objective.mask_duplicates = False` (ours masks it).
+In the training procedure:
+* before each main stage it trains a "pre" stage (contrastive + prefix codes), then initialises E_t — position 0
+  included — by `k-means-constrained` (min-cost flow, cluster sizes in [min(N/2K, K/4), 2K], 10 restarts, unseeded)
+  of the prefix-centred states; here no "pre" stage, no k-means at position 0, and the core k-means then Lloyd steps
+  with the capped assignment (no cluster above twice the mean size);
+* it keeps each document's earlier codes fixed once learned; here every stage re-decodes the whole docid greedily;
+* it rebuilds AdamW per stage (constant lr 5e-4, weight decay 0.01, clip 1.0); here one AdamW with the run's
+  schedule runs through, so the moments of a frozen codebook decay over a few steps after its stage;
+* its batches are an anchor document and up to 127 others of its prefix group, redrawn each step, with one query
+  drawn per visit (training and generated queries); here every training pair once per epoch, groups partitioned;
+* its final "fit" stage appends each document's occurrence index among the documents sharing its docid and fails as
+  shipped (its label count does not match); not built: documents sharing a docid share a leaf and are returned
+  together, as the released inference returns them;
+* its beam search keeps T5's end token (code 1 ends a beam before the last position, so such docids are never
+  returned); ours has no end token.
 """
 
 from __future__ import annotations
@@ -77,9 +85,32 @@ def sinkhorn(scores_BxK, epsilon: float = 1.0, iterations: int = 100):
     return jnp.exp(jax.lax.fori_loop(0, iterations, body, log_p))
 
 
-def balanced_codes(scores_BxK, epsilon: float = 1.0, iterations: int = 100):
-    """Each row's code under the balanced plan (`sinkhorn`), no gradient: [B] int32."""
-    plan = sinkhorn(jax.lax.stop_gradient(scores_BxK), epsilon, iterations)
+def released_plan(scores_BxK, epsilon: float = 1.0):
+    """GenRET's released Sinkhorn (run.py `sinkhorn_raw` after `center_distance_for_constraint`): the scores
+    centred and divided by half their range over the whole batch, (s − (max + min)/2) / ((max − min)/2 + 1e-5),
+    then only the per-code mass 1/K enforced (its per-row step divides by the total mass, which is 1), whatever the
+    iteration count: P[b, k] = exp(s_bk/ε) / (K Σ_b' exp(s_b'k/ε))."""
+    s = scores_BxK.astype(jnp.float32)
+    hi, lo = jnp.max(s), jnp.min(s)
+    s = (s - (hi + lo) / 2) / ((hi - lo) / 2 + 1e-5) / epsilon
+    K = s.shape[1]
+    return jnp.exp(s - jax.nn.logsumexp(s, axis=0, keepdims=True)) / K
+
+
+SINKHORN = ("balanced", "released")
+
+
+def balanced_codes(scores_BxK, epsilon: float = 1.0, iterations: int = 100, kind: str = "balanced"):
+    """Each row's code under the balanced plan, no gradient: [B] int32. `kind` "balanced": both marginals
+    (`sinkhorn`, the paper's algorithm); "released": GenRET's released code (`released_plan`, per-code mass
+    only)."""
+    scores = jax.lax.stop_gradient(scores_BxK)
+    if kind == "released":
+        plan = released_plan(scores, epsilon)
+    elif kind == "balanced":
+        plan = sinkhorn(scores, epsilon, iterations)
+    else:
+        raise ValueError(f"genret_objective.sinkhorn = {kind!r}: one of {SINKHORN}")
     return jnp.argmax(plan, axis=-1).astype(jnp.int32)
 
 
@@ -149,41 +180,45 @@ def _ce(logits_BxK, targets_B):
     return -jnp.take_along_axis(logp, targets_B[:, None], axis=-1)[:, 0]
 
 
-def in_batch_ce(scores_BxB, rows_B):
-    """Mean over rows of −log softmax(scores)[i, i]; columns j ≠ i with rows_B[j] == rows_B[i] are masked."""
+def in_batch_ce(scores_BxB, rows_B, mask_duplicates: bool = True):
+    """Mean over rows of −log softmax(scores)[i, i]; columns j ≠ i with rows_B[j] == rows_B[i] are masked (unless
+    `mask_duplicates` is off, as in GenRET's released code)."""
     B = scores_BxB.shape[0]
     eye = jnp.eye(B, dtype=bool)
-    same = (rows_B[:, None] == rows_B[None, :]) & ~eye
+    same = (rows_B[:, None] == rows_B[None, :]) & ~eye & mask_duplicates
     s = jnp.where(same, -jnp.inf, scores_BxB.astype(jnp.float32))
     return -jnp.diagonal(jax.nn.log_softmax(s, axis=-1)).mean()
 
 
 def genret_losses(q_h_BxTxD, q_logits_BxTxK, d_h_BxTxD, d_logits_BxTxK, prefix_BxT, t, rows_B, codebook_KxD,
-                  epsilon: float = 1.0, iterations: int = 100) -> dict:
+                  epsilon: float = 1.0, iterations: int = 100, sinkhorn: str = "balanced",
+                  mask_duplicates: bool = True) -> dict:
     """The four terms at position `t` (see the module docstring) and the balanced codes: {"ce", "cl", "code",
     "rec", "codes"}. `codebook_KxD` is E_t."""
     T = prefix_BxT.shape[1]
     q_h, d_h = q_h_BxTxD[:, t], d_h_BxTxD[:, t]
     q_l, d_l = q_logits_BxTxK[:, t], d_logits_BxTxK[:, t]
-    codes = balanced_codes(d_l, epsilon, iterations)
+    codes = balanced_codes(d_l, epsilon, iterations, sinkhorn)
     ce = (_ce(q_l, codes) + _ce(d_l, codes)).mean()
-    cl = in_batch_ce(q_h @ d_h.T, rows_B)
+    cl = in_batch_ce(q_h @ d_h.T, rows_B, mask_duplicates)
     earlier = (jnp.arange(T) < t).astype(jnp.float32)  # [T]
     per_pos = jax.vmap(lambda ql, dl, c: (_ce(ql, c) + _ce(dl, c)).mean(), in_axes=(1, 1, 1))(
         q_logits_BxTxK, d_logits_BxTxK, prefix_BxT)  # [T]
     code = (per_pos * earlier).sum() / jnp.maximum(earlier.sum(), 1.0)
     sg_d = jax.lax.stop_gradient(d_h)
     quantized = codebook_KxD[codes].astype(jnp.float32) + d_h - sg_d  # straight-through
-    rec = in_batch_ce(quantized @ sg_d.T, rows_B)
+    rec = in_batch_ce(quantized @ sg_d.T, rows_B, mask_duplicates)
     return {"ce": ce, "cl": cl, "code": code, "rec": rec, "codes": codes}
 
 
 @gin.configurable
 def genret_objective(model, params, batch, rng=None, w_ce: float = 0.5, w_cl: float = 0.5, w_code: float = 0.5,
-                     w_rec: float = 0.1, epsilon: Positive = 1.0, iterations: Count = 100):
+                     w_rec: float = 0.1, epsilon: Positive = 1.0, iterations: Count = 100, sinkhorn: str = "balanced",
+                     mask_duplicates: bool = True):
     """GenRET's loss for a batch of `GenretBatches` (`GenretRetriever.objective = @genret_objective`):
     "inputs" [B, Lq] queries, "documents" [B, Ld], "prefix" [B, T] the documents' codes decoded at the stage's
-    start, "rows" [B] their corpus rows, "position" [B] the stage's position t (the same in every row)."""
+    start, "rows" [B] their corpus rows, "position" [B] the stage's position t (the same in every row).
+    `sinkhorn` "released" and `mask_duplicates = False` reproduce GenRET's released code (module docstring)."""
     t = batch["position"][0]
     T, K = model.head.length, model.head.codes
     table = params["head"]["codebook"].reshape(T, K, -1)
@@ -196,7 +231,8 @@ def genret_objective(model, params, batch, rng=None, w_ce: float = 0.5, w_cl: fl
     prefix = batch["prefix"].astype(jnp.int32)
     q_h, q_logits = model.positions(params, batch["inputs"], prefix, q_rng)
     d_h, d_logits = model.positions(params, batch["documents"], prefix, d_rng)
-    terms = genret_losses(q_h, q_logits, d_h, d_logits, prefix, t, batch["rows"], table[t], epsilon, iterations)
+    terms = genret_losses(q_h, q_logits, d_h, d_logits, prefix, t, batch["rows"], table[t], epsilon, iterations,
+                          sinkhorn, mask_duplicates)
     loss = w_ce * terms["ce"] + w_cl * terms["cl"] + w_code * terms["code"] + w_rec * terms["rec"]
     B = batch["inputs"].shape[0]
     n = jnp.float32(B)

@@ -1,0 +1,111 @@
+"""Parity of `methods.genret` with GenRET's own PyTorch code (sunnweiwei/GenRet, run.py), on a fixture folder
+that `tools/genret_fixtures.py` writes from it (tests/fixtures/genret_parity/).
+
+Ours runs with the settings that reproduce the released code: `GenretHead(start="learned", raw_logits=True)`,
+`genret_losses(sinkhorn="released", mask_duplicates=False)`. Their tables map onto ours as: `centroids.<i>` → E_i
+(rows i·K … of `codebook`), `code_embedding.<i>` (i ≥ 1, the input of position i) → `code_inputs` table i − 1,
+row 0 of `code_embedding.0` → `start`. For each docid position t (their stage with t + 1 tables) it compares:
+the docid logits of positions 0..t for queries and documents, the decoder states at t, the Sinkhorn plan and the
+balanced codes (identical), the four loss terms, and the prefix-centred states the codebook's k-means reads
+(`prefix_centered` vs their `norm_by_prefix`). Differences are relative to the magnitude of the reference
+(`_rel_diff` keys: max |ours − theirs| / max(|theirs|, 1e-30)); identity checks end in `_identical`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.methods.api import load_npz, read_json, t5_convert
+from gr_jax.methods.genret import model as genret
+from gr_jax.methods.genret import training
+
+FILES = ("model", "head.safetensors", "inputs.npz", "outputs.npz", "meta.json")
+
+
+def _read(fixture: Path):
+    for name in FILES:
+        if not (fixture / name).exists():
+            raise ValueError(f"{fixture}: no {name}; not a GenRET parity fixture folder (tools/genret_fixtures.py)")
+    from safetensors.numpy import load_file
+
+    return (read_json(fixture / "meta.json"), load_file(str(fixture / "head.safetensors")),
+            load_npz(fixture / "inputs.npz", "parity fixture file"), load_npz(fixture / "outputs.npz",
+                                                                              "parity fixture file"))
+
+
+def rel_diff(ours, theirs) -> float:
+    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shape {a.shape} vs the reference's {b.shape}")
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if a.size else 0.0
+
+
+def fixture_model(fixture: Path, head_tensors: dict, meta: dict):
+    """(GenretRetriever with the released code's settings, params from the fixture's tensors)."""
+    config, net = t5_convert.load_hf(fixture / "model")
+    T, K = int(meta["positions"]), int(meta["codes"])
+    head = genret.GenretHead(length=T, codes=K, start="learned", raw_logits=True)
+    model = genret.GenretRetriever(config, head)
+    book = np.concatenate([head_tensors[f"centroids.{i}.weight"] for i in range(T)], 0)
+    inputs = np.zeros_like(book)  # table T − 1 is never read
+    for i in range(1, T):
+        inputs[(i - 1) * K:i * K] = head_tensors[f"code_embedding.{i}.weight"]
+    head_params = {"codebook": book, "code_inputs": inputs, "start": head_tensors["code_embedding.0.weight"][0]}
+    params = {"network": net, "head": head_params}
+    return model, jax.tree_util.tree_map(jnp.asarray, params)
+
+
+def check_fixture(fixture_dir) -> dict:
+    fixture = Path(fixture_dir)
+    meta, head_tensors, inputs, outputs = _read(fixture)
+    model, params = fixture_model(fixture, head_tensors, meta)
+    T, K = model.head.length, model.head.codes
+    out: dict = {"method": "genret", "fixture": str(fixture), "their_commit": meta.get("genret_commit")}
+    query, doc = jnp.asarray(inputs["query"], jnp.int32), jnp.asarray(inputs["doc"], jnp.int32)
+    B = query.shape[0]
+    rows = jnp.arange(B)
+    diffs: dict[str, float] = {}
+    codes_same = True
+
+    def worst(name, value):
+        diffs[name] = max(diffs.get(name, 0.0), value)
+
+    for t in range(T):
+        prefix = np.zeros((B, T), np.int32)
+        prefix[:, :t] = inputs["prefix"][:, :t]
+        prefix = jnp.asarray(prefix)
+        q_h, q_logits = model.positions(params, query, prefix)
+        d_h, d_logits = model.positions(params, doc, prefix)
+        worst("query_logits_rel_diff", rel_diff(q_logits[:, :t + 1], outputs[f"t{t}/query_logits"]))
+        worst("doc_logits_rel_diff", rel_diff(d_logits[:, :t + 1], outputs[f"t{t}/doc_logits"]))
+        worst("query_state_rel_diff", rel_diff(q_h[:, t], outputs[f"t{t}/query_state"]))
+        worst("doc_state_rel_diff", rel_diff(d_h[:, t], outputs[f"t{t}/doc_state"]))
+        worst("sinkhorn_plan_rel_diff", rel_diff(training.released_plan(d_logits[:, t]), outputs[f"t{t}/plan"]))
+        table = params["head"]["codebook"].reshape(T, K, -1)
+        terms = training.genret_losses(q_h, q_logits, d_h, d_logits, prefix, t, rows, table[t],
+                                       sinkhorn="released", mask_duplicates=False)
+        codes_same &= np.array_equal(np.asarray(terms["codes"]), outputs[f"t{t}/codes"])
+        for ours, theirs in (("cl", "cl_loss"), ("ce", "ce_loss"), ("rec", "cl_dd_loss")):
+            worst(f"loss_{ours}_rel_diff", rel_diff(terms[ours], outputs[f"t{t}/loss_{theirs}"]))
+        # the prefix-code term needs a prefix (their code_logits are None at t = 0)
+        if t:
+            worst("loss_code_rel_diff", rel_diff(terms["code"], outputs[f"t{t}/loss_code_loss"]))
+        km_prefix = np.zeros((len(inputs["kmeans_docs"]), T), np.int32)
+        km_prefix[:, :t] = inputs["kmeans_prefix"][:, :t]
+        states = model.document_states(params, inputs["kmeans_docs"], km_prefix, t)
+        worst("kmeans_states_rel_diff", rel_diff(states, outputs[f"t{t}/kmeans_states"]))
+        worst("kmeans_normed_rel_diff", rel_diff(training.prefix_centered(states, km_prefix[:, :t]),
+                                                 outputs[f"t{t}/kmeans_normed"]))
+    out.update(diffs)
+    out["balanced_codes_identical"] = bool(codes_same)
+    return out
+
+
+def within(result: dict, tolerance: float = 1e-4) -> bool:
+    """Every relative difference within `tolerance` and every identity check true."""
+    return all(v <= tolerance for k, v in result.items() if k.endswith("_diff")) and \
+        all(v for k, v in result.items() if k.endswith("_identical"))
