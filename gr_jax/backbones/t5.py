@@ -5,7 +5,8 @@ Numerics follow the T5 reference (and so HF `T5ForConditionalGeneration`, which 
 * RMS layer norm without mean subtraction or bias, computed in float32;
 * attention logits are *not* scaled by 1/sqrt(d_kv) (the scale is folded into the initialisation);
 * one relative-position bias table per stack (bidirectional buckets in the encoder, causal ones in the
-  decoder), owned by the stack and added in every layer; cross-attention has no position bias;
+  decoder), owned by the stack and added in every layer; cross-attention has no position bias (unless
+  `cross_attention_bias`: transformers 3.x's T5, bidirectional buckets, owned by the decoder);
 * v1.0: ReLU FFN, logits through the shared embedding with the d_model**-0.5 output scaling;
   v1.1: gated-GELU (tanh approximation) FFN, a separate `lm_head`, no output scaling.
 
@@ -79,6 +80,10 @@ class T5Config:
     pad_token_id: int = PAD_ID
     eos_token_id: int = EOS_ID
     decoder_start_token_id: int = PAD_ID
+    # A relative-position bias in the decoder's cross-attention (bidirectional buckets over key − query position,
+    # one table owned by the decoder and added in every layer): transformers 3.x's T5 had it, so checkpoints
+    # trained with it (NCI's, GLEN's phase 1) need it; T5 and transformers ≥ 4 have none.
+    cross_attention_bias: bool = False
 
     def __post_init__(self):
         _ = self.activation  # raises on an unknown feed_forward_proj
@@ -384,10 +389,11 @@ class DecoderLayer(nn.Module):
 
     def __call__(self, x: Array, self_kv: Optional[tuple[Array, Array]], bias: Array, self_mask: Array,
                  cross_kv: tuple[Array, Array], cross_mask: Array, deterministic: bool,
-                 write_index: Optional[Array] = None):
+                 write_index: Optional[Array] = None, cross_bias: Optional[Array] = None):
         """One decoder layer. With `write_index`, the new keys/values are written into `self_kv` (the cache)
         at that position — or appended to it with `write_index="append"` — and the updated cache is returned;
-        otherwise `self_kv` is ignored."""
+        otherwise `self_kv` is ignored. `cross_bias` [1, H, T, L]: the cross-attention's position bias
+        (`T5Config.cross_attention_bias`)."""
         h = self.self_attention_norm(x)
         k_new, v_new = self.self_attention.project_kv(h)
         if write_index is None:
@@ -406,7 +412,9 @@ class DecoderLayer(nn.Module):
         rows, queries = h.shape[0], cross_kv[0].shape[0]
         if rows != queries:  # cross keys/values shared by the rows of each query (DecodeCache.repeat)
             h = h.reshape(queries, (rows // queries) * h.shape[1], h.shape[2])
-        out = self.cross_attention(h, *cross_kv, None, cross_mask, deterministic).reshape(x.shape)
+            if cross_bias is not None and cross_bias.shape[2] > 1:  # row r's positions, for each row of a query
+                cross_bias = jnp.tile(cross_bias, (1, 1, rows // queries, 1))
+        out = self.cross_attention(h, *cross_kv, cross_bias, cross_mask, deterministic).reshape(x.shape)
         x = x + self.drop(out, deterministic=deterministic)
         h = self.mlp_norm(x)
         x = x + self.drop(self.mlp(h, deterministic), deterministic=deterministic)
@@ -540,6 +548,10 @@ class Decoder(nn.Module):
         c = self.config
         self.relpos_bias = RelativePositionBias(c.relative_attention_num_buckets, c.relative_attention_max_distance,
                                                 c.num_heads, bidirectional=False, std=c.d_model ** -0.5)
+        if c.cross_attention_bias:
+            self.cross_relpos_bias = RelativePositionBias(
+                c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads, bidirectional=True,
+                std=c.d_model ** -0.5)
         self.layers = [DecoderLayer(c) for _ in range(c.num_decoder_layers)]
         self.final_norm = RMSNorm(c.layer_norm_epsilon, c.compute_dtype)
         self.dropout = nn.Dropout(c.dropout_rate)
@@ -563,11 +575,17 @@ class Decoder(nn.Module):
         kvs = [layer.cross_kv(encoded_BxLxD) for layer in self.layers]
         return jnp.stack([k for k, _ in kvs]), jnp.stack([v for _, v in kvs])
 
+    def _cross_bias(self, positions: Array, memory_length: int) -> Optional[Array]:
+        if not self.config.cross_attention_bias:
+            return None
+        return self.cross_relpos_bias(positions, jnp.arange(memory_length))
+
     def __call__(self, x_BxTxD: Array, encoded_BxLxD: Array, encoder_mask_BxL: Array, deterministic: bool) -> Array:
         """Teacher-forced pass over the whole decoder input (causal self-attention)."""
         T = x_BxTxD.shape[1]
         positions = jnp.arange(T)
         bias = self.relpos_bias(positions, positions)
+        cross_bias = self._cross_bias(positions, encoded_BxLxD.shape[1])
         causal = (positions[None, :] <= positions[:, None])[None, None]
         cross_mask = encoder_mask_BxL[:, None, None, :]
         x = self.dropout(x_BxTxD, deterministic=deterministic)
@@ -576,7 +594,8 @@ class Decoder(nn.Module):
 
             def body(params, x, _, rngs):
                 def run(m: DecoderLayer):
-                    return m(x, None, bias, causal, m.cross_kv(encoded_BxLxD), cross_mask, deterministic)[0]
+                    return m(x, None, bias, causal, m.cross_kv(encoded_BxLxD), cross_mask, deterministic,
+                             cross_bias=cross_bias)[0]
 
                 return nn.apply(run, layer)({"params": params}, rngs=rngs), None
 
@@ -584,7 +603,7 @@ class Decoder(nn.Module):
         else:
             ck, cv = self.cross_kv(encoded_BxLxD)
             for i, layer in enumerate(self.layers):
-                x, _ = layer(x, None, bias, causal, (ck[i], cv[i]), cross_mask, deterministic)
+                x, _ = layer(x, None, bias, causal, (ck[i], cv[i]), cross_mask, deterministic, cross_bias=cross_bias)
         return self.dropout(self.final_norm(x), deterministic=deterministic)
 
     def step(self, x_Bx1xD: Array, cache: DecodeCache) -> tuple[Array, DecodeCache]:
@@ -602,6 +621,7 @@ class Decoder(nn.Module):
         else:
             positions, keys, write = index + jnp.arange(T), jnp.arange(S), index
         bias = self.relpos_bias(positions, keys)
+        cross_bias = self._cross_bias(positions, cache.cross_k.shape[2])
         self_mask = (keys[None, :] <= positions[:, None])[None, None]
         cross_mask = cache.encoder_mask[:, None, None, :]
         x = x_BxTxD
@@ -611,7 +631,7 @@ class Decoder(nn.Module):
             def body(params, x, kv, _):
                 sk, sv, ck, cv = kv
                 return layer.apply({"params": params}, x, (sk, sv), bias, self_mask, (ck, cv), cross_mask, True,
-                                   write_index=write)
+                                   write_index=write, cross_bias=cross_bias)
 
             x, (new_k, new_v) = layer_stack.scan(body, stacked, x, (cache.self_k, cache.self_v, cache.cross_k,
                                                                       cache.cross_v))
@@ -619,7 +639,8 @@ class Decoder(nn.Module):
             new_k, new_v = [], []
             for i, layer in enumerate(self.layers):
                 x, (k, v) = layer(x, (cache.self_k[i], cache.self_v[i]), bias, self_mask,
-                                  (cache.cross_k[i], cache.cross_v[i]), cross_mask, True, write_index=write)
+                                  (cache.cross_k[i], cache.cross_v[i]), cross_mask, True, write_index=write,
+                                  cross_bias=cross_bias)
                 new_k.append(k)
                 new_v.append(v)
             new_k, new_v = jnp.stack(new_k), jnp.stack(new_v)

@@ -77,6 +77,8 @@ def _key_map(config: T5Config) -> Iterator[tuple[str, tuple[str, ...], bool]]:
         yield (f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
                (stack, "relpos_bias", "rel_embedding"), False)
         yield f"{stack}.final_layer_norm.weight", (stack, "final_norm", "scale"), False
+        if stack == "decoder" and config.cross_attention_bias:
+            yield _HF_IGNORED[0], ("decoder", "cross_relpos_bias", "rel_embedding"), False
         for i in range(n_layers):
             hf, ours = f"{stack}.block.{i}.layer", (stack, f"layers_{i}")
             sublayers = [(f"{hf}.0.SelfAttention", f"{hf}.0.layer_norm", attn0, f"{attn0}_norm")]
@@ -154,6 +156,7 @@ def config_from_hf(hf_config: Mapping[str, Any], tensors: Mapping[str, Any] | No
             pad_token_id=int(hf_config.get("pad_token_id", 0) or 0),
             eos_token_id=int(hf_config.get("eos_token_id", 1) or 1),
             decoder_start_token_id=int(hf_config.get("decoder_start_token_id", 0) or 0),
+            cross_attention_bias=bool(hf_config.get("cross_attention_bias", False)),
         )
     except KeyError as e:
         raise CheckpointError(f"{source}: required field {e.args[0]!r} is missing") from None
@@ -184,6 +187,7 @@ def config_to_hf(config: T5Config) -> dict[str, Any]:
         "pad_token_id": config.pad_token_id,
         "eos_token_id": config.eos_token_id,
         "decoder_start_token_id": config.decoder_start_token_id,
+        **({"cross_attention_bias": True} if config.cross_attention_bias else {}),
     }
 
 
@@ -313,7 +317,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: T5Config, source: 
         _set(params, path, (value.T if transpose else value).astype(dtype))
     unexpected = []
     for k in tensors:
-        if k in used or k in _HF_IGNORED:
+        if k in used or k in _HF_IGNORED:  # (transformers ≥ 4 drop it; read with `cross_attention_bias`)
             continue
         if k in _HF_ALIASES or (k == "lm_head.weight" and config.tie_word_embeddings):
             if "shared.weight" in tensors and np.array_equal(np.asarray(tensors[k]),

@@ -213,3 +213,45 @@ def test_logits_below_a_vocabulary_limit_are_the_first_columns(tiny, scale):
     # each logit is the same d_model products; only a matmul blocked differently could reorder their sum
     np.testing.assert_allclose(got, full[..., :k], rtol=0, atol=1e-6 * np.abs(full).max())
     assert np.abs(got - full[..., 1:k + 1]).max() > 1e-3  # the columns differ: a shifted slice would show
+
+
+def test_the_cross_attention_position_bias_of_transformers_3():
+    """`cross_attention_bias`: a zero table computes the network without it; a random one changes the states, and
+    cached steps (one row per query, and rows sharing their query's cross keys) equal the full pass."""
+    config = t5.get_config("tiny", cross_attention_bias=True)
+    plain = t5.get_config("tiny")
+    model, model0 = t5.T5(config), t5.T5(plain)
+    params = t5.init_params(config, seed=3)
+    assert params["decoder"]["cross_relpos_bias"]["rel_embedding"].shape == (config.relative_attention_num_buckets,
+                                                                             config.num_heads)
+    ids, mask, dec = _batch(config, seed=4)
+    v = {"params": params}
+    enc = model.apply(v, ids, mask, method="encode")
+    full = model.apply(v, enc, mask, dec, method="decode_hidden")
+    without = {k: v for k, v in params["decoder"].items() if k != "cross_relpos_bias"}
+    base = model0.apply({"params": {**params, "decoder": without}}, enc, mask, dec, method="decode_hidden")
+    assert float(jnp.abs(full - base).max()) > 1e-3
+    zero = jax.tree_util.tree_map(lambda x: x, params)
+    zero["decoder"]["cross_relpos_bias"]["rel_embedding"] = jnp.zeros_like(
+        params["decoder"]["cross_relpos_bias"]["rel_embedding"])
+    np.testing.assert_allclose(model.apply({"params": zero}, enc, mask, dec, method="decode_hidden"), base, atol=1e-5)
+    for share in (False, True):
+        cache = model.apply(v, enc, mask, T, method="init_cache")
+        if share:  # two rows per query reading one copy of the encoder side
+            cache = cache.repeat(2, share_cross=True)
+        step = jax.jit(lambda c, tok: model.apply(v, c, tok, method="decode_step_hidden"))
+        tokens = jnp.repeat(dec, 2, axis=0) if share else dec
+        hidden = []
+        for t in range(T):
+            h, cache = step(cache, tokens[:, t])
+            hidden.append(h)
+        want = jnp.repeat(full, 2, axis=0) if share else full
+        np.testing.assert_allclose(jnp.stack(hidden, 1), want, atol=1e-5)
+    # the HF key maps to it, both ways
+    from gr_jax.backbones import t5_convert
+
+    hf = t5_convert.params_to_hf(params, config)
+    key = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"
+    np.testing.assert_array_equal(hf[key], params["decoder"]["cross_relpos_bias"]["rel_embedding"])
+    back = t5_convert.params_from_hf(hf, t5_convert.config_from_hf(t5_convert.config_to_hf(config)))
+    np.testing.assert_array_equal(back["decoder"]["cross_relpos_bias"]["rel_embedding"], hf[key])
