@@ -195,7 +195,8 @@ def _docid_scheme(scheme, scheme_dir: Path, dataset: Dataset, vocab, train_split
         raise ValueError(f"{scheme_dir}: missing; inference needs the docid scheme state that training wrote "
                          f"(is MODEL_DIR a trained model?)")
     else:
-        scheme.fit(dataset.corpus, FitContext(vocab=vocab, embeddings=embeddings, queries=queries))
+        scheme.fit(dataset.corpus, FitContext(vocab=vocab, embeddings=embeddings, queries=queries,
+                                              extras=dataset.extras))
     return emb, embeddings, built_from
 
 

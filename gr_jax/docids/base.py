@@ -274,11 +274,13 @@ class DocidTable:
 class FitContext:
     """What `DocidScheme.fit` may use besides the initial documents, in one object: the text vocabulary, the
     documents' embeddings (schemes that declare `needs_embeddings`; `prepare` computes them), and the
-    training queries of each document (schemes whose `uses_training_queries` is true)."""
+    training queries of each document (schemes whose `uses_training_queries` is true), and the dataset's
+    layout-specific `extras` (e.g. the semantic ids NCI's NQ320k files give each document)."""
 
     vocab: Any = None
     embeddings: Optional[np.ndarray] = None  # [N, D], one row per corpus row
     queries: Optional[Mapping[str, Sequence[str]]] = None  # document id → its training query texts
+    extras: Optional[Mapping[str, Any]] = None  # Dataset.extras
 
 
 class DocidScheme:
