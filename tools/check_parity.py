@@ -6,6 +6,7 @@
     python tools/check_parity.py --method pag --fixture tests/fixtures/pag_parity
     python tools/check_parity.py --method seal --fixture tests/fixtures/seal_parity   # or minder, ltrgr
     python tools/check_parity.py --method genret --fixture tests/fixtures/genret_parity
+    python tools/check_parity.py --method nci --fixture tests/fixtures/nci_parity
     python tools/check_parity.py --arch llama --hf_dir path/to/hf_llama   # or --gguf FILE, --smollm2, --demo
     python tools/check_parity.py --backbone bart --hf_dir path/to/hf_bart [--fairseq checkpoint_best.pt]  # or --demo
 
@@ -23,6 +24,9 @@ GenRET: a fixture folder written from GenRET's run.py by tools/genret_fixtures.p
 inputs.npz, outputs.npz, meta.json) — docid logits, decoder states, the Sinkhorn plan and codes, the four loss
 terms and the prefix-centred states, with the flags that reproduce the released code (`methods/genret/parity.py`);
 differences relative to the reference's magnitude.
+NCI: a fixture folder written from NCI's vendored modeling_t5.py by tools/nci_fixtures.py (weights.safetensors,
+config.json, inputs.npz, outputs.npz, meta.json) — training- and evaluation-mode logits, cross-entropy, their
+Contrast term and loss, the prefix-tree beams and scores of NCI's released model (`methods/nci/parity.py`).
 Llama (`--arch llama`, decoder-only): max |Δ| of the logits at real positions of a left-padded batch, also
 relative to the largest logit (the tolerance applies to that relative figure: a pretrained model's logits run
 to ~30), and whether cached greedy decoding gives transformers' tokens; an HF directory, a GGUF file (which

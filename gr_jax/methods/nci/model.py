@@ -19,8 +19,22 @@ teacher forcing gives for its prefix (tested).
 `nci_objective`: the docid cross-entropy of two forward passes with independent dropout, plus `alpha` times
 the symmetric KL between their output distributions at every docid position (½(KL(p‖q) + KL(q‖p)), summed over
 the codes, averaged over positions; rows weighted by `batch["weights"]` when given) — the consistency regularisation of NCI's paper. NCI's released code runs a
-contrastive loss between the two passes' decoder states instead (an override of its R-Drop setting); that
-variant is not built here.
+contrastive loss between the two passes' decoder states instead (an override of its R-Drop setting):
+`nci_objective.consistency = "contrast"` (`released.py`).
+
+Differences from NCI's released code (solidsea98/Neural-Corpus-Indexer-NCI @ a607ed3), on purpose; `released.py`
+reproduces it (`NciReleasedRetriever`, `NciFlatHead`, `NciDocids`, checked against their code by `parity.py`):
+* docids: here L positions × V codes of any codebook scheme, fixed length, no end token, softmax over V; theirs a
+  flat vocabulary of V·T + 2 tokens (start/padding 0, end 1), variable-length k-means paths ended by the end token,
+  softmax over position t's codes and the end token;
+* the adapted weight: here one A [D, D, V] shared by the positions; theirs one column per (position, code), and
+  the start input is a row of their docid table (here the start token's text embedding);
+* the adaptor: here no dropout and Flax's norm epsilon 1e-6; theirs PyTorch's dropout 0.1 and 1e-5;
+* the T5: theirs (transformers 3.4) has a position bias in the decoder's cross-attention (`T5Config.
+  cross_attention_bias`);
+* the consistency term (above); their second pass reads a corrupted copy of the query (the batch's
+  "augmented_inputs" when given) and half their batches drop 10% of the input tokens (not built);
+* search: theirs a length penalty of 0.8 over the end-token-terminated docids (`NciReleasedRetriever`).
 """
 
 from __future__ import annotations
@@ -39,19 +53,25 @@ from gr_jax.methods.api import CodebookHead, Count, GenerativeRetriever, share_e
 
 class AdaptorLayer(nn.Module):
     """A post-LN transformer decoder layer (PyTorch's TransformerDecoderLayer): causal self-attention, attention
-    to the memory, a ReLU feed-forward."""
+    to the memory, a ReLU feed-forward; `dropout` (PyTorch's: on the attention weights and after each sub-layer,
+    and inside the feed-forward) and the norms' `eps` (PyTorch's 1e-5; Flax's 1e-6 here by default)."""
 
     heads: int
     ffn: int
+    eps: float = 1e-6
+    dropout: float = 0.0
 
     @nn.compact
-    def __call__(self, x_BxTxD, memory_Bx1xD, mask_Bx1xTxT):
+    def __call__(self, x_BxTxD, memory_Bx1xD, mask_Bx1xTxT, deterministic: bool = True):
         d = x_BxTxD.shape[-1]
-        att = lambda name: nn.MultiHeadDotProductAttention(self.heads, qkv_features=d, name=name)  # noqa: E731
-        x = nn.LayerNorm(name="self_norm")(x_BxTxD + att("self_attention")(x_BxTxD, x_BxTxD, mask=mask_Bx1xTxT))
-        x = nn.LayerNorm(name="memory_norm")(x + att("memory_attention")(x, memory_Bx1xD))
-        h = nn.Dense(d, name="ffn_out")(jax.nn.relu(nn.Dense(self.ffn, name="ffn_in")(x)))
-        return nn.LayerNorm(name="ffn_norm")(x + h)
+        att = lambda name: nn.MultiHeadDotProductAttention(  # noqa: E731
+            self.heads, qkv_features=d, dropout_rate=self.dropout, deterministic=deterministic, name=name)
+        drop = lambda y: nn.Dropout(self.dropout)(y, deterministic=deterministic)  # noqa: E731
+        norm = lambda name: nn.LayerNorm(epsilon=self.eps, name=name)  # noqa: E731
+        x = norm("self_norm")(x_BxTxD + drop(att("self_attention")(x_BxTxD, x_BxTxD, mask=mask_Bx1xTxT)))
+        x = norm("memory_norm")(x + drop(att("memory_attention")(x, memory_Bx1xD)))
+        h = nn.Dense(d, name="ffn_out")(drop(jax.nn.relu(nn.Dense(self.ffn, name="ffn_in")(x))))
+        return norm("ffn_norm")(x + drop(h))
 
 
 class Adaptor(nn.Module):
@@ -60,15 +80,18 @@ class Adaptor(nn.Module):
     layers: int
     heads: int
     ffn: int
+    eps: float = 1e-6
+    dropout: float = 0.0
 
     @nn.compact
-    def __call__(self, x_BxTxD):
+    def __call__(self, x_BxTxD, deterministic: bool = True):
         B, T, D = x_BxTxD.shape
         memory = self.param("memory", nn.initializers.uniform(1.0), (1, 1, D))
         mask = nn.make_causal_mask(jnp.ones((B, T), jnp.int32))
         x = x_BxTxD.astype(jnp.float32)
         for i in range(self.layers):
-            x = AdaptorLayer(self.heads, self.ffn, name=f"layer_{i}")(x, jnp.broadcast_to(memory, (B, 1, D)), mask)
+            x = AdaptorLayer(self.heads, self.ffn, self.eps, self.dropout, name=f"layer_{i}")(
+                x, jnp.broadcast_to(memory, (B, 1, D)), mask, deterministic)
         return x
 
 
@@ -182,10 +205,21 @@ def _docid_logp(model, params, batch, rng):
     return jax.nn.log_softmax(logits, axis=-1)
 
 
+CONSISTENCY = ("kl", "contrast")
+
+
 @gin.configurable
-def nci_objective(model, params, batch, dropout_rng=None, alpha: float = 0.15):
+def nci_objective(model, params, batch, dropout_rng=None, alpha: float = 0.15, consistency: str = "kl"):
     """Cross-entropy of two dropout passes + alpha · symmetric KL between them (module docstring); without a
-    dropout key (evaluation) one pass and no KL."""
+    dropout key (evaluation) one pass and no KL. `consistency = "contrast"`: NCI's released loss instead (one pass
+    over [queries; batch["augmented_inputs"] or the queries], their "Contrast" term on the decoder states:
+    `methods/nci/released.py`)."""
+    if consistency not in CONSISTENCY:
+        raise ValueError(f"nci_objective.consistency = {consistency!r}: one of {CONSISTENCY}")
+    if consistency == "contrast" and dropout_rng is not None:
+        from gr_jax.methods.nci.released import contrast_objective
+
+        return contrast_objective(model, params, batch, dropout_rng, alpha)
     targets = batch["targets"]
     weights = batch.get("weights")  # per-row weights, as the default docid cross-entropy reads them
     row_w = jnp.ones(targets.shape[0], jnp.float32) if weights is None else weights.astype(jnp.float32)

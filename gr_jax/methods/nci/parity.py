@@ -1,0 +1,109 @@
+"""Parity of `methods.nci.released` (NCI's released model) with NCI's own PyTorch code, on a fixture folder that
+`tools/nci_fixtures.py` writes from it (tests/fixtures/nci_parity/).
+
+Their state dict is read by `params_from_nci` into a `NciReleasedRetriever` (a T5 with the cross-attention position
+bias, `NciFlatHead`). Compared: the training-mode logits over [queries; augmented queries] (dropout off, the training
+mask) at the real target positions, the cross-entropy, their "Contrast" term and the loss of `nci_objective(consistency="contrast")`; the
+evaluation-mode logits; the prefix-tree beam search (beams in order, scores with the length penalty 0.8). Logits are
+compared where their mask allows a token (elsewhere both are −1e9 + a logit); differences relative to the
+reference's magnitude (`_rel_diff`), identity checks end in `_identical`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr_jax.methods.api import load_npz, read_json, t5
+from gr_jax.methods.nci import model as nci_model
+from gr_jax.methods.nci import released
+
+FILES = ("weights.safetensors", "config.json", "inputs.npz", "outputs.npz", "meta.json")
+
+
+def _read(fixture: Path):
+    for name in FILES:
+        if not (fixture / name).exists():
+            raise ValueError(f"{fixture}: no {name}; not an NCI parity fixture folder (tools/nci_fixtures.py)")
+    from safetensors.numpy import load_file
+
+    return (read_json(fixture / "config.json"), read_json(fixture / "meta.json"),
+            load_file(str(fixture / "weights.safetensors")), load_npz(fixture / "inputs.npz", "parity fixture file"),
+            load_npz(fixture / "outputs.npz", "parity fixture file"))
+
+
+def rel_diff(ours, theirs, where=None) -> float:
+    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shape {a.shape} vs the reference's {b.shape}")
+    if where is not None:
+        a, b = a[where], b[where]
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if a.size else 0.0
+
+
+def fixture_model(settings: dict, meta: dict, tensors: dict):
+    """(NciReleasedRetriever as their settings build it, without dropout; params from their state dict)."""
+    config = t5.T5Config(
+        vocab_size=int(settings["vocab_size"]), d_model=int(settings["d_model"]), d_kv=int(settings["d_kv"]),
+        d_ff=int(settings["d_ff"]), num_layers=int(settings["num_layers"]),
+        num_decoder_layers=int(settings["num_decoder_layers"]), num_heads=int(settings["num_heads"]),
+        dropout_rate=0.0, cross_attention_bias=True)
+    head = released.NciFlatHead(codes=int(meta["codes"]), positions=int(meta["positions"]),
+                                adaptor_layers=int(meta["adaptor_layers"]), adaptor_dropout=0.0)
+    model = released.NciReleasedRetriever(config, head)
+    return model, released.params_from_nci(tensors, config, head, "the NCI fixture's weights")
+
+
+def check_fixture(fixture_dir) -> dict:
+    fixture = Path(fixture_dir)
+    settings, meta, tensors, inputs, outputs = _read(fixture)
+    model, params = fixture_model(settings, meta, tensors)
+    out: dict = {"method": "nci", "fixture": str(fixture), "their_commit": meta.get("nci_commit")}
+    queries, augmented = jnp.asarray(inputs["queries"], jnp.int32), jnp.asarray(inputs["augmented"], jnp.int32)
+    labels = jnp.asarray(inputs["labels"], jnp.int32)
+    both_in, both_t = jnp.concatenate([queries, augmented]), jnp.concatenate([labels, labels])
+    key = jax.random.PRNGKey(0)  # training mode (the training mask); every dropout rate is 0
+    logits, _ = model.logits_and_states(params, both_in, both_t, key)
+    allowed = np.asarray(outputs["train_logits"]) > -1e8
+    out["train_mask_identical"] = bool(np.array_equal(np.asarray(logits) > -1e8, allowed))
+    # their decoder also masks the padded target positions as keys (decoder_attention_mask); a real position never
+    # attends to a later one, so only the states at padded positions differ — in nothing but the Contrast term
+    real = allowed & (np.asarray(both_t) != 0)[..., None]
+    out["train_logits_rel_diff"] = rel_diff(logits, outputs["train_logits"], real)
+    loss, metrics = nci_model.nci_objective(model, params, {"inputs": queries, "targets": labels,
+                                                            "augmented_inputs": augmented}, key,
+                                            consistency="contrast")
+    ce_sum, tokens = metrics["loss"]
+    contrast_sum, rows = metrics["consistency_contrast"]
+    out["train_ce_rel_diff"] = rel_diff(ce_sum / tokens, outputs["train_ce"])
+    out["train_contrast_rel_diff"] = rel_diff(contrast_sum / rows, outputs["train_contrast"] / 0.15)
+    out["train_loss_rel_diff"] = rel_diff(loss, outputs["train_loss"])
+    ev = model.token_logits(params, queries, labels)
+    allowed = np.asarray(outputs["eval_logits"]) > -1e8
+    out["eval_logits_rel_diff"] = rel_diff(ev, outputs["eval_logits"], allowed)
+    # the beam search over the prefix tree of the fixture's docids
+    from gr_jax.index.trie import TrieIndex
+
+    seqs = [[int(x) for x in row if x > 1] for row in np.asarray(inputs["labels"])]
+    index = TrieIndex.build(seqs, list(range(len(seqs))), vocab_size=model.head.vocab, eos_id=released.END,
+                            append_eos=True)
+    beams = int(outputs["beams"].shape[1])
+    res = jax.device_get(model.predict(params, queries, index, beams))
+    same, diff = True, 0.0
+    for b in range(queries.shape[0]):
+        theirs = [[int(x) for x in row[1:] if x > 1] for row in outputs["beams"][b]]
+        ours = [[int(x) for x in res.tokens[b, k] if x > 1] for k in range(beams) if res.valid[b, k]]
+        same &= ours == theirs
+        if ours == theirs:
+            diff = max(diff, rel_diff(res.scores[b, :beams], outputs["beam_scores"][b]))
+    out["beams_identical"] = bool(same)
+    out["beam_scores_rel_diff"] = diff
+    return out
+
+
+def within(result: dict, tolerance: float = 1e-4) -> bool:
+    return all(v <= tolerance for k, v in result.items() if k.endswith("_diff")) and \
+        all(v for k, v in result.items() if k.endswith("_identical"))
