@@ -275,6 +275,9 @@ def initial_params(setup: Setup, seed: int, initial_checkpoint_path: Optional[st
             setup._initial = None
         params["network"] = initial.initial_network(initial_checkpoint_path, loaded, setup.model.config.vocab_size,
                                                     seed)
+        loader = initial.loader_for(initial_checkpoint_path)
+        if loader.head is not None:  # a checkpoint that holds the docid head too
+            params["head"] = loader.head(initial_checkpoint_path, setup.model)
     return params
 
 

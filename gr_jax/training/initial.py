@@ -15,7 +15,8 @@ continues from such a path must use (`vocabulary`). `loader_for(path)` asks the 
   converted          a gr_jax checkpoint directory (config.json with our format tag + orbax params).
 
 A method registers its own in its folder (`register(InitialLoader(...))` at import; GLEN refuses its phase-1
-checkpoints with a message of its own) — no shared module changes. `initial_network(...)` checks the parameters
+checkpoints with a message of its own; NCI's loader also gives the head's parameters, `head`) — no shared module
+changes. `initial_network(...)` checks the parameters
 for NaN/inf and grows a T5's vocabulary for docid tokens.
 """
 
@@ -47,6 +48,9 @@ class InitialLoader:
     config: Optional[Callable[[str], Any]] = None  # the config alone without the tensors (None: `load` is read)
     vocabulary: Optional[Callable[[str, Optional[str]], Optional[str]]] = None  # (path, VOCABULARY) → the one to use
     priority: int = 0
+    # (path, the model object) → the docid head's parameters, for a checkpoint that holds them too (NCI's released
+    # one: its docid table and adaptor); None: the head starts from its random init
+    head: Optional[Callable[[str, Any], dict]] = None
 
 
 _LOADERS: list[InitialLoader] = []
