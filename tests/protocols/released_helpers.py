@@ -116,3 +116,29 @@ def seal_release(tmp_path: Path, folder: Path) -> list[str]:
     return ["--gin.TASK_FEATURE_LENGTHS={'inputs': 24, 'targets': 8}", "--gin.EvalConfig.num_beams=3",
             "--gin.SealSearch.top_k_unigrams=50", "--gin.EvalConfig.batch_size=2",
             "--gin.SealSearch.document_score='best_key'"]
+
+
+def nci_release(folder: Path) -> list[str]:
+    """folder/{nci/NCI_NQ.ckpt (a Lightning checkpoint of the NCI parity fixture's weights, written by NCI's own
+    code), t5-large/spiece.model (64 pieces, the fixture's text vocabulary), nq320k/}: NCI's layout. → the bindings
+    that size the experiment to the fixture's model."""
+    import argparse
+
+    import torch
+    from safetensors.numpy import load_file
+
+    from gr_jax.data.sources import load_dataset
+    from gr_jax.data.vocab import train_sentencepiece
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "nci_parity"
+    ds = load_dataset("demo", demo_docs=DOCS)
+    (folder / "t5-large").mkdir(parents=True)
+    train_sentencepiece(list(ds.corpus.texts), folder / "t5-large" / "spiece.model", 64)
+    state = {f"model.{k}": torch.tensor(v) for k, v in load_file(str(fixture / "weights.safetensors")).items()}
+    (folder / "nci").mkdir()
+    torch.save({"state_dict": state, "epoch": 3, "hyper_parameters": argparse.Namespace(kary=10, max_output_length=5)},
+               str(folder / "nci" / "NCI_NQ.ckpt"))
+    write_nq320k_nci(folder, ds)
+    return ["--gin.NciDocids.codes=10", "--gin.NciDocids.positions=5", "--gin.NciFlatHead.codes=10",
+            "--gin.NciFlatHead.positions=5", "--gin.TASK_FEATURE_LENGTHS={'inputs': 24, 'targets': 5}",
+            "--gin.EvalConfig.num_beams=4"]

@@ -19,7 +19,7 @@ from tests.protocols import released_helpers as helpers
 
 def test_shipped_release_files_load_and_name_existing_experiment_files():
     papers = sorted(p.stem for p in (Path(gin_utils.GIN_CONFIGS) / "released").glob("*.json"))
-    assert {"glen", "pag", "seal"} <= set(papers)
+    assert {"glen", "pag", "nci", "seal"} <= set(papers)
     for name in papers:
         rel = released.load_release(name)
         for s in rel.systems.values():
@@ -137,3 +137,36 @@ def test_tiny_pag_and_seal_layout_releases_print_their_tables(tmp_path, capsys):
     gold = {"q1": "d1", "q2": "d3"}
     at5 = sum(gold[q] in trec.ranked(run.get(q, {}))[:5] for q in gold) / 2
     assert rows[0]["ours"] == pytest.approx(at5)
+
+
+@pytest.mark.slow
+def test_a_tiny_nci_release_runs_their_weights(tmp_path):
+    """NCI's Lightning checkpoint (the parity fixture's weights, written by NCI's own code) through the command: the
+    run file's first document of every query is the one their model, read directly from those weights, ranks first."""
+    from gr_jax.data import readers
+    from gr_jax.data.pipeline import tokenize
+    from gr_jax.data.vocab import load_vocabulary
+    from gr_jax.docids.base import FitContext
+    from gr_jax.methods.nci import parity as nci_parity
+    from gr_jax.methods.nci import released as nci
+
+    rdir = tmp_path / "release"
+    bindings = helpers.nci_release(rdir)
+    assert cmd.main(["--paper", "nci", "--released", str(rdir), f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'",
+                     *bindings]) == 1
+    rows = json.loads((tmp_path / "out" / "released_nci.json").read_text())["rows"]
+    assert [r["metric"] for r in rows] == ["Hit@1", "Hit@10", "MRR@100"] and all(r["ours"] is not None for r in rows)
+    run = trec.read_run(tmp_path / "out" / "released" / "NCI" / "runs" / "dev.step0.run")
+
+    fixture = Path(helpers.__file__).resolve().parents[1] / "fixtures" / "nci_parity"
+    model, params = nci_parity.fixture_model(*nci_parity._read(fixture)[:3])
+    ds = readers.read_nq320k_nci(rdir / "nq320k")
+    table = nci.NciDocids(codes=10, positions=5).fit(ds.corpus, FitContext(extras=ds.extras)).assign(ds.corpus)
+    vocab = load_vocabulary(str(rdir / "t5-large" / "spiece.model"))
+    qs = ds.queries["dev"]
+    qids = sorted(q for q in qs.qids if q in ds.qrels["dev"])
+    text = dict(zip(qs.qids, qs.texts))
+    ranked = model.predict_documents(params, tokenize([text[q] for q in qids], vocab, 24),
+                                     table.index(vocab_size=model.config.vocab_size), 4, keys=list(ds.corpus.doc_ids))
+    expect = {q: ds.corpus.doc_ids[docs[0][0]] for q, docs in zip(qids, ranked) if docs}
+    assert expect and {q: trec.ranked(run[q])[0] for q in expect} == expect

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.methods.api import load_npz, read_json, t5
+from gr_jax.methods.api import TrieIndex, load_npz, read_json, t5
 from gr_jax.methods.nci import model as nci_model
 from gr_jax.methods.nci import released
 
@@ -85,8 +85,6 @@ def check_fixture(fixture_dir) -> dict:
     allowed = np.asarray(outputs["eval_logits"]) > -1e8
     out["eval_logits_rel_diff"] = rel_diff(ev, outputs["eval_logits"], allowed)
     # the beam search over the prefix tree of the fixture's docids
-    from gr_jax.index.trie import TrieIndex
-
     seqs = [[int(x) for x in row if x > 1] for row in np.asarray(inputs["labels"])]
     index = TrieIndex.build(seqs, list(range(len(seqs))), vocab_size=model.head.vocab, eos_id=released.END,
                             append_eos=True)

@@ -27,18 +27,18 @@ Search: the network's constrained beam search over the docids' prefix tree, log-
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from pathlib import Path
 
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.data.vocab import DocidTokenSpace
-from gr_jax.docids.base import DocidScheme, DocidTable, FitContext
-from gr_jax.methods.api import Count, GenerativeRetriever, share_encoder, t5
+from gr_jax.methods.api import (Count, DocidScheme, Fraction, DocidTable, DocidTokenSpace, FitContext, GenerativeRetriever,
+                                initial, share_encoder, t5)
 from gr_jax.methods.nci.model import Adaptor, PawaCache
-from gr_jax.runtime.validation import Fraction
 
 START, END = 0, 1
 
@@ -259,9 +259,7 @@ def params_from_nci(tensors: dict, config: t5.T5Config, head: NciFlatHead, sourc
     from gr_jax.methods.api import t5_convert
 
     tensors = {k[len("model."):] if k.startswith("model.") else k: np.asarray(v) for k, v in tensors.items()}
-    head_keys = {"decode_embeddings.weight", "lm_head.weight", "adaptor_embeddings", "adaptor_linear.weight",
-                 "decoder.embed_tokens.weight"}
-    network = {k: v for k, v in tensors.items() if k not in head_keys and not k.startswith("adaptor.")}
+    network = {k: v for k, v in tensors.items() if not _is_head_key(k)}
     net = t5_convert.params_from_hf(network, config, source)
     E = tensors["decode_embeddings.weight"]
     D, V = config.d_model, head.vocab
@@ -300,3 +298,96 @@ def params_from_nci(tensors: dict, config: t5.T5Config, head: NciFlatHead, sourc
         raise ValueError(f"{source}: adaptor_linear.weight is {A.shape}, expected [{D * V}, {D}]")
     head_params = {"decode_embeddings": E, "adaptor": adaptor, "adapt": A.reshape(D, V, D)}
     return {"network": net, "head": jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), head_params)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# their checkpoint as INITIAL_CHECKPOINT_PATH
+# ----------------------------------------------------------------------------------------------------------
+
+NCI_ALLOWED = ("argparse.Namespace", "collections.OrderedDict", "collections.defaultdict")
+
+
+def is_nci_checkpoint(path) -> bool:
+    """NCI's released checkpoints: a PyTorch Lightning `.ckpt` file (its `state_dict`, keys "model.…")."""
+    return Path(path).is_file() and Path(path).suffix == ".ckpt"
+
+
+@functools.lru_cache(maxsize=1)
+def _read(path: str, stamp: tuple) -> dict:
+    import argparse
+    import collections
+    import pickle
+
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(f"{path}: reading NCI's checkpoint needs torch (pip install 'gr_jax[torch]')") from None
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace, collections.OrderedDict, collections.defaultdict]):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        text = str(e)
+        name = text.split("Unsupported global: GLOBAL ", 1)[-1].split(" ", 1)[0] if "GLOBAL " in text else None
+        raise ValueError(f"{path}: refused: it pickles {f'the class {name}' if name else 'a class outside the allowlist'}"
+                         f", which NCI's checkpoint does not need (allowed: {', '.join(NCI_ALLOWED)})") from None
+    except Exception as e:  # torch raises many types for a corrupt file
+        raise ValueError(f"{path}: cannot read as NCI's checkpoint ({type(e).__name__}: {e})") from None
+    state = obj.get("state_dict", obj) if isinstance(obj, dict) else None
+    if not isinstance(state, dict) or not any(k.endswith("decode_embeddings.weight") for k in state):
+        raise ValueError(f"{path}: not NCI's checkpoint (no decode_embeddings.weight in its state dict)")
+    out = {}
+    for k, v in state.items():
+        if not hasattr(v, "detach"):
+            raise ValueError(f"{path}: state dict entry {k!r} is a {type(v).__name__}, not a tensor")
+        out[k[len("model."):] if k.startswith("model.") else k] = v.detach().to(torch.float32).numpy()
+    return out
+
+
+def read_nci(path) -> dict:
+    """Their state dict (numpy, the "model." prefix removed), read once per file version."""
+    p = Path(path)
+    st = p.stat()
+    return _read(str(p), (st.st_size, st.st_mtime_ns))
+
+
+def nci_config(tensors: dict, source: str) -> t5.T5Config:
+    """The T5 of their checkpoint from its tensors' shapes (v1.0: ReLU, the output scaled; the cross-attention
+    bias of transformers 3.x)."""
+    try:
+        vocab, D = tensors["shared.weight"].shape
+        heads = tensors["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"].shape[1]
+        buckets = tensors["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"].shape[0]
+        d_kv = tensors["encoder.block.0.layer.0.SelfAttention.q.weight"].shape[0] // heads
+        d_ff = tensors["encoder.block.0.layer.1.DenseReluDense.wi.weight"].shape[0]
+    except KeyError as e:
+        raise ValueError(f"{source}: {e.args[0]} is missing; not NCI's T5") from None
+    count = lambda stack: len({k.split(".")[2] for k in tensors if k.startswith(f"{stack}.block.")})  # noqa: E731
+    return t5.T5Config(vocab_size=int(vocab), d_model=int(D), d_kv=int(d_kv), d_ff=int(d_ff),
+                       num_layers=count("encoder"), num_decoder_layers=count("decoder"), num_heads=int(heads),
+                       relative_attention_num_buckets=int(buckets), cross_attention_bias=True)
+
+
+def _load_network(path):
+    """(config, the T5's parameters); the head's are read by `_load_head`."""
+    from gr_jax.methods.api import t5_convert
+
+    tensors = read_nci(path)
+    config = nci_config(tensors, str(path))
+    network = {k: v for k, v in tensors.items() if not _is_head_key(k)}
+    return config, t5_convert.params_from_hf(network, config, str(path))
+
+
+def _is_head_key(k: str) -> bool:
+    return k in ("decode_embeddings.weight", "lm_head.weight", "adaptor_embeddings", "adaptor_linear.weight",
+                 "decoder.embed_tokens.weight") or k.startswith("adaptor.")
+
+
+def _load_head(path, model) -> dict:
+    if not isinstance(model.head, NciFlatHead):
+        raise ValueError(f"INITIAL_CHECKPOINT_PATH {path} is NCI's checkpoint: its docid table and adaptor need "
+                         f"prepare.model_fn = @NciReleasedRetriever (experiments/released/nci_nq320k.gin)")
+    return params_from_nci(read_nci(path), model.config, model.head, str(path))["head"]
+
+
+initial.register(initial.InitialLoader("NCI checkpoint", is_nci_checkpoint, _load_network, head=_load_head,
+                                       priority=15))
