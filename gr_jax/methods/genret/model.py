@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Optional
 
 import gin
 import jax
@@ -93,11 +94,14 @@ class GenretRetriever(GenerativeRetriever):
     """A `GenerativeRetriever` with a `GenretHead` (made from the docid space's codebook head) that decodes the
     documents' docids itself (capability `decodes_docids`)."""
 
-    def __init__(self, config, head=None, score_mode: str = "log_softmax", **kwargs):
+    def __init__(self, config, head=None, score_mode: str = "log_softmax", genret_head: Optional[GenretHead] = None,
+                 **kwargs):
         if not isinstance(head, CodebookHead):
             raise ValueError("GenRET needs codebook docids (prepare.docid_scheme = @GenretDocids()); this docid "
                              "scheme gives a text head")
-        if not isinstance(head, GenretHead):
+        if genret_head is not None:  # its settings (`GenretRetriever.genret_head = @GenretHead()`), the scheme's sizes
+            head = dataclasses.replace(genret_head, length=head.length, codes=head.codes, init_std=head.init_std)
+        elif not isinstance(head, GenretHead):
             head = GenretHead(length=head.length, codes=head.codes, init_std=head.init_std)
         super().__init__(config, head, score_mode, **kwargs)
         self._greedy = jax.jit(self._greedy_impl)

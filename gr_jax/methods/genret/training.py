@@ -56,7 +56,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import gin
 import jax
@@ -192,13 +192,16 @@ def in_batch_ce(scores_BxB, rows_B, mask_duplicates: bool = True):
 
 def genret_losses(q_h_BxTxD, q_logits_BxTxK, d_h_BxTxD, d_logits_BxTxK, prefix_BxT, t, rows_B, codebook_KxD,
                   epsilon: float = 1.0, iterations: int = 100, sinkhorn: str = "balanced",
-                  mask_duplicates: bool = True) -> dict:
+                  mask_duplicates: bool = True, targets_B=None) -> dict:
     """The four terms at position `t` (see the module docstring) and the balanced codes: {"ce", "cl", "code",
-    "rec", "codes"}. `codebook_KxD` is E_t."""
+    "rec", "codes"}. `codebook_KxD` is E_t. `targets_B`: the codes at t where they are ≥ 0 (the fit stage's), instead
+    of the balanced assignment."""
     T = prefix_BxT.shape[1]
     q_h, d_h = q_h_BxTxD[:, t], d_h_BxTxD[:, t]
     q_l, d_l = q_logits_BxTxK[:, t], d_logits_BxTxK[:, t]
     codes = balanced_codes(d_l, epsilon, iterations, sinkhorn)
+    if targets_B is not None:
+        codes = jnp.where(targets_B >= 0, targets_B, codes)
     ce = (_ce(q_l, codes) + _ce(d_l, codes)).mean()
     cl = in_batch_ce(q_h @ d_h.T, rows_B, mask_duplicates)
     earlier = (jnp.arange(T) < t).astype(jnp.float32)  # [T]
@@ -231,9 +234,15 @@ def genret_objective(model, params, batch, rng=None, w_ce: float = 0.5, w_cl: fl
     prefix = batch["prefix"].astype(jnp.int32)
     q_h, q_logits = model.positions(params, batch["inputs"], prefix, q_rng)
     d_h, d_logits = model.positions(params, batch["documents"], prefix, d_rng)
+    targets = None
+    weights = jnp.array([w_ce, w_cl, w_code, w_rec], jnp.float32)
+    if "phase" in batch:  # a run with "pre" / "fit" stages (GenretTraining): the stage's weights and targets
+        phase = batch["phase"][0]
+        weights = jnp.stack([weights, jnp.array(PRE_WEIGHTS), jnp.array(FIT_WEIGHTS)])[phase]
+        targets = jnp.where(phase == PHASES.index("fit"), batch["fit_codes"].astype(jnp.int32), -1)
     terms = genret_losses(q_h, q_logits, d_h, d_logits, prefix, t, batch["rows"], table[t], epsilon, iterations,
-                          sinkhorn, mask_duplicates)
-    loss = w_ce * terms["ce"] + w_cl * terms["cl"] + w_code * terms["code"] + w_rec * terms["rec"]
+                          sinkhorn, mask_duplicates, targets)
+    loss = weights[0] * terms["ce"] + weights[1] * terms["cl"] + weights[2] * terms["code"] + weights[3] * terms["rec"]
     B = batch["inputs"].shape[0]
     n = jnp.float32(B)
     q_hit = (jnp.argmax(q_logits[:, t], axis=-1) == terms["codes"]).astype(jnp.float32).sum()
@@ -241,6 +250,30 @@ def genret_objective(model, params, batch, rng=None, w_ce: float = 0.5, w_cl: fl
     return loss, {"loss": (loss * n, n), "ce": (terms["ce"] * n, n), "cl": (terms["cl"] * n, n),
                   "code": (terms["code"] * n, n), "rec": (terms["rec"] * n, n), "query_code_accuracy": (q_hit, n),
                   "codes_used_in_batch": (used, jnp.float32(1.0)), "position": (t.astype(jnp.float32), 1.0)}
+
+
+PHASES = ("main", "pre", "fit")
+# GenRET's released loss weights of its "pre" and "fit" stages (run.py: w_1, w_3), as (ce, cl, code, rec)
+PRE_WEIGHTS = (0.0, 0.5, 0.5, 0.0)
+FIT_WEIGHTS = (0.5, 0.0, 1.0, 0.0)
+
+
+def occurrence_codes(prefixes_NxT: np.ndarray, doc_rank_N: np.ndarray, codes: int) -> np.ndarray:
+    """The fit stage's code of each document (GenRET's `add_last`): its 1-based place among the documents that share
+    its docid, by document id (`doc_rank`), modulo K — a document alone gets 1, the second of a shared docid 2, the
+    K-th 0. → [N] int32."""
+    prefixes = np.asarray(prefixes_NxT)
+    n = len(prefixes)
+    if not n:
+        return np.zeros(0, np.int32)
+    order = np.lexsort((np.asarray(doc_rank_N), *prefixes.T[::-1]))  # by docid, then document id
+    ranked = prefixes[order]
+    new_group = np.ones(n, bool)
+    new_group[1:] = (ranked[1:] != ranked[:-1]).any(axis=1)
+    starts = np.maximum.accumulate(np.where(new_group, np.arange(n), 0))
+    out = np.empty(n, np.int64)
+    out[order] = (np.arange(n) - starts + 1) % codes
+    return out.astype(np.int32)
 
 
 class GenretBatches:
@@ -259,7 +292,8 @@ class GenretBatches:
     step alone."""
 
     def __init__(self, inputs: np.ndarray, rows: np.ndarray, keys, doc_tokens: np.ndarray, batch_size: int,
-                 stage_steps: int, positions: int, seed: int = 0):
+                 stage_steps: int, positions: int, seed: int = 0, stages: Optional[Sequence[tuple]] = None,
+                 doc_rank: Optional[np.ndarray] = None):
         self.inputs, self.rows = np.asarray(inputs), np.asarray(rows, np.int64)
         if len(self.inputs) != len(self.rows) or len(keys) != len(self.rows) or not len(self.rows):
             raise ValueError("GenRET batches: inputs, document rows and keys must be parallel and non-empty")
@@ -267,6 +301,13 @@ class GenretBatches:
         self.doc_tokens = np.asarray(doc_tokens, np.int32)
         self.batch_size, self.stage_steps, self.positions = int(batch_size), int(stage_steps), int(positions)
         self.seed = int(seed)
+        # (kind, position) of each stage: "main" per position by default; "pre" before a main stage and a final "fit"
+        # (`GenretTraining.pre_stage` / `fit_stage`) add the batches' "phase" and "fit_codes"
+        self.stages = list(stages) if stages is not None else [("main", t) for t in range(self.positions)]
+        self.phased = any(kind != "main" for kind, _ in self.stages)
+        # each document row's rank by document id: the fit stage numbers the documents of a shared docid in this order
+        self.doc_rank = np.asarray(doc_rank if doc_rank is not None else np.arange(len(doc_tokens)), np.int64)
+        self.fit_codes = None
         self.step = 0
         self.docids = None
         self._plans: dict = {}
@@ -279,9 +320,16 @@ class GenretBatches:
                              f"document row), got {docids.shape}")
         self.docids = docids.astype(np.int32)
         self._plans, self._per_epoch = {}, {}
+        if self.phased:
+            self.fit_codes = occurrence_codes(self.docids[:, :-1], self.doc_rank, int(self.codes_per_position))
+
+    codes_per_position = 0  # K, set by GenretTraining when there is a fit stage
+
+    def stage(self, step: int) -> int:
+        return min(int(step) // self.stage_steps, len(self.stages) - 1)
 
     def position(self, step: int) -> int:
-        return min(int(step) // self.stage_steps, self.positions - 1)
+        return self.stages[self.stage(step)][1]
 
     def groups(self, t: int) -> list[np.ndarray]:
         """The pairs (indices, by key) of each prefix group at position t, groups by prefix."""
@@ -294,11 +342,12 @@ class GenretBatches:
         bounds = np.flatnonzero(np.diff(g[o])) + 1
         return [self._by_key[part] for part in np.split(o, bounds)]
 
-    def plan(self, t: int, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    def plan(self, t: int, epoch: int, stage: Optional[int] = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """The batches of stage t's epoch `epoch`: (the group's pairs, the pairs filling the batch) each."""
-        if (t, epoch) in self._plans:
-            return self._plans[(t, epoch)]
-        rng = np.random.default_rng([self.seed, t, epoch])
+        key = t if stage is None else stage  # the stage seeds its shuffles (= t when every stage is a main one)
+        if (key, t, epoch) in self._plans:
+            return self._plans[(key, t, epoch)]
+        rng = np.random.default_rng([self.seed, key, epoch])
         n, B = len(self.rows), self.batch_size
         batches = []
         for members in self.groups(t):
@@ -316,8 +365,8 @@ class GenretBatches:
                     fill = rng.choice(self._by_key, size=need, replace=True)
                 batches.append((part, fill))
         order = rng.permutation(len(batches))
-        self._plans = {(t, epoch): [batches[i] for i in order]}  # one epoch's plan kept
-        return self._plans[(t, epoch)]
+        self._plans = {(key, t, epoch): [batches[i] for i in order]}  # one epoch's plan kept
+        return self._plans[(key, t, epoch)]
 
     def get_state(self) -> dict:
         return {"step": self.step}
@@ -334,19 +383,24 @@ class GenretBatches:
     def __next__(self) -> dict[str, np.ndarray]:
         if self.docids is None:
             raise RuntimeError("GenRET batches need the decoded docids (set_docids) before the first batch")
-        t = self.position(self.step)
-        i = self.step - t * self.stage_steps
+        stage = self.stage(self.step)
+        kind, t = self.stages[stage]
+        i = self.step - stage * self.stage_steps
         if i == 0 and self.step:
-            log.info("step %d: GenRET learns docid position %d of %d", self.step, t + 1, self.positions)
+            log.info("step %d: GenRET's %s stage of docid position %d of %d", self.step, kind, t + 1, self.positions)
         if t not in self._per_epoch:  # batches per epoch: one per started batch of each group
             self._per_epoch[t] = sum(-(-len(m) // self.batch_size) for m in self.groups(t))
         per_epoch = self._per_epoch[t]
-        part, fill = self.plan(t, i // per_epoch)[i % per_epoch]
+        part, fill = self.plan(t, i // per_epoch, stage)[i % per_epoch]
         pairs = np.concatenate([part, fill])
         rows = self.rows[pairs]
         self.step += 1
-        return {"inputs": self.inputs[pairs], "documents": self.doc_tokens[rows], "prefix": self.docids[rows],
-                "rows": rows.astype(np.int32), "position": np.full(len(rows), t, np.int32)}
+        out = {"inputs": self.inputs[pairs], "documents": self.doc_tokens[rows], "prefix": self.docids[rows],
+               "rows": rows.astype(np.int32), "position": np.full(len(rows), t, np.int32)}
+        if self.phased:
+            out["phase"] = np.full(len(rows), PHASES.index(kind), np.int32)
+            out["fit_codes"] = self.fit_codes[rows].astype(np.int32)
+        return out
 
 
 @gin.configurable
@@ -359,19 +413,39 @@ class GenretTraining(ObjectivesConfig):
     stage's start (train.checkpoint_period must be a multiple of the stage length)."""
 
     train_steps: Count = gin.REQUIRED  # bind to %TRAIN_STEPS
-    positions: Count = 3  # GenretDocids.length
+    positions: Count = 3  # the learned positions: GenretDocids.length (one less with the fit stage)
     kmeans_init: bool = True  # each position's codebook from a balanced k-means of the documents' states
     seed: int = 0
+    # GenRET's released code (module docstring): a "pre" stage (contrastive + prefix codes) before each position's main
+    # stage, the k-means then at position 0 too; a final "fit" stage that learns one more position, the document's
+    # place among those sharing its docid (GenretDocids.length = positions + 1). Stages are of equal length.
+    pre_stage: bool = False
+    fit_stage: bool = False
     # the corpus rows in document-id order (set by `iterator`): the k-means reads the documents in this order, so the
     # codebook does not depend on the corpus's row order
     _by_key: Optional[np.ndarray] = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
+    def stages(self) -> list[tuple[str, int]]:
+        """(kind, docid position) of every stage, in order."""
+        out = []
+        for t in range(self.positions):
+            out += ([("pre", t)] if self.pre_stage else []) + [("main", t)]
+        return out + ([("fit", self.positions)] if self.fit_stage else [])
+
+    @property
+    def length(self) -> int:
+        """The docid length these stages make (GenretDocids.length)."""
+        return self.positions + (1 if self.fit_stage else 0)
+
+    @property
     def stage_steps(self) -> int:
-        if self.train_steps % self.positions:
+        n = len(self.stages)
+        if self.train_steps % n:
             raise ValueError(f"GenretTraining: TRAIN_STEPS ({self.train_steps}, GenretTraining.train_steps) must be a "
-                             f"multiple of the {self.positions} docid positions (one stage each)")
-        return self.train_steps // self.positions
+                             f"multiple of the {n} stages ({self.positions} docid positions"
+                             f"{', a pre stage each' if self.pre_stage else ''}{', the fit stage' if self.fit_stage else ''})")
+        return self.train_steps // n
 
     @property
     def refresh_period(self) -> int:
@@ -384,8 +458,8 @@ class GenretTraining(ObjectivesConfig):
         (a resumed run repeats it exactly). Off with `kmeans_init = False`."""
         if not self.kmeans_init or step % self.stage_steps or step >= self.train_steps:
             return None
-        t = step // self.stage_steps
-        if t == 0 or t >= self.positions:
+        kind, t = self.stages[step // self.stage_steps]
+        if kind != "main" or (t == 0 and not self.pre_stage):  # with pre stages, position 0 too (as theirs)
             return None
         T, K = model.head.length, model.head.codes
         if len(doc_tokens) < K:
@@ -408,10 +482,11 @@ class GenretTraining(ObjectivesConfig):
         from gr_jax.methods.api import tokenize
 
         length = getattr(inp.scheme, "length", None)
-        if length != self.positions:
-            raise ValueError(f"GenretTraining.positions = {self.positions} but the docid scheme "
-                             f"{getattr(inp.scheme, 'name', '?')!r} has {length} positions; GenRET trains with "
-                             f"GenretDocids, set both to the same length")
+        if length != self.length:
+            raise ValueError(f"GenretTraining.positions = {self.positions}{' with the fit stage' if self.fit_stage else ''}"
+                             f" makes docids of {self.length} positions but the docid scheme "
+                             f"{getattr(inp.scheme, 'name', '?')!r} has {length}; GenRET trains with GenretDocids, set "
+                             f"GenretDocids.length = {self.length}")
         ds, split = inp.dataset, inp.train_split
         if self.stage_steps < 1:  # stage_steps refuses a TRAIN_STEPS the stages cannot split
             raise ValueError(f"GenretTraining: TRAIN_STEPS {self.train_steps} < {self.positions} positions")
@@ -424,6 +499,10 @@ class GenretTraining(ObjectivesConfig):
             raise ValueError(f"GenRET: split {split!r} has no judged query with a document in the corpus")
         inputs = tokenize(pairs.texts, inp.vocab, inp.lengths["inputs"], what=pairs.name)
         keys = [(q, ds.corpus.doc_ids[r]) for q, r in zip(pairs.qids, pairs.rows)]
-        log.info("GenRET: %d training pairs, %d stages of %d steps", len(pairs), self.positions, self.stage_steps)
-        return GenretBatches(inputs, pairs.rows, keys, inp.doc_tokens(), inp.batch_size, self.stage_steps,
-                             self.positions, seed=inp.seed)
+        log.info("GenRET: %d training pairs, %d stages of %d steps", len(pairs), len(self.stages), self.stage_steps)
+        doc_rank = np.empty(len(self._by_key), np.int64)
+        doc_rank[self._by_key] = np.arange(len(self._by_key))
+        batches = GenretBatches(inputs, pairs.rows, keys, inp.doc_tokens(), inp.batch_size, self.stage_steps,
+                                self.length, seed=inp.seed, stages=self.stages, doc_rank=doc_rank)
+        batches.codes_per_position = int(getattr(inp.scheme, "codes", 0))
+        return batches

@@ -297,3 +297,88 @@ def test_a_small_genret_run_trains_in_stages_and_restores_through_infer(tmp_path
     lines = (model_dir / "docids" / "step9.tsv").read_text().splitlines()
     assert len(lines) == 60 and all(len(x.split("\t")[1].split()) == 3 for x in lines)
     assert_infer_repeats_the_final_run(tmp_path, exp, model_dir, 9)
+
+
+# -- GenRET's released stages: "pre" before each main stage, a final "fit" stage --------------------------------------
+
+
+def test_occurrence_codes_number_the_documents_of_a_shared_docid_by_id():
+    from gr_jax.methods.genret.training import occurrence_codes
+
+    prefixes = np.array([[1, 2], [0, 0], [1, 2], [1, 2], [0, 1], [1, 2]])
+    rank = np.array([5, 0, 1, 3, 2, 4])  # document-id order of the rows
+    # docid (1, 2) holds rows 2 (rank 1), 3 (rank 3), 5 (rank 4), 0 (rank 5): places 1, 2, 3, 4 → mod 4: 1, 2, 3, 0
+    np.testing.assert_array_equal(occurrence_codes(prefixes, rank, 4), [0, 1, 1, 2, 1, 3])
+    np.testing.assert_array_equal(occurrence_codes(prefixes, rank, 16), [4, 1, 1, 2, 1, 3])
+
+
+def test_the_stages_of_the_released_schedule():
+    t = GenretTraining(train_steps=14, positions=3, pre_stage=True, fit_stage=True)
+    assert t.stages == [("pre", 0), ("main", 0), ("pre", 1), ("main", 1), ("pre", 2), ("main", 2), ("fit", 3)]
+    assert t.length == 4 and t.stage_steps == 2 and t.refresh_period == 2
+    with pytest.raises(ValueError, match="multiple of the 7 stages"):
+        _ = GenretTraining(train_steps=15, positions=3, pre_stage=True, fit_stage=True).stage_steps
+    assert GenretTraining(train_steps=9, positions=3).stages == [("main", 0), ("main", 1), ("main", 2)]
+
+
+def test_phased_batches_carry_the_stage_and_the_fit_codes():
+    rows = np.arange(10)
+    keys = [(f"q{i}", f"d{i}") for i in rows]
+    doc_tokens = np.arange(10)[:, None] * np.ones((1, 3), np.int32) + 100
+    stages = GenretTraining(train_steps=14, positions=2, pre_stage=True, fit_stage=True).stages
+    b = GenretBatches(np.tile(rows[:, None], (1, 4)), rows, keys, doc_tokens, 4, stage_steps=2, positions=3, seed=1,
+                      stages=stages, doc_rank=rows[::-1].copy())
+    b.codes_per_position = 8
+    b.set_docids(np.stack([rows % 2, rows % 3, np.zeros(10, int)], 1))
+    got = [next(b) for _ in range(10)]
+    assert [int(x["phase"][0]) for x in got] == [1, 1, 0, 0, 1, 1, 0, 0, 2, 2]  # pre, main, pre, main, fit
+    assert [int(x["position"][0]) for x in got] == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
+    # the fit code of row r: its place among the rows of its docid (r mod 2, r mod 3) by document rank (rows reversed)
+    for x in got:
+        for r, code in zip(x["rows"], x["fit_codes"]):
+            same = [s for s in range(10) if (s % 2, s % 3) == (r % 2, r % 3)]
+            assert code == sorted(same, reverse=True).index(r) + 1
+    plain = _batches()
+    assert "phase" not in next(plain) and "fit_codes" not in next(plain)  # the default schedule: batches as before
+
+
+def test_the_stage_weights_and_the_fit_targets():
+    model = _model()
+    params = model.init_params(3)
+    rng = np.random.default_rng(4)
+    B = 4
+    batch = {"inputs": rng.integers(2, 64, (B, 6)).astype(np.int32),
+             "documents": rng.integers(2, 64, (B, 8)).astype(np.int32),
+             "prefix": rng.integers(0, K, (B, T)).astype(np.int32), "rows": np.arange(B, dtype=np.int32),
+             "position": np.full(B, 2, np.int32), "fit_codes": np.array([1, 2, 1, 3], np.int32)}
+    table = params["head"]["codebook"].reshape(T, K, -1)
+    q_h, q_l = model.positions(params, batch["inputs"], batch["prefix"])
+    d_h, d_l = model.positions(params, batch["documents"], batch["prefix"])
+
+    def loss(phase):
+        return float(genret_objective(model, params, {**batch, "phase": np.full(B, phase, np.int32)})[0])
+
+    terms = genret_losses(q_h, q_l, d_h, d_l, batch["prefix"], 2, batch["rows"], table[2])
+    # main (0): the configured weights; pre (1): 0.5 cl + 0.5 code, as their w_1
+    assert loss(0) == pytest.approx(0.5 * (terms["ce"] + terms["cl"] + terms["code"]) + 0.1 * terms["rec"], rel=1e-5)
+    assert loss(1) == pytest.approx(0.5 * (terms["cl"] + terms["code"]), rel=1e-5)
+    # fit (2): 0.5 ce against the fit codes (not the balanced ones) + 1.0 code, as their w_3
+    fit = genret_losses(q_h, q_l, d_h, d_l, batch["prefix"], 2, batch["rows"], table[2],
+                        targets_B=jnp.asarray(batch["fit_codes"]))
+    np.testing.assert_array_equal(np.asarray(fit["codes"]), batch["fit_codes"])
+    assert loss(2) == pytest.approx(0.5 * float(fit["ce"]) + float(fit["code"]), rel=1e-5)
+    assert float(fit["ce"]) != pytest.approx(float(terms["ce"]), rel=1e-3)
+
+
+def test_with_pre_stages_the_k_means_initialises_position_0_after_its_pre_stage():
+    model = _model()
+    params = model.init_params(6)
+    docs = np.random.default_rng(7).integers(2, 64, (40, 12)).astype(np.int32)
+    table = GenretDocids(length=T, codes=K).table(*model.decode_docids(params, docs), np.arange(40), 64)
+    training = GenretTraining(train_steps=12, positions=T, pre_stage=True)  # 6 stages of 2 steps
+    assert training.on_refresh(0, params, model, table, docs) is None  # the pre stage of position 0 starts
+    new = training.on_refresh(2, params, model, table, docs)  # its main stage: E_0 from the documents' states
+    book, old = (np.asarray(p["head"]["codebook"]).reshape(T, K, -1) for p in (new, params))
+    np.testing.assert_array_equal(book[1:], old[1:])
+    assert not np.allclose(book[0], old[0])
+    assert training.on_refresh(4, params, model, table, docs) is None  # position 1's pre stage
