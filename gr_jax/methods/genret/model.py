@@ -48,12 +48,13 @@ class GenretHead(CodebookHead):
                              f"(GenRET's released code)")
 
     def init_params(self, config: t5.T5Config, key) -> dict:
-        out_key, in_key, start_key = jax.random.split(key, 3)
+        out_key, in_key = jax.random.split(key)  # as before the start vector existed: the same tables from a seed
         shape = (self.length * self.codes, config.d_model)
         out = {"codebook": self.init_std * jax.random.normal(out_key, shape, jnp.float32),
                "code_inputs": self.init_std * jax.random.normal(in_key, shape, jnp.float32)}
         if self.start == "learned":
-            out["start"] = self.init_std * jax.random.normal(start_key, (config.d_model,), jnp.float32)
+            out["start"] = self.init_std * jax.random.normal(jax.random.fold_in(key, 2), (config.d_model,),
+                                                             jnp.float32)
         return out
 
     def _inputs(self, params):
