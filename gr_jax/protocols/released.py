@@ -30,7 +30,6 @@ log), 2 on a bad request (an unknown paper, a release file missing from DIR: nam
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from gr_jax.evaluation import answers
-from gr_jax.protocols.paper_tables import ReproduceError, directory_name, include_closure
+from gr_jax.protocols.paper_tables import Paper, ReproduceError, directory_name, include_closure
 from gr_jax.runtime import gin_utils
 from gr_jax.runtime.run_dir import RunDir
 from gr_jax.runtime.io_utils import json_text, keep_aside, make_dirs, read_json, write_text
@@ -53,15 +52,7 @@ DEFAULT_IMPORT = {"module": "gr_jax.import_checkpoint", "args": ["--gin.MODEL_DI
 _PLACEHOLDER = re.compile(r"\{([A-Z_][A-Z0-9_]*)\}")
 
 
-@dataclasses.dataclass
-class Release:
-    name: str
-    path: Path
-    spec: dict
-
-    @property
-    def systems(self) -> dict:
-        return self.spec["systems"]
+Release = Paper  # a name, its file, the spec; `systems` (a release file has no tables)
 
 
 def load_release(name: str, search_paths: Sequence[str] = ()) -> Release:

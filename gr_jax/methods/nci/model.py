@@ -133,6 +133,13 @@ class PawaHead(CodebookHead):
         return base + adapt
 
 
+def target_log_probs(logits_BxTxV, targets_BxT):
+    """(log p(target) [B, T], argmax hit [B, T]) of teacher-forced logits."""
+    logp = jax.nn.log_softmax(logits_BxTxV, axis=-1)
+    target_logp = jnp.take_along_axis(logp, targets_BxT[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return target_logp, jnp.argmax(logits_BxTxV, axis=-1) == targets_BxT
+
+
 @flax.struct.dataclass
 class PawaCache:
     """The network's decode cache plus the prefix's input embeddings, a row per beam ([R, L, D])."""
@@ -169,10 +176,7 @@ class NciRetriever(GenerativeRetriever):
         return self.head.pawa_logits(self.network, params, hidden, g, jnp.arange(targets_BxT.shape[1]))
 
     def token_log_probs(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
-        logits = self.token_logits(params, inputs_BxL, targets_BxT, dropout_rng)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        target_logp = jnp.take_along_axis(logp, targets_BxT[..., None].astype(jnp.int32), axis=-1)[..., 0]
-        return target_logp, jnp.argmax(logits, axis=-1) == targets_BxT
+        return target_log_probs(self.token_logits(params, inputs_BxL, targets_BxT, dropout_rng), targets_BxT)
 
     # -- decoding: the prefix rides in the cache ----------------------------------------------------------
     def _cache(self, params, query_tokens, max_length: int):

@@ -38,7 +38,7 @@ import numpy as np
 
 from gr_jax.methods.api import (Count, DocidScheme, Fraction, DocidTable, DocidTokenSpace, FitContext, GenerativeRetriever,
                                 initial, share_encoder, t5)
-from gr_jax.methods.nci.model import Adaptor, PawaCache
+from gr_jax.methods.nci.model import Adaptor, PawaCache, target_log_probs
 
 START, END = 0, 1
 
@@ -143,10 +143,7 @@ class NciReleasedRetriever(GenerativeRetriever):
         return self.logits_and_states(params, inputs_BxL, targets_BxT, dropout_rng)[0]
 
     def token_log_probs(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
-        logits = self.token_logits(params, inputs_BxL, targets_BxT, dropout_rng)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        target_logp = jnp.take_along_axis(logp, targets_BxT[..., None].astype(jnp.int32), axis=-1)[..., 0]
-        return target_logp, jnp.argmax(logits, axis=-1) == targets_BxT
+        return target_log_probs(self.token_logits(params, inputs_BxL, targets_BxT, dropout_rng), targets_BxT)
 
     # -- decoding: the prefix's embeddings ride in the cache ------------------------------------------------
     def _cache(self, params, query_tokens, max_length: int):
