@@ -7,9 +7,13 @@ It imports the authors' run.py from that working tree and runs, on a tiny random
 their `Model` forward (docid logits of every position, the decoder states), their Sinkhorn assignment
 (`center_distance_for_constraint` + `sinkhorn_raw`), their losses (`OurTrainer.train_step`: contrastive,
 commitment, prefix-code, reconstruction) at every docid position t, and their `norm_by_prefix` of the documents'
-states (the codebook initialisation's input). One adaptation, because an API moved: transformers 4.4x moved
-`transformers.generation_utils` to `transformers.generation`; run.py line 12 imports the old name, so the old name
-is made an alias of the new module before run.py is imported (nothing of run.py is edited). Their constrained k-means
+states (the codebook initialisation's input). Their inference's `generate` over a prefix tree of docids (their `Tree`), as many beams as docids. Adaptations,
+because APIs moved (nothing of run.py is edited): transformers 4.4x moved `transformers.generation_utils` to
+`transformers.generation` (run.py line 12 imports the old name: it is made an alias of the new module before run.py
+is imported); transformers 5's generation reads `base_model_prefix`, which their `Model` lacks (set on it), and hands
+the model a cache, after which T5's input preparation (which their `Model` borrows) feeds only the newest code, at
+position 0, since their `Model` keeps no cache: `use_cache=False` restores the whole prefix at every step, as their
+transformers gave it. Their constrained k-means
 (`k_means_constrained`, which needs ortools, and runs with `random_state=None`) is not called.
 
 Folder: model/ (the T5 as an HF directory), head.npz (their `centroids.<i>.weight` [K, D] and
@@ -109,6 +113,24 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = Non
                 run.norm_by_prefix(states, km_ids.tolist()), np.float32),
             **{f"t{t}/loss_{k}": np.float64(float(v)) for k, v in losses.items()
                if k in ("cl_loss", "ce_loss", "code_loss", "cl_dd_loss")}})
+    # their inference (run.py `test`): generate over a prefix tree of docids (codes ≥ 2: T5's end token 1 would end a
+    # beam early, their quirk, and 0 is its padding), as many beams as docids so that both searches are exhaustive
+    docids = np.unique(rng.integers(2, K, size=(5, T)), axis=0)
+    tree = run.Tree()
+    tree.set_all([[0, *map(int, d)] for d in docids])
+    run.Model.base_model_prefix = "model"  # transformers 5's GenerationMixin reads it (an API that moved)
+    full = run.Model(model=t5, code_length=T, use_constraint=False, zero_inp=False, code_number=K).eval()
+    for i in range(T):
+        full.centroids[i].weight.data = master.centroids[i].weight.data
+        full.code_embedding[i].weight.data = master.code_embedding[i].weight.data
+    with torch.no_grad():
+        q = torch.tensor(query)
+        gen = full.generate(input_ids=q, attention_mask=q.ne(0), max_length=T + 1, num_beams=len(docids),
+                            num_return_sequences=len(docids), prefix_allowed_tokens_fn=tree, output_scores=True,
+                            return_dict_in_generate=True, use_cache=False)
+    outputs["search_docids"] = docids
+    outputs["search_beams"] = gen.sequences.numpy().reshape(B, len(docids), -1)[:, :, 1:]
+    outputs["search_scores"] = gen.sequences_scores.numpy().reshape(B, len(docids))
     out.mkdir(parents=True, exist_ok=True)
     t5.save_pretrained(str(out / "model"))
     head = {f"centroids.{i}.weight": master.centroids[i].weight.detach().numpy() for i in range(T)}
@@ -119,7 +141,8 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = Non
     meta = {"positions": T, "codes": K, "batch": B, "kmeans_documents": N, "seed": seed,
             "genret_commit": commit or _commit(repo), "torch": torch.__version__, "transformers": tf_version,
             "adapted": "run.py line 12 imports transformers.generation_utils, which transformers 4.4x moved to "
-                       "transformers.generation: the old name is an alias of the new module (run.py unchanged)",
+                       "transformers.generation: the old name is an alias of the new module; Model.base_model_prefix "
+                       "set and use_cache=False for transformers 5's generate (run.py unchanged)",
             "settings": "eval mode (no dropout); Model(use_constraint=True, sk_epsilon=1, zero_inp=False); "
                         "centroids scaled ×8 after their U(±1/√D) init; prefix-group batches as B distinct documents"}
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")

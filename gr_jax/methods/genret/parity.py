@@ -6,8 +6,9 @@ Ours runs with the settings that reproduce the released code: `GenretHead(start=
 (rows i·K … of `codebook`), `code_embedding.<i>` (i ≥ 1, the input of position i) → `code_inputs` table i − 1,
 row 0 of `code_embedding.0` → `start`. For each docid position t (their stage with t + 1 tables) it compares:
 the docid logits of positions 0..t for queries and documents, the decoder states at t, the Sinkhorn plan and the
-balanced codes (identical), the four loss terms, and the prefix-centred states the codebook's k-means reads
-(`prefix_centered` vs their `norm_by_prefix`). Differences are relative to the magnitude of the reference
+balanced codes (identical), the four loss terms, the prefix-centred states the codebook's k-means reads
+(`prefix_centered` vs their `norm_by_prefix`), and their inference: `generate` over a prefix tree of docids (rankings
+identical, scores). Differences are relative to the magnitude of the reference
 (`_rel_diff` keys: max |ours − theirs| / max(|theirs|, 1e-30)); identity checks end in `_identical`.
 """
 
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.methods.api import load_npz, read_json, t5_convert
+from gr_jax.methods.api import TrieIndex, load_npz, read_json, t5_convert
 from gr_jax.methods.genret import model as genret
 from gr_jax.methods.genret import training
 
@@ -102,6 +103,15 @@ def check_fixture(fixture_dir) -> dict:
                                                  outputs[f"t{t}/kmeans_normed"]))
     out.update(diffs)
     out["balanced_codes_identical"] = bool(codes_same)
+    if "search_docids" in outputs:  # their `generate` over a prefix tree of docids, as many beams as docids
+        docids = np.asarray(outputs["search_docids"])
+        index = TrieIndex.build(docids.tolist(), list(range(len(docids))), vocab_size=K, eos_id=None,
+                                append_eos=False)
+        res = jax.device_get(model.predict(params, query, index, len(docids)))
+        ours = [[res.tokens[b, k, :T].tolist() for k in range(len(docids)) if res.valid[b, k]] for b in range(B)]
+        out["search_rankings_identical"] = ours == np.asarray(outputs["search_beams"]).tolist()
+        # theirs divides each beam's log-probability by its T generated codes (generate's length penalty 1.0)
+        out["search_scores_rel_diff"] = rel_diff(np.asarray(res.scores)[:, :len(docids)] / T, outputs["search_scores"])
     return out
 
 
