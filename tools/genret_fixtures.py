@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gr_jax.runtime import cli
+
 T, K, B, N, VOCAB, D = 3, 8, 6, 24, 64, 32
 
 
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--genret_repo", required=True, help="a working tree of sunnweiwei/GenRet (its run.py)")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=cli.natural, default=0)
     parser.add_argument("--commit", help="the commit of --genret_repo when it is not a git working tree (an export)")
     args = parser.parse_args(argv)
     repo = Path(args.genret_repo)

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gr_jax.runtime import cli
+
 D, V, L, B, VOCAB, ADAPTOR_LAYERS = 32, 10, 4, 3, 64, 2
 T = L + 1  # max_output_length: L codes + the end token
 VD = V * T + 2
@@ -145,7 +147,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nci_repo", required=True, help="a working tree of solidsea98/Neural-Corpus-Indexer-NCI")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=cli.natural, default=0)
     parser.add_argument("--commit", help="the commit of --nci_repo when it is not a git working tree (an export)")
     args = parser.parse_args(argv)
     repo = Path(args.nci_repo)

@@ -60,7 +60,8 @@ def fixture_model(fixture: Path, head_tensors: dict, meta: dict):
     return model, jax.tree_util.tree_map(jnp.asarray, params)
 
 
-def check_fixture(fixture_dir) -> dict:
+def check_fixture(fixture_dir, search: bool = True) -> dict:
+    """Every comparison of the module docstring (`search` False: all but their inference's search)."""
     fixture = Path(fixture_dir)
     meta, head_tensors, inputs, outputs = _read(fixture)
     model, params = fixture_model(fixture, head_tensors, meta)
@@ -103,7 +104,7 @@ def check_fixture(fixture_dir) -> dict:
                                                  outputs[f"t{t}/kmeans_normed"]))
     out.update(diffs)
     out["balanced_codes_identical"] = bool(codes_same)
-    if "search_docids" in outputs:  # their `generate` over a prefix tree of docids, as many beams as docids
+    if search and "search_docids" in outputs:  # their `generate` over a prefix tree of docids, as many beams as docids
         docids = np.asarray(outputs["search_docids"])
         index = TrieIndex.build(docids.tolist(), list(range(len(docids))), vocab_size=K, eos_id=None,
                                 append_eos=False)

@@ -166,39 +166,6 @@ class NciReleasedRetriever(GenerativeRetriever):
         return PawaCache(share_encoder(cache.inner, n), jnp.repeat(cache.prefix, n, axis=0))
 
 
-def contrast(s_NxTxD, pairs: int):
-    """Their "Contrast" term (module docstring) over N = 2·`pairs` rows: mean over (position, row)."""
-    N = s_NxTxD.shape[0]
-    sim = jnp.einsum("atd,btd->tab", s_NxTxD, s_NxTxD) - 1e9 * jnp.eye(N)[None]
-    p = jax.nn.softmax(sim, axis=-1)
-    positive = jnp.concatenate([jnp.arange(pairs, N), jnp.arange(0, pairs)])
-    picked = jnp.take_along_axis(p, jnp.broadcast_to(positive[None, :, None], (p.shape[0], N, 1)), axis=-1)[..., 0]
-    return (jax.nn.logsumexp(p, axis=-1) - picked).mean()
-
-
-def contrast_objective(model, params, batch, dropout_rng, alpha: float):
-    """`nci_objective(consistency="contrast")`: one pass over [queries; second inputs] (module docstring)."""
-    inputs, targets = batch["inputs"], batch["targets"]
-    second = batch.get("augmented_inputs", inputs)
-    B = inputs.shape[0]
-    width = max(inputs.shape[1], second.shape[1])
-    pad = lambda x: jnp.pad(x, ((0, 0), (0, width - x.shape[1])))  # noqa: E731
-    both_in = jnp.concatenate([pad(inputs), pad(second)])
-    both_t = jnp.concatenate([targets, targets])
-    logits, s = model.logits_and_states(params, both_in, both_t, dropout_rng)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    picked = jnp.take_along_axis(logp, both_t[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    mask = model.head.target_mask(both_t).astype(jnp.float32)
-    tokens = mask.sum()
-    ce = -(picked * mask).sum() / jnp.maximum(tokens, 1.0)
-    dist = contrast(s, B)
-    loss = ce + alpha * dist
-    hit = ((jnp.argmax(logits[:B], -1) == targets) | (mask[:B] == 0)).all(-1)
-    n = jnp.float32(B)
-    return loss, {"loss": (ce * tokens, tokens), "consistency_contrast": (dist * n, n),
-                  "docid_accuracy": (hit.sum().astype(jnp.float32), n)}
-
-
 # ----------------------------------------------------------------------------------------------------------
 # docids and checkpoints
 # ----------------------------------------------------------------------------------------------------------

@@ -18,11 +18,18 @@ TOLERANCE = 1e-5
 
 
 def test_ours_matches_genrets_own_code():
-    result = parity.check_fixture(FIXTURE)
+    result = parity.check_fixture(FIXTURE, search=False)
     assert parity.within(result, TOLERANCE), result
     assert result["balanced_codes_identical"]
     assert {"query_logits_rel_diff", "loss_rec_rel_diff", "kmeans_normed_rel_diff", "sinkhorn_plan_rel_diff",
             "loss_code_rel_diff"} <= set(result)
+
+
+@pytest.mark.slow  # compiles a beam search (the default tier's time)
+def test_ours_searches_like_genrets_own_inference():
+    result = parity.check_fixture(FIXTURE)
+    assert parity.within(result, TOLERANCE), result
+    assert result["search_rankings_identical"] and result["search_scores_rel_diff"] <= TOLERANCE
 
 
 def _copy_with(tmp_path, change):
@@ -36,13 +43,14 @@ def _copy_with(tmp_path, change):
     return folder
 
 
+@pytest.mark.slow  # two more parity runs (the default tier's time)
 def test_a_swapped_weight_is_caught(tmp_path):
     def swap_codes(t):  # two codes of position 1's codebook trade places
         w = t["centroids.1.weight"].copy()
         w[[2, 5]] = w[[5, 2]]
         t["centroids.1.weight"] = w
 
-    result = parity.check_fixture(_copy_with(tmp_path, swap_codes))
+    result = parity.check_fixture(_copy_with(tmp_path, swap_codes), search=False)
     assert not parity.within(result, TOLERANCE)
     assert result["doc_logits_rel_diff"] > 1e-2
 
@@ -51,7 +59,7 @@ def test_a_swapped_weight_is_caught(tmp_path):
         w[[0, 3]] = w[[3, 0]]
         t["code_embedding.0.weight"] = w
 
-    result = parity.check_fixture(_copy_with(tmp_path / "b", swap_start))
+    result = parity.check_fixture(_copy_with(tmp_path / "b", swap_start), search=False)
     assert result["doc_state_rel_diff"] > 1e-2 and not parity.within(result, TOLERANCE)
 
 
