@@ -76,20 +76,22 @@ def check_fixture(fixture_dir, search: bool = True) -> dict:
     def worst(name, value):
         diffs[name] = max(diffs.get(name, 0.0), value)
 
+    positions = jax.jit(model.positions)  # compiled whole: fewer, larger programs than op by op
+    losses = jax.jit(training.genret_losses, static_argnames=("t", "sinkhorn", "mask_duplicates"))
     for t in range(T):
         prefix = np.zeros((B, T), np.int32)
         prefix[:, :t] = inputs["prefix"][:, :t]
         prefix = jnp.asarray(prefix)
-        q_h, q_logits = model.positions(params, query, prefix)
-        d_h, d_logits = model.positions(params, doc, prefix)
+        q_h, q_logits = positions(params, query, prefix)
+        d_h, d_logits = positions(params, doc, prefix)
         worst("query_logits_rel_diff", rel_diff(q_logits[:, :t + 1], outputs[f"t{t}/query_logits"]))
         worst("doc_logits_rel_diff", rel_diff(d_logits[:, :t + 1], outputs[f"t{t}/doc_logits"]))
         worst("query_state_rel_diff", rel_diff(q_h[:, t], outputs[f"t{t}/query_state"]))
         worst("doc_state_rel_diff", rel_diff(d_h[:, t], outputs[f"t{t}/doc_state"]))
         worst("sinkhorn_plan_rel_diff", rel_diff(training.released_plan(d_logits[:, t]), outputs[f"t{t}/plan"]))
         table = params["head"]["codebook"].reshape(T, K, -1)
-        terms = training.genret_losses(q_h, q_logits, d_h, d_logits, prefix, t, rows, table[t],
-                                       sinkhorn="released", mask_duplicates=False)
+        terms = losses(q_h, q_logits, d_h, d_logits, prefix, t=t, rows_B=rows, codebook_KxD=table[t],
+                       sinkhorn="released", mask_duplicates=False)
         codes_same &= np.array_equal(np.asarray(terms["codes"]), outputs[f"t{t}/codes"])
         for ours, theirs in (("cl", "cl_loss"), ("ce", "ce_loss"), ("rec", "cl_dd_loss")):
             worst(f"loss_{ours}_rel_diff", rel_diff(terms[ours], outputs[f"t{t}/loss_{theirs}"]))

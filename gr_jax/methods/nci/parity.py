@@ -67,22 +67,21 @@ def check_fixture(fixture_dir, search: bool = True) -> dict:
     labels = jnp.asarray(inputs["labels"], jnp.int32)
     both_in, both_t = jnp.concatenate([queries, augmented]), jnp.concatenate([labels, labels])
     key = jax.random.PRNGKey(0)  # training mode (the training mask); every dropout rate is 0
-    logits, _ = model.logits_and_states(params, both_in, both_t, key)
+    logits, _ = jax.jit(model.logits_and_states)(params, both_in, both_t, key)  # compiled whole: faster here
     allowed = np.asarray(outputs["train_logits"]) > -1e8
     out["train_mask_identical"] = bool(np.array_equal(np.asarray(logits) > -1e8, allowed))
     # their decoder also masks the padded target positions as keys (decoder_attention_mask); a real position never
     # attends to a later one, so only the states at padded positions differ — in nothing but the Contrast term
     real = allowed & (np.asarray(both_t) != 0)[..., None]
     out["train_logits_rel_diff"] = rel_diff(logits, outputs["train_logits"], real)
-    loss, metrics = nci_model.nci_objective(model, params, {"inputs": queries, "targets": labels,
-                                                            "augmented_inputs": augmented}, key,
-                                            consistency="contrast")
+    objective = jax.jit(lambda p, b, k: nci_model.nci_objective(model, p, b, k, consistency="contrast"))
+    loss, metrics = objective(params, {"inputs": queries, "targets": labels, "augmented_inputs": augmented}, key)
     ce_sum, tokens = metrics["loss"]
     contrast_sum, rows = metrics["consistency_contrast"]
     out["train_ce_rel_diff"] = rel_diff(ce_sum / tokens, outputs["train_ce"])
     out["train_contrast_rel_diff"] = rel_diff(contrast_sum / rows, outputs["train_contrast"] / 0.15)
     out["train_loss_rel_diff"] = rel_diff(loss, outputs["train_loss"])
-    ev = model.token_logits(params, queries, labels)
+    ev = jax.jit(model.token_logits)(params, queries, labels)
     allowed = np.asarray(outputs["eval_logits"]) > -1e8
     out["eval_logits_rel_diff"] = rel_diff(ev, outputs["eval_logits"], allowed)
     if not search:

@@ -352,11 +352,13 @@ def test_the_stage_weights_and_the_fit_targets():
              "prefix": rng.integers(0, K, (B, T)).astype(np.int32), "rows": np.arange(B, dtype=np.int32),
              "position": np.full(B, 2, np.int32), "fit_codes": np.array([1, 2, 1, 3], np.int32)}
     table = params["head"]["codebook"].reshape(T, K, -1)
-    q_h, q_l = model.positions(params, batch["inputs"], batch["prefix"])
-    d_h, d_l = model.positions(params, batch["documents"], batch["prefix"])
+    positions = jax.jit(model.positions)  # compiled whole rather than op by op: less time
+    q_h, q_l = positions(params, batch["inputs"], batch["prefix"])
+    d_h, d_l = positions(params, batch["documents"], batch["prefix"])
+    objective = jax.jit(lambda p, b: genret_objective(model, p, b)[0])
 
     def loss(phase):
-        return float(genret_objective(model, params, {**batch, "phase": np.full(B, phase, np.int32)})[0])
+        return float(objective(params, {**batch, "phase": np.full(B, phase, np.int32)}))
 
     terms = genret_losses(q_h, q_l, d_h, d_l, batch["prefix"], 2, batch["rows"], table[2])
     # main (0): the configured weights; pre (1): 0.5 cl + 0.5 code, as their w_1
