@@ -28,6 +28,7 @@ def reference(texts):
     return MiniLMEmbedder(batch_size=16).embed(texts)
 
 
+@pytest.mark.slow  # over 5 s: the default tier keeps within 10 minutes
 def test_embeddings_match_sentence_transformers_on_24_demo_texts(texts, reference):
     from gr_jax.backbones.bert import MiniLMJaxEmbedder
 

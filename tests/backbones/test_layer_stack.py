@@ -43,6 +43,7 @@ def test_llama_params_stay_one_subtree_per_layer(llama_pair):
     assert sorted(k for k in params if k.startswith("layers_")) == ["layers_0", "layers_1", "layers_2"]
 
 
+@pytest.mark.slow  # over 5 s: the default tier keeps within 10 minutes
 def test_llama_scanned_forward_and_cached_steps_equal_the_unrolled(llama_pair):
     config, params, scanned, unrolled = llama_pair
     ids = jnp.asarray(np.random.default_rng(0).integers(3, 96, (2, 9)))

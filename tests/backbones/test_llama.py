@@ -250,6 +250,7 @@ def test_cached_steps_equal_the_full_forward(tiny):
     np.testing.assert_allclose(np.stack(steps[:-1], 1), full[:, 2:7], atol=1e-5 * np.abs(full).max())
 
 
+@pytest.mark.slow  # over 5 s: the default tier keeps within 10 minutes
 def test_greedy_generation_follows_the_argmax_and_stops(tiny):
     model, params = tiny
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]

@@ -215,6 +215,7 @@ def test_logits_below_a_vocabulary_limit_are_the_first_columns(tiny, scale):
     assert np.abs(got - full[..., 1:k + 1]).max() > 1e-3  # the columns differ: a shifted slice would show
 
 
+@pytest.mark.slow  # over 5 s: the default tier keeps within 10 minutes
 def test_the_cross_attention_position_bias_of_transformers_3():
     """`cross_attention_bias`: a zero table computes the network without it; a random one changes the states, and
     cached steps (one row per query, and rows sharing their query's cross keys) equal the full pass."""

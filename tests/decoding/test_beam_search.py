@@ -78,6 +78,7 @@ def _check_valid(index, res):
         assert (np.diff(scores[b, :n]) <= 1e-6).all()  # ... in decreasing order
 
 
+@pytest.mark.slow  # over 5 s: the default tier keeps within 10 minutes
 @settings(max_examples=4, deadline=None)  # each example compiles new searchers; the oracle tests cover more
 @given(tries(), st.sampled_from(["log_softmax", "renormalized", "raw"]), st.sampled_from([0.0, 1.0]))
 def test_full_beam_equals_exhaustive_and_insert_equals_rebuild(data, mode, lp):

@@ -320,6 +320,7 @@ def corpora(draw, max_parts: int = 3):
     return parts, rows
 
 
+@pytest.mark.slow  # over 5 s: the default tier keeps within 10 minutes
 @settings(max_examples=30, deadline=None)
 @given(corpora())
 def test_walk_after_build_insert_compact(data):
@@ -336,6 +337,7 @@ def test_walk_after_build_insert_compact(data):
     check_walk(index, corpus, V)
 
 
+@pytest.mark.slow  # over 5 s: the default tier keeps within 10 minutes
 @settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_walk_with_prefix_and_end_token(data):

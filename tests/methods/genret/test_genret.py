@@ -342,6 +342,7 @@ def test_phased_batches_carry_the_stage_and_the_fit_codes():
     assert "phase" not in next(plain) and "fit_codes" not in next(plain)  # the default schedule: batches as before
 
 
+@pytest.mark.slow  # over 5 s: the default tier keeps within 10 minutes
 def test_the_stage_weights_and_the_fit_targets():
     model = _model()
     params = model.init_params(3)

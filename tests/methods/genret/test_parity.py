@@ -63,6 +63,7 @@ def test_a_swapped_weight_is_caught(tmp_path):
     assert result["doc_state_rel_diff"] > 1e-2 and not parity.within(result, TOLERANCE)
 
 
+@pytest.mark.slow  # over 5 s: the default tier keeps within 10 minutes
 def test_each_released_code_flag_changes_what_it_should():
     meta, head, _, _ = parity._read(FIXTURE)
     model, params = parity.fixture_model(FIXTURE, head, meta)
