@@ -117,6 +117,11 @@ def release_paths(release: Release, system: str, release_dir: Path) -> dict[str,
     return out
 
 
+def _values(paths: dict, model_dir: Path) -> dict:
+    """What `{NAME}` stands for: the release's paths and the system's MODEL_DIR."""
+    return {**{k: str(v) for k, v in paths.items()}, "MODEL_DIR": str(model_dir)}
+
+
 def _fill(text: str, values: dict) -> str:
     return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), text)
 
@@ -137,7 +142,7 @@ def commands(release: Release, system: str, paths: dict, model_dir: Path, files:
              bindings: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """(the import's command line, each evaluation's) for one system."""
     s = release.systems[system]
-    values = {**{k: str(v) for k, v in paths.items()}, "MODEL_DIR": str(model_dir)}
+    values = _values(paths, model_dir)
     imp = {**DEFAULT_IMPORT, **s.get("import", {})}
     gin_flags = [f"--gin_file={f}" for f in [*s["gin"], *files]]
     given = [f"--gin_bindings={b}" for b in bindings]  # the command line's, as split_flags normalised them
@@ -233,8 +238,7 @@ def run_release_system(release: Release, system: str, release_dir: Path, output_
                     "last_line": "gr_jax.infer printed no metrics"}
         wanted = [r["metric"] for r in e["rows"] if answers.ANSWER_METRIC.match(r["metric"])]
         if wanted:  # answer accuracy: the run's passages against the queries' answer strings
-            filled = {k: _fill(e[k], {**{n: str(v) for n, v in paths.items()}, "MODEL_DIR": str(model_dir)})
-                      for k in ("answers", "passages")}
+            filled = {k: _fill(e[k], _values(paths, model_dir)) for k in ("answers", "passages")}
             values["metrics"].update(answers.answer_metrics(printed["run"], filled["answers"], filled["passages"],
                                                             wanted))
         write_text(done, json_text({"recipe": erec, "evaluation": values}, indent=1), keep_previous=True)
@@ -243,10 +247,12 @@ def run_release_system(release: Release, system: str, release_dir: Path, output_
 
 
 def table_rows(release: Release, results: dict) -> list[dict]:
-    """One row per (system, evaluation, metric), in the release file's order."""
+    """One row per (system of `results`, evaluation, metric), in the release file's order."""
     rows = []
     for system, s in release.systems.items():
-        result = results.get(system)
+        if system not in results:
+            continue
+        result = results[system]
         for i, e in enumerate(s["evaluate"]):
             for r in e["rows"]:
                 ours, done = None, {}
@@ -263,7 +269,7 @@ def table_rows(release: Release, results: dict) -> list[dict]:
 
 
 def _f(x) -> str:
-    return "—" if x is None else f"{x:+.4f}" if isinstance(x, float) and x < 0 else f"{x:.4f}"
+    return "—" if x is None else f"{x:.4f}"
 
 
 def markdown(release: Release, rows: list[dict], status: dict) -> str:
@@ -310,8 +316,7 @@ def reproduce_released(paper: str, release_dir: str, output_dir: str, files: Seq
     for n in names:
         status[n] = run_release_system(release, n, root, out, files, bindings, search_paths)
         log.info("%s: %s", n, status[n]["status"])
-    rows = table_rows(release, {n: status[n] for n in names})
-    rows = [r for r in rows if r["system"] in names]
+    rows = table_rows(release, status)
     text = markdown(release, rows, status)
     make_dirs(out)
     write_text(out / f"released_{paper}.md", text + "\n", keep_previous=True)

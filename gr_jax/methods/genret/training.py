@@ -293,7 +293,7 @@ class GenretBatches:
 
     def __init__(self, inputs: np.ndarray, rows: np.ndarray, keys, doc_tokens: np.ndarray, batch_size: int,
                  stage_steps: int, positions: int, seed: int = 0, stages: Optional[Sequence[tuple]] = None,
-                 doc_rank: Optional[np.ndarray] = None):
+                 doc_rank: Optional[np.ndarray] = None, codes: int = 0):
         self.inputs, self.rows = np.asarray(inputs), np.asarray(rows, np.int64)
         if len(self.inputs) != len(self.rows) or len(keys) != len(self.rows) or not len(self.rows):
             raise ValueError("GenRET batches: inputs, document rows and keys must be parallel and non-empty")
@@ -305,6 +305,10 @@ class GenretBatches:
         # (`GenretTraining.pre_stage` / `fit_stage`) add the batches' "phase" and "fit_codes"
         self.stages = list(stages) if stages is not None else [("main", t) for t in range(self.positions)]
         self.phased = any(kind != "main" for kind, _ in self.stages)
+        self.fit = any(kind == "fit" for kind, _ in self.stages)
+        if self.fit and codes < 1:
+            raise ValueError("GenRET batches: a fit stage needs the codes per position (K) to number the documents")
+        self.codes = int(codes)
         # each document row's rank by document id: the fit stage numbers the documents of a shared docid in this order
         self.doc_rank = np.asarray(doc_rank if doc_rank is not None else np.arange(len(doc_tokens)), np.int64)
         self.fit_codes = None
@@ -320,10 +324,9 @@ class GenretBatches:
                              f"document row), got {docids.shape}")
         self.docids = docids.astype(np.int32)
         self._plans, self._per_epoch = {}, {}
-        if self.phased:
-            self.fit_codes = occurrence_codes(self.docids[:, :-1], self.doc_rank, int(self.codes_per_position))
-
-    codes_per_position = 0  # K, set by GenretTraining when there is a fit stage
+        if self.phased:  # the fit stage's codes (zeros, never read, in a run without one)
+            self.fit_codes = occurrence_codes(self.docids[:, :-1], self.doc_rank, self.codes) if self.fit else \
+                np.zeros(len(self.docids), np.int32)
 
     def stage(self, step: int) -> int:
         return min(int(step) // self.stage_steps, len(self.stages) - 1)
@@ -502,7 +505,6 @@ class GenretTraining(ObjectivesConfig):
         log.info("GenRET: %d training pairs, %d stages of %d steps", len(pairs), len(self.stages), self.stage_steps)
         doc_rank = np.empty(len(self._by_key), np.int64)
         doc_rank[self._by_key] = np.arange(len(self._by_key))
-        batches = GenretBatches(inputs, pairs.rows, keys, inp.doc_tokens(), inp.batch_size, self.stage_steps,
-                                self.length, seed=inp.seed, stages=self.stages, doc_rank=doc_rank)
-        batches.codes_per_position = int(getattr(inp.scheme, "codes", 0))
-        return batches
+        return GenretBatches(inputs, pairs.rows, keys, inp.doc_tokens(), inp.batch_size, self.stage_steps,
+                             self.length, seed=inp.seed, stages=self.stages, doc_rank=doc_rank,
+                             codes=int(getattr(inp.scheme, "codes", 0)))

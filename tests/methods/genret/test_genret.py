@@ -326,9 +326,11 @@ def test_phased_batches_carry_the_stage_and_the_fit_codes():
     keys = [(f"q{i}", f"d{i}") for i in rows]
     doc_tokens = np.arange(10)[:, None] * np.ones((1, 3), np.int32) + 100
     stages = GenretTraining(train_steps=14, positions=2, pre_stage=True, fit_stage=True).stages
+    with pytest.raises(ValueError, match="a fit stage needs the codes per position"):
+        GenretBatches(np.tile(rows[:, None], (1, 4)), rows, keys, doc_tokens, 4, stage_steps=2, positions=3,
+                      stages=stages)
     b = GenretBatches(np.tile(rows[:, None], (1, 4)), rows, keys, doc_tokens, 4, stage_steps=2, positions=3, seed=1,
-                      stages=stages, doc_rank=rows[::-1].copy())
-    b.codes_per_position = 8
+                      stages=stages, doc_rank=rows[::-1].copy(), codes=8)
     b.set_docids(np.stack([rows % 2, rows % 3, np.zeros(10, int)], 1))
     got = [next(b) for _ in range(10)]
     assert [int(x["phase"][0]) for x in got] == [1, 1, 0, 0, 1, 1, 0, 0, 2, 2]  # pre, main, pre, main, fit
@@ -340,6 +342,10 @@ def test_phased_batches_carry_the_stage_and_the_fit_codes():
             assert code == sorted(same, reverse=True).index(r) + 1
     plain = _batches()
     assert "phase" not in next(plain) and "fit_codes" not in next(plain)  # the default schedule: batches as before
+    pre_only = GenretBatches(np.tile(rows[:, None], (1, 4)), rows, keys, doc_tokens, 4, stage_steps=2, positions=2,
+                             stages=GenretTraining(train_steps=8, positions=2, pre_stage=True).stages)
+    pre_only.set_docids(np.stack([rows % 2, rows % 3], 1))
+    assert int(next(pre_only)["phase"][0]) == 1 and not next(pre_only)["fit_codes"].any()  # no fit stage: no numbering
 
 
 @pytest.mark.slow  # over 5 s: the default tier keeps within 10 minutes
