@@ -76,7 +76,8 @@ def build_bank(lm: LMContext, corpus: Corpus, writer: fewshot.DocidWriter, path:
     for b, rows in todo:
         w = dataclasses.replace(writer, seed=batch_seed(writer.seed, b))
         t = time.time()
-        docids, srcs = w.write(lm, [corpus.texts[r] for r in rows])
+        titles = [corpus.titles[r] for r in rows] if corpus.titles is not None else None
+        docids, srcs = w.write(lm, [corpus.texts[r] for r in rows], titles=titles)
         bank.add([corpus.doc_ids[r] for r in rows], docids, lm.tok.decode, srcs)
         bank.stats["generation_seconds"] = round(bank.stats.get("generation_seconds", 0.0) + time.time() - t, 1)
         bank.save(path)
@@ -92,11 +93,13 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
                 policy: str = "first", split: Optional[str] = None, num_beams: Optional[Count] = None,
                 batch_size: Optional[Count] = None,
                 max_queries: int = 0, max_documents: int = 0, max_query_tokens: Count = 48,
-                metrics: Sequence[str] = ("Hit@1", "Hit@10", "MRR@10"), compare_bm25: bool = True) -> dict:
+                metrics: Sequence[str] = ("Hit@1", "Hit@10", "MRR@10"), compare_bm25: bool = True,
+                train_demonstrations: int = 0) -> dict:
     """Few-Shot GR on `task`: the docid bank, then retrieval of `split` for each bank size; writes
     MODEL_DIR/{docid_bank.jsonl, fewshot.json, fewshot.md, runs/<split>.fewshot_n<n>.run}. The split, beams and
     query batch are `EvalConfig`'s (`split`, `num_beams`, `batch_size`: their earlier names in gin; from Python,
-    values that replace them)."""
+    values that replace them). `train_demonstrations` > 0: the prompt's demonstrations are that many training
+    queries with their documents' titles (`fewshot.train_demonstrations`; for title docids)."""
     writer = writer if writer is not None else fewshot.DocidWriter()
     sizes = sorted(set(int(n) for n in bank_sizes))
     if not sizes or sizes[0] < 1 or sizes[-1] > writer.num_docids:
@@ -108,6 +111,9 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
     dataset = restrict(sources.load_dataset(task), max_documents)
     if split not in dataset.queries:
         raise ValueError(f"split {split!r} not in the dataset (it has {sorted(dataset.queries)})")
+    if train_demonstrations:
+        demos = fewshot.train_demonstrations(dataset, train_demonstrations)
+        writer = dataclasses.replace(writer, prompt=dataclasses.replace(writer.prompt, demonstrations=demos))
     ctx, lm_digest = LMContext.load(lm)
     retriever = fewshot.FewShotRetriever(ctx, writer.prompt, max_query_tokens=max_query_tokens)
     gin_checks.check_bindings_used(("run_fewshot",))
@@ -129,7 +135,8 @@ def run_fewshot(model_dir: str = gin.REQUIRED, task: str = gin.REQUIRED, lm: str
     rows = {d: i for i, d in enumerate(dataset.corpus.doc_ids)}
 
     results = {"lm": lm, "split": split, "queries": len(qids), "documents": len(dataset.corpus),
-               "num_beams": num_beams, "policy": policy, "writer": writer.settings(), "bank_sizes": {}}
+               "num_beams": num_beams, "policy": policy, "writer": writer.settings(),
+               "prompt": writer.prompt.describe(), "bank_sizes": {}}
     # timings change from run to run: kept apart from the results, so that a re-run writes the same results
     timing = {"bank_generation_seconds": bank.stats.get("generation_seconds"),
               "bank_seconds_this_run": round(index_seconds, 1), "ms_per_query": {}}

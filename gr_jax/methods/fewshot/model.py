@@ -5,7 +5,9 @@
 * **Indexing** (`DocidWriter`): n docids per document. Paper mode (`inputs='pseudo_queries'`, Eq. 1): an
   InPars-style generator (`PseudoQueryGenerator`) samples n pseudo-queries from the document, and each is
   turned into one docid greedily; `inputs='document'`: the document itself fills the query slot and n docids
-  are sampled from it. Docids have 3–15 tokens (min/max new tokens). The few-shot prefix is prefilled once for
+  are sampled from it; `inputs='title'`: a document's docid is its title (pydoc's qualified name, `json.dumps`),
+  nothing is generated — Few-Shot GR with titles as docids, so no indexing pass (one docid per document).
+  Docids have 3–15 tokens (min/max new tokens; a title is kept whole). The few-shot prefix is prefilled once for
   every prompt; a document's prompt is prefilled once and shared by its n samples (`lm_generate`).
 * **Bank** (`DocidBank`): every generated (document, docid) pair is kept; `resolve(policy)` gives the index's
   pairs — a docid written for several documents belongs to one of them: `'first'` (the smallest document id;
@@ -21,6 +23,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from pathlib import Path
 from typing import Optional, Sequence
@@ -75,6 +78,31 @@ class FewShotPrompt:
         return {"prefix": self.prefix(), "slot": self.slot("{text}") + self.docid_label}
 
 
+def train_demonstrations(dataset, count: int, split: str = "train") -> tuple:
+    """`count` (query, title of its relevant document) pairs of `split` for the prompt: the queries with the
+    smallest blake2b hashes of their ids (a documented key: the choice depends on neither the file's order nor
+    the Python process), in that order; a query judging several documents takes the smallest document id."""
+    if count <= 0:
+        return ()
+    corpus = dataset.corpus
+    if corpus.titles is None:
+        raise ValueError("run_fewshot.train_demonstrations needs titles: this corpus has none")
+    if split not in dataset.queries:
+        raise ValueError(f"run_fewshot.train_demonstrations: no {split!r} split (the dataset has "
+                         f"{sorted(dataset.queries)})")
+    title = dict(zip(corpus.doc_ids, corpus.titles))
+    queries, qrels = dataset.queries[split], dataset.qrels[split]
+    text = dict(zip(queries.qids, queries.texts))
+    key = lambda q: (hashlib.blake2b(q.encode(), digest_size=8).digest(), q)
+    judged = sorted((q for q in queries.qids if any(d in title for d, g in qrels.get(q, {}).items() if g > 0)),
+                    key=key)
+    if len(judged) < count:
+        raise ValueError(f"run_fewshot.train_demonstrations = {count}, but the {split!r} split has only "
+                         f"{len(judged)} judged queries")
+    return tuple((clean_text(text[q]), clean_text(title[min(d for d, g in qrels[q].items() if g > 0 and d in title)]))
+                 for q in judged[:count])
+
+
 @gin.configurable
 @dataclasses.dataclass
 class DocidWriter:
@@ -83,7 +111,7 @@ class DocidWriter:
     num_docids: Count = 10
     min_tokens: Count = 3
     max_tokens: Count = 15
-    inputs: str = "pseudo_queries"  # or 'document'
+    inputs: str = "pseudo_queries"  # or 'document', 'title'
     batch_size: Count = 16  # documents per generation batch
     max_document_tokens: Count = 160
     temperature: Positive = 1.0
@@ -93,8 +121,12 @@ class DocidWriter:
     query_generator: PseudoQueryGenerator = PseudoQueryGenerator()
 
     def __post_init__(self):
-        if self.inputs not in ("pseudo_queries", "document"):
-            raise ValueError(f"DocidWriter.inputs must be 'pseudo_queries' or 'document', got {self.inputs!r}")
+        if self.inputs not in ("pseudo_queries", "document", "title"):
+            raise ValueError(f"DocidWriter.inputs must be 'pseudo_queries', 'document' or 'title', got "
+                             f"{self.inputs!r}")
+        if self.inputs == "title" and self.num_docids != 1:
+            raise ValueError(f"DocidWriter.inputs = 'title' writes one docid per document (its title): set "
+                             f"DocidWriter.num_docids = 1, got {self.num_docids}")
         if not 1 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"DocidWriter needs 1 ≤ min_tokens ≤ max_tokens, got {self.min_tokens}, "
                              f"{self.max_tokens}")
@@ -107,7 +139,7 @@ class DocidWriter:
         return {"num_docids": self.num_docids, "min_tokens": self.min_tokens, "max_tokens": self.max_tokens,
                 "inputs": self.inputs, "batch_size": self.batch_size, "max_document_tokens": self.max_document_tokens,
                 "temperature": self.temperature, "top_k": self.top_k, "seed": self.seed,
-                "prompt": self.prompt.describe(),
+                "prompt": None if self.inputs == "title" else self.prompt.describe(),  # titles: no prompt
                 "query_generator": dataclasses.asdict(self.query_generator) if self.inputs == "pseudo_queries"
                 else None}
 
@@ -123,8 +155,17 @@ class DocidWriter:
         """n sampled pseudo-queries per text (`PseudoQueryGenerator.generate`)."""
         return self.query_generator.generate(lm, texts, self.num_docids, seed, self.batch_size, progress)
 
-    def write(self, lm: LMContext, texts: Sequence[str], progress=None) -> tuple[list[list[list[int]]], list]:
-        """(docid token lists per text — n each, repeats possible —, the inputs they were written from)."""
+    def write(self, lm: LMContext, texts: Sequence[str], progress=None,
+              titles: Optional[Sequence[str]] = None) -> tuple[list[list[list[int]]], list]:
+        """(docid token lists per text — n each, repeats possible —, the inputs they were written from). With
+        `inputs='title'` the docids are `titles` (the documents' own), tokenized as the prompt's docids are."""
+        if self.inputs == "title":
+            if titles is None or len(titles) != len(texts) or not all(t and t.strip() for t in titles):
+                raise ValueError("DocidWriter.inputs = 'title' needs every document's title; this corpus has "
+                                 "documents without one")
+            if progress is not None:
+                progress.update(len(texts))
+            return [[lm.encode(f" {clean_text(t)}")] for t in titles], [[clean_text(t)] for t in titles]
         prefix = lm.prefix_cache(self.prompt.prefix())
         kw = dict(max_new_tokens=self.max_tokens, min_new_tokens=self.min_tokens, stop_ids=lm.line_stops,
                   prefix=prefix)
@@ -275,7 +316,8 @@ class FewShotRetriever:
         self.start_token = tail[-1]
         self._tail = tail[:-1]
         self._searchers: dict[int, Searcher] = {}
-        self.params = {"lm": lm.params, "prefix": lm.prefix_cache(prompt.prefix())}
+        # no demonstrations (zero-shot): no shared prefix
+        self.params = {"lm": lm.params, "prefix": lm.prefix_cache(prompt.prefix()) if prompt.prefix() else None}
 
     @property
     def config(self):

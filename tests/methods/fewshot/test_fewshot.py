@@ -225,8 +225,10 @@ def test_restrict_keeps_queries_about_kept_documents():
 
 
 def test_writer_settings_errors():
-    with pytest.raises(ValueError, match="'pseudo_queries' or 'document'"):
-        fewshot.DocidWriter(inputs="title")
+    with pytest.raises(ValueError, match="'pseudo_queries', 'document' or 'title'"):
+        fewshot.DocidWriter(inputs="titles")
+    with pytest.raises(ValueError, match="num_docids = 1"):
+        fewshot.DocidWriter(inputs="title")  # a title is one docid
     with pytest.raises(ValueError, match="min_tokens"):
         fewshot.DocidWriter(min_tokens=5, max_tokens=3)
     assert json.dumps(fewshot.DocidWriter().settings())  # recorded in the bank header: JSON-serialisable
@@ -300,3 +302,35 @@ def test_fewshot_command_runs_reuses_its_bank_and_refuses_another(tiny_hf_llama,
     gin.clear_config()
     assert entry.main(args + ["--gin.run_fewshot.bank_sizes=[1, 5]"]) == 2
     assert "bank_sizes must lie in 1..DocidWriter.num_docids (2)" in capsys.readouterr().err
+
+
+def test_title_docids_and_training_demonstrations(lm):
+    """Few-Shot GR with titles as docids: nothing is generated (a document's docid is its title, tokenized as the
+    prompt's docids are), and the demonstrations are training queries with their titles, chosen by a hash of the
+    query ids — the same whatever the order of the query file."""
+    import dataclasses as dc
+
+    from gr_jax.data.readers import Dataset, QuerySet
+
+    ctx, data = lm
+    writer = fewshot.DocidWriter(inputs="title", num_docids=1)
+    titles = list(data.corpus.titles[:3])
+    docids, sources = writer.write(ctx, list(data.corpus.texts[:3]), titles=titles)
+    assert docids == [[ctx.encode(" " + t)] for t in titles] and sources == [[t] for t in titles]
+    with pytest.raises(ValueError, match="title"):
+        writer.write(ctx, list(data.corpus.texts[:2]), titles=["a", ""])
+    demos = fewshot.train_demonstrations(data, 3)
+    title_of = dict(zip(data.corpus.doc_ids, data.corpus.titles))
+    text_of = dict(zip(data.queries["train"].qids, data.queries["train"].texts))
+    for q, t in demos:
+        assert t in set(title_of.values()) and q in {" ".join(x.split()) for x in text_of.values()}
+    # another order of the same queries: the same demonstrations
+    qs = data.queries["train"]
+    rev = QuerySet(list(reversed(qs.qids)), list(reversed(qs.texts)))
+    shuffled = Dataset(data.corpus, {**data.queries, "train": rev}, data.qrels, extras=data.extras)
+    assert fewshot.train_demonstrations(shuffled, 3) == demos
+    assert fewshot.train_demonstrations(data, 0) == ()
+    with pytest.raises(ValueError, match="judged queries"):
+        fewshot.train_demonstrations(data, 10 ** 6)
+    prompt = dc.replace(fewshot.FewShotPrompt(), demonstrations=demos)
+    assert all(f"Identifier: {t}\n" in prompt.prefix() for _, t in demos)
