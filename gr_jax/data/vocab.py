@@ -176,6 +176,66 @@ class HFTokenizerVocabulary:
         return self._tok.token_to_id(piece)
 
 
+class WordPieceVocabulary:
+    """A BERT WordPiece `tokenizer.json` (a sentence-transformers encoder's, e.g. all-MiniLM-L6-v2): the text
+    vocabulary of a network whose encoder is that BERT (`T5Config.pretrained_encoder`). Its [PAD] is id 0, the
+    library's pad; the library's end id 1 is BERT's [unused0], a token the tokenizer never writes. `encode` adds
+    no [CLS]/[SEP] (the encoder adds them around the tokens it reads). Uncased models lower-case: docids read
+    in this vocabulary are compared lower-cased."""
+
+    pad_id = PAD_ID
+    eos_id = EOS_ID
+
+    def __init__(self, tokenizer_json: str | os.PathLike):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ValueError(f"{tokenizer_json}: reading tokenizer.json needs the 'tokenizers' package "
+                             f"(pip install 'gr_jax[torch]')") from None
+        try:
+            self._tok = Tokenizer.from_file(str(tokenizer_json))
+        except Exception as e:  # tokenizers raises a bare Exception on parse errors
+            raise ValueError(f"{tokenizer_json}: not a tokenizer.json ({e})") from None
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        if self._tok.token_to_id("[PAD]") != PAD_ID or self._tok.id_to_token(EOS_ID) != "[unused0]":
+            raise ValueError(f"{tokenizer_json}: a BERT WordPiece vocabulary has [PAD] = 0 and [unused0] = 1; this "
+                             f"one has [PAD] = {self._tok.token_to_id('[PAD]')}, id 1 = {self._tok.id_to_token(1)!r}")
+        self.unk_id = self._tok.token_to_id("[UNK]")
+        self.cls_id, self.sep_id = self._tok.token_to_id("[CLS]"), self._tok.token_to_id("[SEP]")
+
+    @staticmethod
+    def is_wordpiece(tokenizer_json: str | os.PathLike) -> bool:
+        try:
+            model = read_json(Path(tokenizer_json)).get("model", {})
+        except (OSError, ValueError, AttributeError):
+            return False
+        return isinstance(model, dict) and model.get("type") == "WordPiece"
+
+    @property
+    def size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.blake2b(self._tok.to_str().encode("utf-8"), digest_size=12).hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        ids = [int(i) for i in ids]
+        if EOS_ID in ids:
+            ids = ids[: ids.index(EOS_ID)]
+        return self._tok.decode([i for i in ids if i != PAD_ID], skip_special_tokens=True)
+
+    def id_to_piece(self, i: int) -> str:
+        return self._tok.id_to_token(int(i))
+
+    def piece_to_id(self, piece: str) -> Optional[int]:
+        return self._tok.token_to_id(piece)
+
+
 def train_sentencepiece(texts: Sequence[str], path: str | os.PathLike, vocab_size: int,
                         model_type: str = "unigram", character_coverage: float = 1.0) -> SentencePieceVocabulary:
     """Train a SentencePiece model with T5's special ids (pad 0, eos 1, unk 2, no bos) and write it to `path`.
@@ -221,6 +281,8 @@ def load_vocabulary(path: str | os.PathLike, extra_ids: int | None = None) -> Vo
         raise ValueError(f"{cfg_path}: cannot read extra_ids ({e})") from None
     if (p / "spiece.model").exists():
         return SentencePieceVocabulary(p / "spiece.model", extra_ids)
+    if (p / "tokenizer.json").exists() and WordPieceVocabulary.is_wordpiece(p / "tokenizer.json"):
+        return WordPieceVocabulary(p / "tokenizer.json")
     if (p / "tokenizer.json").exists():
         bos = cfg.get("bos_token") if cfg.get("add_bos_token") else None
         return HFTokenizerVocabulary(p / "tokenizer.json", bos_token=bos if isinstance(bos, str) else None)

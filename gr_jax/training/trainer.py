@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import json
 import logging
 import time
@@ -41,7 +42,7 @@ from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.runtime.errors import UserError
 from gr_jax.runtime.io_utils import fault_point, free_space, json_text, no_space, write_text
 from gr_jax.runtime.run_dir import RunDir
-from gr_jax.training import partitioning
+from gr_jax.training import lora, partitioning
 from gr_jax.training.sam import global_norm, sam
 from gr_jax.runtime.validation import Positive
 
@@ -159,19 +160,21 @@ class ScalarWriter:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation):
-    """`step(state, batch, dropout_key) -> (state, metrics)`. `loss_fn(params, batch, rng) -> (loss,
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, partition: Optional["Partition"] = None):
+    """`step(state, batch, dropout_key[, frozen]) -> (state, metrics)`. `loss_fn(params, batch, rng) -> (loss,
     {name: (sum, count)})`; the metrics are those pairs plus `grad_norm` as (norm, 1). A non-finite loss,
     gradient or update keeps the old parameters and optimizer state and counts in `state["nonfinite"]`. The
     optimizer's update gets `grad_fn(params)`, the gradient of the same batch at other parameters (SAM uses it;
-    other transformations ignore it)."""
+    other transformations ignore it). With a `partition`, `state["params"]` is its trainable part and `frozen`
+    the rest: the loss sees them joined, the gradient and the optimizer the trainable part only."""
     tx = optax.with_extra_args_support(tx)
 
-    def step(state, batch, dropout_key):
+    def step(state, batch, dropout_key, frozen=None):
         rng = jax.random.fold_in(dropout_key, state["step"])
-        (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch, rng)
+        loss_of = loss_fn if partition is None else (lambda p, b, r: loss_fn(partition.join(p, frozen), b, r))
+        (loss, sums), grads = jax.value_and_grad(loss_of, has_aux=True)(state["params"], batch, rng)
         grad_norm = global_norm(grads)
-        grad_fn = jax.grad(lambda p: loss_fn(p, batch, rng)[0])
+        grad_fn = jax.grad(lambda p: loss_of(p, batch, rng)[0])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"], grad_fn=grad_fn)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(global_norm(updates))
         params = optax.apply_updates(state["params"], updates)
@@ -182,6 +185,50 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation):
         return new_state, {**sums, "grad_norm": (grad_norm, jnp.ones((), jnp.float32))}
 
     return step
+
+
+class Partition:
+    """Parameters split into the part a run trains (`trainable(name)` of each leaf's key path, e.g.
+    `lora.trainable`) and the part it holds fixed. `split(tree)` → (the trainable leaves as a tree of dicts by key
+    path, {name: leaf} of the rest); `join` puts them back into the full tree's structure. The trainer keeps the
+    frozen part out of the gradient, the optimizer state and the checkpoints, which record its `digest`."""
+
+    def __init__(self, params, trainable: Callable[[str], bool]):
+        leaves, self.treedef = jax.tree_util.tree_flatten_with_path(params)
+        self.names = [provenance.key_path(p) for p, _ in leaves]
+        self.trained = [bool(trainable(n)) for n in self.names]
+        if not any(self.trained):
+            raise ValueError("the trainable part of the parameters is empty: nothing would train (are the adapters "
+                             "there? Lora.targets)")
+
+    def split(self, tree) -> tuple[dict, dict]:
+        leaves = self.treedef.flatten_up_to(tree)
+        train: dict = {}
+        frozen = {}
+        for name, leaf, t in zip(self.names, leaves, self.trained):
+            if t:
+                *parents, last = name.split("/")
+                node = train
+                for k in parents:
+                    node = node.setdefault(k, {})
+                node[last] = leaf
+            else:
+                frozen[name] = leaf
+        return train, frozen
+
+    def join(self, train: dict, frozen: dict):
+        flat = dict(zip(provenance_names(train), jax.tree_util.tree_leaves(train)))
+        return self.treedef.unflatten([flat[n] if t else frozen[n] for n, t in zip(self.names, self.trained)])
+
+    @staticmethod
+    def digest(frozen: dict) -> str:
+        """One digest of the frozen leaves' bytes (with their names, dtypes and shapes)."""
+        digests = provenance.array_digests(frozen, distributed.to_host)
+        return hashlib.blake2b(json.dumps(digests, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def provenance_names(tree) -> list[str]:
+    return [provenance.key_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 @jax.jit
@@ -437,8 +484,11 @@ class LoopConfig:
     """How the loop runs a training (what it trains is the model, the iterator and the optimizer): steps and batch,
     the dropout seed, how often it logs and checkpoints, how many checkpoints it keeps, the mesh's model-parallel
     partitions, a progress bar, the name of its metrics log (`<name>_metrics.jsonl`), where training started
-    from (named by a non-finite-loss message) and the logical-axis rules that lay the parameters out (default
-    `partitioning.logical_rules()`)."""
+    from (named by a non-finite-loss message), the logical-axis rules that lay the parameters out (default
+    `partitioning.logical_rules()`), and which parameters train: `trainable(name)` of a leaf's key path (None:
+    all; e.g. `lora.trainable`) — the others are held fixed (`Partition`): out of the gradient, the optimizer
+    state and the checkpoints, which record their digest (`lora.FROZEN_DIGEST`) so that a resume over other
+    frozen weights is refused."""
 
     train_steps: int
     batch_size: int
@@ -451,6 +501,7 @@ class LoopConfig:
     name: str = "train"
     started_from: Optional[str] = None  # INITIAL_CHECKPOINT_PATH, for messages
     rules: Optional[dict] = None
+    trainable: Optional[Callable[[str], bool]] = None
 
     def validate(self) -> "LoopConfig":
         validate_loop(self.train_steps, self.batch_size, self.log_period, 0, self.checkpoint_period,
@@ -464,21 +515,34 @@ class LoopContext:
     (`params()`: this process's copy) and `replace_params(new)` (same structure, shapes and dtypes; placed as the
     old ones, so the step keeps its one compilation)."""
 
-    def __init__(self, run_dir: RunDir, loop: LoopConfig, state: dict, shardings: dict, resumed_from):
+    def __init__(self, run_dir: RunDir, loop: LoopConfig, state: dict, shardings: dict, resumed_from,
+                 partition: Optional[Partition] = None, frozen: Optional[dict] = None):
         self.run_dir, self.loop, self._state, self._shardings = run_dir, loop, state, shardings
         self.resumed_from = resumed_from
+        self._partition, self._frozen = partition, frozen  # a run that trains part of the parameters
         self.step = int(state["step"])
         self.logged: dict = {}  # the scalars of the last log line (the objective's names, steps_per_s, epoch)
 
+    def _full(self, params):
+        return params if self._partition is None else self._partition.join(params, self._frozen)
+
     def params(self) -> dict:
-        return distributed.local(self._state["params"])
+        return distributed.local(self._full(self._state["params"]))
 
     def replace_params(self, new: dict, what: str = "a hook") -> None:
-        old = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), self._state["params"])
+        held = self._full(self._state["params"])
+        old = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), held)
         got = jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), new)
-        if jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(self._state["params"]) or old != got:
+        if jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(held) or old != got:
             raise TrainingError(f"step {self.step}: {what} returned parameters of another structure, shape or "
                                 f"dtype than the model's")
+        if self._partition is not None:
+            new, frozen = self._partition.split(new)
+            changed = [n for n, x in frozen.items() if x is not self._frozen[n]
+                       and not bool(jnp.array_equal(x, self._frozen[n]))]
+            if changed:
+                raise TrainingError(f"step {self.step}: {what} changed frozen parameters ({changed[0]}, …), which "
+                                    f"this run does not train")
         self._state["params"] = distributed.put(new, self._shardings["params"])
 
 
@@ -592,7 +656,8 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, run_dir, l
     """Trains `model` from `params` (or from the newest intact checkpoint in `run_dir`, a `RunDir` or its path)
     to `loop.train_steps`, drawing batches from `iterator` (resumable: `state()` / `set_state()`, `epochs()`).
     `meta` (what the run was built from) is saved in every checkpoint and must match on resume. `hooks` act at
-    points of the loop (`Hook`). Returns {"state", "step", "resumed_from", "checkpoint"}."""
+    points of the loop (`Hook`). With `loop.trainable` only those parameters train (`Partition`). Returns
+    {"state" (its params whole), "step", "resumed_from", "checkpoint"}."""
     loop = loop.validate()
     for hook in hooks:
         hook.check(loop)
@@ -603,7 +668,10 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, run_dir, l
     if loop.batch_size % mesh.shape["data"]:
         raise ValueError(f"BATCH_SIZE {loop.batch_size} is not divisible by the {mesh.shape['data']} data-parallel "
                          f"devices")
-    state, state_shardings = _initial_state(model, params, tx, mesh, loop.rules)
+    partition = Partition(params, loop.trainable) if loop.trainable is not None else None
+    state, state_shardings, frozen = _initial_state(model, params, tx, mesh, loop.rules, partition)
+    if partition is not None:
+        meta = {**meta, lora.FROZEN_DIGEST: Partition.digest(frozen)}
     # restored straight into the run's layout (on every process's devices, with several)
     template = jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
                                       state_shardings)
@@ -614,8 +682,15 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, run_dir, l
         log.info("resumed from %s at step %d", run_dir.checkpoints, latest)
     b_shard, scalar = partitioning.batch_sharding(mesh), partitioning.replicated(mesh)
     state = distributed.put(state, state_shardings)  # one layout in and out: the step compiles once
-    step_fn = jax.jit(make_train_step(model.loss_fn, tx), in_shardings=(state_shardings, b_shard, scalar),
-                      out_shardings=(state_shardings, scalar), donate_argnums=(0,))
+    if partition is None:
+        step_fn = jax.jit(make_train_step(model.loss_fn, tx), in_shardings=(state_shardings, b_shard, scalar),
+                          out_shardings=(state_shardings, scalar), donate_argnums=(0,))
+    else:  # the frozen part is an argument (never a constant of the program), not donated
+        frozen_shardings = jax.tree_util.tree_map(lambda x: x.sharding, frozen)
+        step_fn = jax.jit(make_train_step(model.loss_fn, tx, partition),
+                          in_shardings=(state_shardings, b_shard, scalar, frozen_shardings),
+                          out_shardings=(state_shardings, scalar), donate_argnums=(0,))
+        step_fn = _with_frozen(step_fn, frozen)
     dropout_key = jax.random.PRNGKey(loop.seed + 1)
     saver = _Saver(manager, iterator, meta, latest, int(state["nonfinite"]))
     step = int(state["step"])
@@ -623,7 +698,7 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, run_dir, l
         raise TrainingError(f"{run_dir.checkpoints} holds step {step}, past TRAIN_STEPS = {loop.train_steps}; "
                             f"raise TRAIN_STEPS or use a new MODEL_DIR")
     locks.accept()  # what preparing wrote (vocabulary, docid scheme) stays from here on
-    ctx = LoopContext(run_dir, loop, state, state_shardings, latest)
+    ctx = LoopContext(run_dir, loop, state, state_shardings, latest, partition, frozen)
     for hook in hooks:
         hook.on_start(ctx)
     state = ctx._state
@@ -655,13 +730,26 @@ def fit(model, params, iterator, tx: optax.GradientTransformation, *, run_dir, l
         hook.on_end(ctx)
     log.info("%s done: step %d in %.1f s%s", loop.name, step, time.time() - t_start,
              f" (resumed from step {latest})" if latest is not None else "")
+    if partition is not None:
+        state = {**state, "params": partition.join(state["params"], frozen)}
     return {"state": state, "step": step, "resumed_from": latest, "checkpoint": str(run_dir.checkpoint(step))}
 
 
-def _initial_state(model, params, tx: optax.GradientTransformation, mesh, rules=None) -> tuple[dict, dict]:
-    """The train state {step, params, opt_state, nonfinite} placed by the model's logical axes, and its
-    shardings (scalars replicated)."""
-    shardings = partitioning.param_shardings(model.param_axes(params), mesh, rules)
+def _with_frozen(step_fn, frozen):
+    return lambda state, batch, key: step_fn(state, batch, key, frozen)
+
+
+def _initial_state(model, params, tx: optax.GradientTransformation, mesh, rules=None,
+                   partition: Optional[Partition] = None) -> tuple[dict, dict, Optional[dict]]:
+    """The train state {step, params, opt_state, nonfinite} placed by the model's logical axes (adapters as their
+    kernels, `lora.complete_axes`), its shardings (scalars replicated), and with a `partition` the frozen
+    parameters, placed ({name: array}; the state's params are then the trainable part)."""
+    shardings = partitioning.param_shardings(lora.complete_axes(model.param_axes(params), params), mesh, rules)
+    frozen = None
+    if partition is not None:
+        frozen_params, frozen_shardings = partition.split(params)[1], partition.split(shardings)[1]
+        frozen = distributed.put(frozen_params, frozen_shardings)
+        params, shardings = partition.split(params)[0], partition.split(shardings)[0]
     # a copy: the step donates its state, and the caller's arrays stay theirs (DPR mines with its start, the
     # dual encoder's caller compares with the untrained encoder)
     params = distributed.put(jax.tree_util.tree_map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x,
@@ -670,7 +758,7 @@ def _initial_state(model, params, tx: optax.GradientTransformation, mesh, rules=
     opt_state = jax.jit(tx.init, out_shardings=_optimizer_shardings(tx, params, shardings, scalar))(params)
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": opt_state,
              "nonfinite": jnp.zeros((), jnp.int32)}
-    return state, jax.tree_util.tree_map(lambda x: x.sharding if x.ndim else scalar, state)
+    return state, jax.tree_util.tree_map(lambda x: x.sharding if x.ndim else scalar, state), frozen
 
 
 def _optimizer_shardings(tx: optax.GradientTransformation, params, param_shardings, replicated):

@@ -1,7 +1,7 @@
 """The vocabulary a run uses, and the one it trains and keeps in its MODEL_DIR.
 
-`run_vocabulary`: VOCABULARY when given (a SentencePiece model, an HF tokenizer directory, or a decoder-only LM's
-own tokenizer: a named LM, a GGUF file, an HF Llama directory); else the SentencePiece model this MODEL_DIR trained
+`run_vocabulary`: VOCABULARY when given (a SentencePiece model, an HF tokenizer directory, a decoder-only LM's
+own tokenizer: a named LM, a GGUF file, an HF Llama directory; or 'all-MiniLM-L6-v2', its WordPiece); else the SentencePiece model this MODEL_DIR trained
 earlier — checked against what it was trained on —; else (training only) a new one trained on the corpus and the
 training queries, written as one atomic folder MODEL_DIR/vocabulary/ (`spiece.model` + `provenance.json`: the
 digest of the texts, vocab_size, the digest of the model file).
@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 from gr_jax.runtime import locks
 from gr_jax.data.readers import Dataset, fingerprint
 from gr_jax.runtime.io_utils import atomic_dir, read_json
-from gr_jax.backbones import llama_io
+from gr_jax.backbones import bert, llama_io
 from gr_jax.data.vocab import load_vocabulary, train_sentencepiece
 from gr_jax.runtime.run_dir import RunDir
 
@@ -30,6 +30,8 @@ def resolve(spec: str):
     HF tokenizer file."""
     if llama_io.is_lm_spec(spec):
         return llama_io.lm_vocabulary(spec)
+    if spec == bert.MINILM:  # the sentence encoder's WordPiece vocabulary (a MiniLM-encoder T5)
+        return load_vocabulary(bert.sentence_encoder_path(spec))
     return load_vocabulary(spec)
 
 

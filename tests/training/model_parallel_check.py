@@ -40,7 +40,7 @@ def check(name: str, model, partitions: int, rules: dict) -> dict:
     split = sum(1 for x in jax.tree_util.tree_leaves(placed)
                 if x.addressable_shards[0].data.shape != x.shape)
     # the trainer's state on that mesh: Adam's two moments laid out as their parameters (split as often)
-    state, _ = trainer._initial_state(model, params, optax.adamw(1e-3), mesh, rules)
+    state, _, _ = trainer._initial_state(model, params, optax.adamw(1e-3), mesh, rules)
     opt_split = sum(1 for x in jax.tree_util.tree_leaves(state["opt_state"]) if not x.sharding.is_fully_replicated)
     worst = 0.0
     for a, b in zip(jax.tree_util.tree_leaves(grads1), jax.tree_util.tree_leaves(grads8)):
