@@ -418,6 +418,8 @@ def train(model_dir: str = gin.REQUIRED, train_steps: Count = gin.REQUIRED, batc
                       meta=provenance(setup), hooks=hooks)
     state, step = out["state"], out["step"]
     params = distributed.local(state["params"])  # the searches run on this process's devices
+    if setup.adapters is not None:  # folded into their kernels: the same function, one product per projection
+        params = lora.merge(params)
     summary = {"model_dir": str(model_dir), "steps": step, "checkpoint": out["checkpoint"]}
     if decoded:  # the final docids: decoded with the final parameters, written in the scheme's format
         use_model_docids(setup, decode_model_docids(setup, params))

@@ -123,16 +123,14 @@ class SentencePieceVocabulary:
         return None if i == UNK_ID and piece != self._sp.IdToPiece(UNK_ID) else i
 
 
-class HFTokenizerVocabulary:
-    """An HF `tokenizer.json` (fast tokenizer) when no `spiece.model` is present; needs `tokenizers`. With
-    `bos_token` (tokenizer_config.json's `add_bos_token` and `bos_token`, as BART's written by
-    `backbones/bart_tokenizer`), `encode` starts every text with that token's id."""
+class _TokenizerFile:
+    """What the vocabularies read from an HF `tokenizer.json` share: reading it, the size, decoding (up to the
+    library's end id, without padding and special tokens) and the piece lookups."""
 
     pad_id = PAD_ID
     eos_id = EOS_ID
-    unk_id = UNK_ID
 
-    def __init__(self, tokenizer_json: str | os.PathLike, bos_token: Optional[str] = None):
+    def _read(self, tokenizer_json: str | os.PathLike) -> None:
         try:
             from tokenizers import Tokenizer
         except ImportError:
@@ -142,26 +140,10 @@ class HFTokenizerVocabulary:
             self._tok = Tokenizer.from_file(str(tokenizer_json))
         except Exception as e:  # tokenizers raises a bare Exception on parse errors
             raise ValueError(f"{tokenizer_json}: not a tokenizer.json ({e})") from None
-        for name, want in (("<pad>", PAD_ID), ("</s>", EOS_ID), ("<unk>", UNK_ID)):
-            got = self._tok.token_to_id(name)
-            if got != want:
-                raise ValueError(f"{tokenizer_json}: {name} has id {got}, T5 expects {want}")
-        self.bos_id = None if bos_token is None else self._tok.token_to_id(bos_token)
-        if bos_token is not None and self.bos_id is None:
-            raise ValueError(f"{tokenizer_json}: the bos_token {bos_token!r} of tokenizer_config.json is not a token")
 
     @property
     def size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
-
-    @property
-    def fingerprint(self) -> str:
-        text = self._tok.to_str() + ("" if self.bos_id is None else f"\nbos {self.bos_id}")
-        return hashlib.blake2b(text.encode("utf-8"), digest_size=12).hexdigest()
-
-    def encode(self, text: str) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
-        return list(ids) if self.bos_id is None else [self.bos_id, *ids]
 
     def decode(self, ids: Sequence[int]) -> str:
         ids = [int(i) for i in ids]
@@ -176,26 +158,42 @@ class HFTokenizerVocabulary:
         return self._tok.token_to_id(piece)
 
 
-class WordPieceVocabulary:
+class HFTokenizerVocabulary(_TokenizerFile):
+    """An HF `tokenizer.json` (fast tokenizer) when no `spiece.model` is present; needs `tokenizers`. With
+    `bos_token` (tokenizer_config.json's `add_bos_token` and `bos_token`, as BART's written by
+    `backbones/bart_tokenizer`), `encode` starts every text with that token's id."""
+
+    unk_id = UNK_ID
+
+    def __init__(self, tokenizer_json: str | os.PathLike, bos_token: Optional[str] = None):
+        self._read(tokenizer_json)
+        for name, want in (("<pad>", PAD_ID), ("</s>", EOS_ID), ("<unk>", UNK_ID)):
+            got = self._tok.token_to_id(name)
+            if got != want:
+                raise ValueError(f"{tokenizer_json}: {name} has id {got}, T5 expects {want}")
+        self.bos_id = None if bos_token is None else self._tok.token_to_id(bos_token)
+        if bos_token is not None and self.bos_id is None:
+            raise ValueError(f"{tokenizer_json}: the bos_token {bos_token!r} of tokenizer_config.json is not a token")
+
+    @property
+    def fingerprint(self) -> str:
+        text = self._tok.to_str() + ("" if self.bos_id is None else f"\nbos {self.bos_id}")
+        return hashlib.blake2b(text.encode("utf-8"), digest_size=12).hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return list(ids) if self.bos_id is None else [self.bos_id, *ids]
+
+
+class WordPieceVocabulary(_TokenizerFile):
     """A BERT WordPiece `tokenizer.json` (a sentence-transformers encoder's, e.g. all-MiniLM-L6-v2): the text
     vocabulary of a network whose encoder is that BERT (`T5Config.pretrained_encoder`). Its [PAD] is id 0, the
     library's pad; the library's end id 1 is BERT's [unused0], a token the tokenizer never writes. `encode` adds
     no [CLS]/[SEP] (the encoder adds them around the tokens it reads). Uncased models lower-case: docids read
     in this vocabulary are compared lower-cased."""
 
-    pad_id = PAD_ID
-    eos_id = EOS_ID
-
     def __init__(self, tokenizer_json: str | os.PathLike):
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise ValueError(f"{tokenizer_json}: reading tokenizer.json needs the 'tokenizers' package "
-                             f"(pip install 'gr_jax[torch]')") from None
-        try:
-            self._tok = Tokenizer.from_file(str(tokenizer_json))
-        except Exception as e:  # tokenizers raises a bare Exception on parse errors
-            raise ValueError(f"{tokenizer_json}: not a tokenizer.json ({e})") from None
+        self._read(tokenizer_json)
         self._tok.no_truncation()
         self._tok.no_padding()
         if self._tok.token_to_id("[PAD]") != PAD_ID or self._tok.id_to_token(EOS_ID) != "[unused0]":
@@ -213,27 +211,11 @@ class WordPieceVocabulary:
         return isinstance(model, dict) and model.get("type") == "WordPiece"
 
     @property
-    def size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)
-
-    @property
     def fingerprint(self) -> str:
         return hashlib.blake2b(self._tok.to_str().encode("utf-8"), digest_size=12).hexdigest()
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        ids = [int(i) for i in ids]
-        if EOS_ID in ids:
-            ids = ids[: ids.index(EOS_ID)]
-        return self._tok.decode([i for i in ids if i != PAD_ID], skip_special_tokens=True)
-
-    def id_to_piece(self, i: int) -> str:
-        return self._tok.id_to_token(int(i))
-
-    def piece_to_id(self, piece: str) -> Optional[int]:
-        return self._tok.token_to_id(piece)
 
 
 def train_sentencepiece(texts: Sequence[str], path: str | os.PathLike, vocab_size: int,

@@ -48,6 +48,7 @@ from gr_jax.methods.api import (
     read_records,
     records_text,
     Searcher,
+    Signed,
     TrieIndex,
     write_text,
 )
@@ -309,8 +310,9 @@ class FewShotRetriever:
     the LM's, and `loss_fn` / `param_axes` refuse)."""
 
     def __init__(self, lm: LMContext, prompt: FewShotPrompt = FewShotPrompt(), max_query_tokens: Count = 48,
-                 ranker=None):
+                 ranker=None, length_penalty: Signed = 0.0):
         self.lm, self.prompt, self.max_query_tokens = lm, prompt, max_query_tokens
+        self.length_penalty = length_penalty  # finished beams score / len ** length_penalty (0: the paper's sum)
         self.ranker = ranker if ranker is not None else rankers.FirstOccurrence()
         tail = lm.encode(prompt.docid_label)
         self.start_token = tail[-1]
@@ -380,6 +382,7 @@ class FewShotRetriever:
             self._searchers[num_beams] = Searcher(
                 self._step, self._cache, start_token=self.start_token, eos_id=self.lm.newline_id,
                 vocab_size=self.lm.model.config.vocab_size, num_beams=num_beams, score_mode="log_softmax",
+                length_penalty=self.length_penalty,
                 tile_fn=lambda cache, n: cache.repeat(n), params_fn=self._search_params,
                 scan_levels=True)  # the bank's runs of levels as one body each: a new bank compiles 2.6× faster
         return self._searchers[num_beams]
