@@ -55,5 +55,8 @@ def test_a_restored_run_uses_its_recorded_task_and_lengths(tmp_path, caplog):
             got = compose.recorded_training(tmp_path)
     finally:
         gin.clear_config()
-    assert got == {"task": "demo", "feature_lengths": {"inputs": 24, "targets": 3}, "initial_checkpoint_path": None}
+    # the seed too: a run with frozen parameters (LoRA's base, `prepare.frozen`) rebuilds them from its own seed
+    assert got == {"task": "demo", "feature_lengths": {"inputs": 24, "targets": 3}, "initial_checkpoint_path": None,
+                   "seed": 4}
+    assert "train.seed = 4 (its config.gin)" in caplog.text
     assert "train.feature_lengths = {'inputs': 24, 'targets': 3} (its config.gin)" in caplog.text
