@@ -30,6 +30,7 @@ def test_wordpiece_vocabulary_keeps_the_library_ids(minilm):
     assert vocab.decode(ids + [EOS_ID, 5, 6]).replace(" ", "") == "json.dumps"
 
 
+@pytest.mark.slow  # ~12 s: MiniLM's weights into a T5 and two BERT passes
 def test_pretrained_encoder_states_are_the_sentence_encoders(minilm):
     enc, vocab = minilm
     config = t5.get_config("tiny", vocab_size=vocab.size, pretrained_encoder=bert.MINILM, d_model=32, d_kv=8)
