@@ -528,7 +528,8 @@ def restore(model_dir: str | Path, step: Optional[int] = None) -> tuple[Setup, d
                                 f"(MODEL_DIR/config.gin) to restore it")
         base = initial_params(setup, run["seed"], run["initial_checkpoint_path"])
         partition = trainer.Partition(base, trainable(setup, base))
-        now[lora.FROZEN_DIGEST] = partition.digest(partition.split(base)[1])
+        base = partition.split(base)[1]  # the frozen part
+        now[lora.FROZEN_DIGEST] = partition.digest(base)
     check_provenance(saved, now, str(where))
     try:
         restored = trainer.read_checkpoint(manager, step, where)
@@ -537,7 +538,7 @@ def restore(model_dir: str | Path, step: Optional[int] = None) -> tuple[Setup, d
             from None
     params = restored["state"]["params"]
     if base is not None:  # the starting parameters' frozen part with the trained one; adapters folded in
-        params = lora.merge(partition.join(params, partition.split(base)[1]))
+        params = lora.merge(partition.join(params, base))
     if setup.scheme.decoded_by_model:  # the checkpoint's docids are its own decodings
         use_model_docids(setup, decode_model_docids(setup, params))
     return setup, params, step

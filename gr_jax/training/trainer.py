@@ -194,8 +194,8 @@ class Partition:
     frozen part out of the gradient, the optimizer state and the checkpoints, which record its `digest`."""
 
     def __init__(self, params, trainable: Callable[[str], bool]):
-        leaves, self.treedef = jax.tree_util.tree_flatten_with_path(params)
-        self.names = [provenance.key_path(p) for p, _ in leaves]
+        self.treedef = jax.tree_util.tree_structure(params)
+        self.names = lora.leaf_names(params)
         self.trained = [bool(trainable(n)) for n in self.names]
         if not any(self.trained):
             raise ValueError("the trainable part of the parameters is empty: nothing would train (are the adapters "
@@ -217,7 +217,7 @@ class Partition:
         return train, frozen
 
     def join(self, train: dict, frozen: dict):
-        flat = dict(zip(provenance_names(train), jax.tree_util.tree_leaves(train)))
+        flat = dict(zip(lora.leaf_names(train), jax.tree_util.tree_leaves(train)))
         return self.treedef.unflatten([flat[n] if t else frozen[n] for n, t in zip(self.names, self.trained)])
 
     @staticmethod
@@ -225,10 +225,6 @@ class Partition:
         """One digest of the frozen leaves' bytes (with their names, dtypes and shapes)."""
         digests = provenance.array_digests(frozen, distributed.to_host)
         return hashlib.blake2b(json.dumps(digests, sort_keys=True).encode(), digest_size=16).hexdigest()
-
-
-def provenance_names(tree) -> list[str]:
-    return [provenance.key_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 @jax.jit
@@ -747,9 +743,8 @@ def _initial_state(model, params, tx: optax.GradientTransformation, mesh, rules=
     shardings = partitioning.param_shardings(lora.complete_axes(model.param_axes(params), params), mesh, rules)
     frozen = None
     if partition is not None:
-        frozen_params, frozen_shardings = partition.split(params)[1], partition.split(shardings)[1]
-        frozen = distributed.put(frozen_params, frozen_shardings)
-        params, shardings = partition.split(params)[0], partition.split(shardings)[0]
+        (params, frozen), (shardings, frozen_shardings) = partition.split(params), partition.split(shardings)
+        frozen = distributed.put(frozen, frozen_shardings)
     # a copy: the step donates its state, and the caller's arrays stay theirs (DPR mines with its start, the
     # dual encoder's caller compares with the untrained encoder)
     params = distributed.put(jax.tree_util.tree_map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x,
