@@ -24,6 +24,20 @@ def _rows(corpus, rows) -> np.ndarray:
     return np.arange(len(corpus)) if rows is None else np.asarray(rows, dtype=np.int64)
 
 
+def first_seen_codes(known: list, corpus, rows: Optional[Sequence[int]] = None) -> list[int]:
+    """The code of each row's document: its position in `known` (document ids in the order they were first
+    assigned), a new document appended to `known` (so codes continue across parts of a corpus)."""
+    position = {d: k for k, d in enumerate(known)}
+    codes = []
+    for r in _rows(corpus, rows):
+        doc = corpus.doc_ids[int(r)]
+        if doc not in position:
+            position[doc] = len(known)
+            known.append(doc)
+        codes.append(position[doc])
+    return codes
+
+
 @gin.configurable
 @dataclasses.dataclass
 class AtomicDocids(DocidScheme):
@@ -43,14 +57,7 @@ class AtomicDocids(DocidScheme):
     def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
         if not self.text_vocab_size:
             raise ValueError("AtomicDocids.assign before fit()")
-        position = {d: k for k, d in enumerate(self.doc_ids)}
-        tokens = []
-        for r in _rows(corpus, rows):
-            doc = corpus.doc_ids[int(r)]
-            if doc not in position:
-                position[doc] = len(self.doc_ids)
-                self.doc_ids.append(doc)
-            tokens.append([self.text_vocab_size + position[doc]])
+        tokens = [[self.text_vocab_size + c] for c in first_seen_codes(self.doc_ids, corpus, rows)]
         space = DocidTokenSpace.above_text(self.text_vocab_size, max(len(self.doc_ids), 1))
         return DocidTable.from_lists(tokens, _rows(corpus, rows), space)
 

@@ -6,7 +6,7 @@ What a method extends or implements, how an experiment file binds it, and which 
 
 | extension point | what a method writes | bound by | shown by |
 |---|---|---|---|
-| docid scheme | a `DocidScheme` subclass: `fit` on D0, `assign`, `state`/`load_state`, its declared capabilities (`decoded_by_model`, `uses_training_queries`, ...); tokens in a `DocidTokenSpace` | `prepare.docid_scheme = @MyDocids()` | glen, pag, mdgr, seal, genret, ultron |
+| docid scheme | a `DocidScheme` subclass: `fit` on D0, `assign`, `state`/`load_state`, its declared capabilities (`decoded_by_model`, `uses_training_queries`, ...); tokens in a `DocidTokenSpace`; `first_seen_codes` numbers documents as atomic docids do | `prepare.docid_scheme = @MyDocids()` | glen, pag, mdgr, seal, genret, ultron, docvec |
 | objective | `objective(model, params, batch, rng) -> (loss, {name: (sum, count)})` | `GenerativeRetriever.objective = @my_objective` | nci, genret, glen, seal (LTRGR) |
 | training data | an `ObjectivesConfig`: `iterator(ObjectiveInputs)`, `refresh_period`, `on_refresh`, `examples` (data the starting model makes itself: `ObjectiveInputs.start`) | `prepare.objectives_config = @MyData()` | seal, ultron, genret |
 | model contract | a `GenerativeRetriever` / `DecoderOnlyRetriever` subclass or any `Retriever`; `Capabilities` declared, never probed; a planner also implements `Planner`; `TracedSearch` for t5x | `prepare.model_fn = @MyRetriever` | glen, pag, nci, genret, seal, fewshot |
@@ -28,6 +28,7 @@ runtime's writing, provenance and validation helpers.
 
 # --- docid schemes ---------------------------------------------------------------------------------------
 from gr_jax.data.vocab import EOS_ID, PAD_ID, DocidTokenSpace
+from gr_jax.docids.atomic import first_seen_codes
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext, added_field
 from gr_jax.docids.embed import Embedder, TfidfSvdEmbedder
 from gr_jax.docids.lexical import FieldDocids
