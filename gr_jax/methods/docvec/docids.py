@@ -14,7 +14,8 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from gr_jax.methods.api import Count, DocidScheme, DocidTable, DocidTokenSpace, FitContext, checked_embeddings
+from gr_jax.methods.api import (Count, DocidScheme, DocidTable, DocidTokenSpace, FitContext, checked_embeddings,
+                                first_seen_codes)
 
 VECTOR = "vector"  # the docid table's extra: the embedder's vector of each docid's document [M, D]
 DOC_ID = "doc_id"  # and its document id [M] (unicode): the model breaks ties of scores by it
@@ -45,14 +46,7 @@ class DocvecDocids(DocidScheme):
     def assign(self, corpus, rows: Optional[Sequence[int]] = None, embeddings=None) -> DocidTable:
         vectors = checked_embeddings(corpus, embeddings, rows, "DOCVEC")  # one row per assigned document
         rows = _rows(corpus, rows)
-        position = {d: k for k, d in enumerate(self.doc_ids)}
-        codes = []
-        for r in rows:
-            doc = corpus.doc_ids[int(r)]
-            if doc not in position:
-                position[doc] = len(self.doc_ids)
-                self.doc_ids.append(doc)
-            codes.append(position[doc])
+        codes = first_seen_codes(self.doc_ids, corpus, rows)
         if len(self.doc_ids) > self.capacity:
             raise ValueError(f"DocvecDocids.capacity = {self.capacity} codes, but {len(self.doc_ids)} documents "
                              f"have one now; raise DocvecDocids.capacity")

@@ -41,6 +41,14 @@ def _table(parts, corpus, rows=None):
     return scheme, scheme.assign(corpus, rows=rows, embeddings=embedder.embed(texts))
 
 
+def _untrained(parts):
+    """The model over DOCS (codes d0..d4), its parameters as made."""
+    _, vocab, model, _ = parts
+    _, table = _table(parts, Corpus([f"d{i}" for i in range(len(DOCS))], DOCS))
+    model.use_docids(table)
+    return vocab, model, model.init_params()
+
+
 @pytest.fixture(scope="module")
 def st_cosines():
     """cosine(query, document) of QUERIES × DOCS by sentence-transformers (torch): the oracle."""
@@ -53,13 +61,8 @@ def st_cosines():
 
 # the two oracle tests load torch and sentence-transformers (about 5 s): slow tier
 @pytest.mark.slow
-
 def test_untrained_ranking_is_dense_retrieval_with_sentence_transformers(parts, st_cosines):
-    _, vocab, model, _ = parts
-    corpus = Corpus([f"d{i}" for i in range(len(DOCS))], DOCS)
-    _, table = _table(parts, corpus)
-    model.use_docids(table)
-    params = model.init_params()
+    vocab, model, params = _untrained(parts)
     q, d, s = model.rank(params, tokenize(QUERIES, vocab, 16), None, num_beams=3)
     cos = st_cosines
     for b in range(len(QUERIES)):
@@ -71,11 +74,7 @@ def test_untrained_ranking_is_dense_retrieval_with_sentence_transformers(parts, 
 
 @pytest.mark.slow
 def test_loss_is_the_cross_entropy_of_cosines_over_temperature(parts, st_cosines):
-    _, vocab, model, _ = parts
-    corpus = Corpus([f"d{i}" for i in range(len(DOCS))], DOCS)
-    _, table = _table(parts, corpus)
-    model.use_docids(table)
-    params = model.init_params()
+    vocab, model, params = _untrained(parts)
     targets = np.array([[0], [1], [4]])
     loss, metrics = model.loss_fn(params, {"inputs": tokenize(QUERIES, vocab, 16), "targets": targets})
     logits = st_cosines / model.temperature
