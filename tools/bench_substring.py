@@ -91,7 +91,7 @@ def bench_index(tokens: int, vocab: int = 32000) -> None:
          ratio=round(t_insert / t_ours, 3))
 
 
-def _search_setup(devices: int):
+def _search_setup(devices: int, documents: int = 2000):
     import jax
 
     from gr_jax.index.substring import SubstringIndex
@@ -99,7 +99,7 @@ def _search_setup(devices: int):
     from gr_jax.retriever.model import GenerativeRetriever
 
     V, B, N, T = 1006, 32, 15, 10
-    docs = _documents(2000 * 135, 1000, seed=1)
+    docs = _documents(documents * 135, 1000, seed=1)
     index = SubstringIndex.build(docs, V)
     model = GenerativeRetriever(t5.get_config("tiny", vocab_size=V))
     params = model.init_params(0)
@@ -121,14 +121,16 @@ def _search_setup(devices: int):
     return run_c, run_u
 
 
-def bench_search() -> None:
-    run_c, run_u = _search_setup(1)
+def bench_search(documents: int = 2000, two_devices: bool = True) -> None:
+    run_c, run_u = _search_setup(1, documents)
     run_c(), run_u()  # compile both
     t_c = _median(run_c, 5)
     t_u = _median(run_u, 5)
     row = dict(figure="search", batch=32, beams=15, levels=10)
     _row(**row, devices=1, constrained_ms=round(1e3 * t_c, 1), unconstrained_ms=round(1e3 * t_u, 1),
          ratio=round(t_c / t_u, 2), speedup_vs_1_device=1.0)
+    if not two_devices:
+        return
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()  # kept with others
     env = {**os.environ, "XLA_FLAGS": flags}
     out = subprocess.run([sys.executable, __file__, "--_two_devices"], env=env, capture_output=True, text=True,
@@ -162,6 +164,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=cli.count, default=10_000_000, help="corpus tokens of parts a–c")
     parser.add_argument("--skip_search", action="store_true")
+    parser.add_argument("--search_documents", type=cli.count, default=2000, help="documents of the search part (d)")
+    parser.add_argument("--one_device", action="store_true", help="(d) without the 2-host-device run (accelerators)")
     parser.add_argument("--no_write", action="store_true", help="print JSON lines only, do not touch BENCHMARKS.md")
     parser.add_argument("--_two_devices", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -171,7 +175,7 @@ def main(argv=None) -> int:
     cli.setup_logging()
     bench_index(args.tokens)
     if not args.skip_search:
-        bench_search()
+        bench_search(args.search_documents, two_devices=not args.one_device)
     if not args.no_write:
         _write("python tools/bench_substring.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                ROOT / "BENCHMARKS.md")

@@ -16,6 +16,7 @@ NaN guard). With `--infer`: retrieval of one batch of 32 dev queries instead —
     python tools/bench_t5x.py
     python tools/bench_t5x.py --experiment experiments/demo/pag.gin
     python tools/bench_t5x.py --infer [--experiment experiments/demo/pag.gin]
+    python tools/bench_t5x.py --gin "t5.get_config.name = 't5_base'" --gin "BATCH_SIZE = 128"   # T5-base (a GPU)
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def timed(step, state, batch, steps: int):
     return state, (time.perf_counter() - t0) / steps
 
 
-def bench(experiment: str, steps: int, warmup: int, rounds: int) -> dict:
+def bench(experiment: str, steps: int, warmup: int, rounds: int, bindings=()) -> dict:
     import gin
     from t5x import partitioning as t5x_partitioning
     from t5x import trainer as t5x_trainer
@@ -55,7 +56,7 @@ def bench(experiment: str, steps: int, warmup: int, rounds: int) -> dict:
     from gr_jax.training import partitioning, trainer
 
     with tempfile.TemporaryDirectory() as tmp:
-        gin_utils.parse([experiment], [f"MODEL_DIR = '{tmp}/run'"])
+        gin_utils.parse([experiment], [f"MODEL_DIR = '{tmp}/run'", *bindings])
         model = RetrieverModel()
         batches = BatchIterator(model.setup.iterator)
         batch = next(batches)
@@ -64,7 +65,7 @@ def bench(experiment: str, steps: int, warmup: int, rounds: int) -> dict:
         # ours
         mesh = partitioning.make_mesh(1)
         params = model.setup.model.init_params(model.seed)
-        state, shardings = trainer._initial_state(model.setup.model, params, tx, mesh)
+        state, shardings, _ = trainer._initial_state(model.setup.model, params, tx, mesh)
         scalar = partitioning.replicated(mesh)
         ours_step = jax.jit(trainer.make_train_step(model.setup.model.loss_fn, tx),
                             in_shardings=(shardings, partitioning.batch_sharding(mesh), scalar),
@@ -96,14 +97,14 @@ def bench(experiment: str, steps: int, warmup: int, rounds: int) -> dict:
                 best[name] = min(best[name], seconds)
         gin.clear_config()
     leaves = jax.tree_util.tree_leaves(params)
-    return {"experiment": experiment, "model": type(model.setup.model).__name__,
+    return {"experiment": experiment, "bindings": "; ".join(bindings), "model": type(model.setup.model).__name__,
             "params_m": round(sum(x.size for x in leaves) / 1e6, 3),
             "batch": {k: list(v.shape) for k, v in batch.items()}, "device": f"{jax.device_count()}× "
             f"{jax.devices()[0].platform}", "ours_ms_per_step": round(best["ours"] * 1e3, 2),
             "t5x_ms_per_step": round(best["t5x"] * 1e3, 2), "t5x_over_ours": round(best["t5x"] / best["ours"], 3)}
 
 
-def bench_infer(experiment: str, steps: int, warmup: int, rounds: int) -> dict:
+def bench_infer(experiment: str, steps: int, warmup: int, rounds: int, bindings=()) -> dict:
     import gin
     import numpy as np
     from t5x import partitioning as t5x_partitioning
@@ -114,7 +115,7 @@ def bench_infer(experiment: str, steps: int, warmup: int, rounds: int) -> dict:
     from gr_jax.t5x.models import RetrieverModel
 
     with tempfile.TemporaryDirectory() as tmp:
-        gin_utils.parse([experiment], [f"MODEL_DIR = '{tmp}/run'"])
+        gin_utils.parse([experiment], [f"MODEL_DIR = '{tmp}/run'", *bindings])
         model = RetrieverModel()  # the system built as t5x.train builds it; parameters from SEED
         ex = system_task.split_examples(model.setup, "dev")
         L = model.setup.feature_lengths["inputs"]
@@ -160,6 +161,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=cli.natural, default=3)
     parser.add_argument("--rounds", type=cli.count, default=5)
     parser.add_argument("--infer", action="store_true", help="retrieval of a batch instead of a train step")
+    parser.add_argument("--gin", action="append", default=[],
+                        help="a gin binding added after the experiment file (e.g. \"t5.get_config.name = 't5_base'\")")
     parser.add_argument("--no_write", action="store_true")
     args = parser.parse_args(argv)
     from gr_jax.runtime.cli import setup_logging
@@ -170,7 +173,7 @@ def main(argv=None) -> int:
     except ImportError as e:
         sys.stderr.write(f"{e}\n")
         return 2
-    row = (bench_infer if args.infer else bench)(args.experiment, args.steps, args.warmup, args.rounds)
+    row = (bench_infer if args.infer else bench)(args.experiment, args.steps, args.warmup, args.rounds, args.gin)
     sys.stdout.write(json.dumps(row) + "\n")
     if not args.no_write:
         keys = list(row)
