@@ -268,6 +268,55 @@ def _bounds(text, sa, lo, hi, column: int, targets, shards: int = 1):
     return l
 
 
+def _child_ranges(text, sa, lo, hi, column: int, vocab_size: int, narrow: int, wide_share: int):
+    """The children of ranges [lo, hi) (flat [M]; dead ones empty) at `column`: (c_lo, c_hi) [M, V], -1 where token v
+    does not follow. Equal to `_bounds` over every token (which is what runs when more than M // wide_share ranges
+    are wider than `narrow`); otherwise a range of at most `narrow` suffixes is read directly — its column is
+    sorted, so each run of equal tokens is one child — and only the wide ones, compacted, are binary-searched for
+    every token."""
+    V = vocab_size
+    M = lo.shape[0]
+    n = text.shape[0]
+    targets = jnp.arange(V + 1, dtype=jnp.int32)
+    width = jnp.maximum(hi - lo, 0)
+    wide = width > narrow
+
+    def searched(l, h):
+        b = _bounds(text, sa, l, h, column, targets)
+        c_lo, c_hi = b[..., :V], b[..., 1:]
+        ok = c_lo < c_hi
+        return jnp.where(ok, c_lo, -1), jnp.where(ok, c_hi, -1)
+
+    cap = max(1, M // wide_share)
+    if cap >= M:
+        return searched(lo, hi)
+
+    def compacted(_):
+        # narrow: the first `narrow` entries of each range's column (past its width: the separator, no child)
+        j = jnp.arange(narrow, dtype=jnp.int32)
+        inside = j[None, :] < width[:, None]
+        pos = jnp.clip(sa[jnp.clip(lo[:, None] + j, 0, sa.shape[0] - 1)] + column, 0, n - 1)
+        col = jnp.where(inside, text[pos], V)
+        first = jnp.concatenate([jnp.ones((M, 1), bool), col[:, 1:] != col[:, :-1]], axis=1)
+        start = inside & first & (col < V)
+        end = jnp.sum(col[:, None, :] <= col[:, :, None], axis=-1)  # a run's end: entries ≤ its token (sorted)
+        slot = jnp.where(start, col, V)  # non-starts write to the dropped column V
+        rows = jnp.broadcast_to(jnp.arange(M)[:, None], slot.shape)
+        blank = jnp.full((M + 1, V + 1), -1, jnp.int32)  # row M and column V are dropped
+        out_lo = blank.at[rows, slot].set(lo[:, None] + j)
+        out_hi = blank.at[rows, slot].set(lo[:, None] + end.astype(jnp.int32))
+        # wide: at most `cap` of them, searched for every token, written over their rows
+        pick = jnp.argsort(~wide, stable=True)[:cap]  # the wide ranges first
+        ok = wide[pick]
+        c_lo, c_hi = searched(jnp.where(ok, lo[pick], 0), jnp.where(ok, hi[pick], 0))
+        into = jnp.where(ok, pick, M)
+        out_lo = out_lo.at[into, :V].set(c_lo)
+        out_hi = out_hi.at[into, :V].set(c_hi)
+        return out_lo[:M, :V], out_hi[:M, :V]
+
+    return jax.lax.cond(jnp.sum(wide) <= cap, compacted, lambda _: searched(lo, hi), None)
+
+
 @flax.struct.dataclass
 class DeviceSubstrings:
     """A `SubstringIndex` on the device, as a decoding constraint (`index.constraint.Constraint`). A beam's
@@ -285,6 +334,10 @@ class DeviceSubstrings:
     offset: int = flax.struct.field(pytree_node=False)  # length of the forced prefix
     end_token: Optional[int] = flax.struct.field(pytree_node=False)
     shards: int = flax.struct.field(pytree_node=False, default=1)  # texts and suffix arrays in S blocks
+    # a range of ≤ `narrow` suffixes gives its children by reading them (0: every range searched for all V
+    # tokens); at most 1 / `wide_share` of the ranges are searched, else all (`_child_ranges`)
+    narrow: int = flax.struct.field(pytree_node=False, default=32)
+    wide_share: int = flax.struct.field(pytree_node=False, default=2)
 
     def root(self, shape: tuple):
         return tuple((jnp.full(shape, r[0], jnp.int32), jnp.full(shape, r[1], jnp.int32)) for r in self.roots)
@@ -300,14 +353,23 @@ class DeviceSubstrings:
         nxt, valid = [], None
         for text, sa, (lo, hi), first in zip(self.texts, self.sas, state, self.root_bounds):
             live = (lo >= 0) & (lo < hi)
-            if d == 0:  # every state is the root (or dead): its children were found once, on the host
-                b = jnp.where(live[..., None], first, 0)
-            else:
-                b = _bounds(text, sa, jnp.where(live, lo, 0), jnp.where(live, hi, 0), d + self.offset, targets,
-                            self.shards)
-            c_lo, c_hi = b[..., :V], b[..., 1:]
-            c_valid = c_lo < c_hi
-            nxt.append((jnp.where(c_valid, c_lo, -1), jnp.where(c_valid, c_hi, -1)))
+            if d == 0 or self.shards > 1 or not self.narrow:
+                if d == 0:  # every state is the root (or dead): its children were found once, on the host
+                    b = jnp.where(live[..., None], first, 0)
+                else:
+                    b = _bounds(text, sa, jnp.where(live, lo, 0), jnp.where(live, hi, 0), d + self.offset, targets,
+                                self.shards)
+                c_lo, c_hi = b[..., :V], b[..., 1:]
+                c_valid = c_lo < c_hi
+                c_lo, c_hi = jnp.where(c_valid, c_lo, -1), jnp.where(c_valid, c_hi, -1)
+            else:  # ranges read directly where they are narrow (`_child_ranges`)
+                shape = lo.shape
+                c_lo, c_hi = _child_ranges(text, sa, jnp.where(live, lo, 0).reshape(-1),
+                                           jnp.where(live, hi, 0).reshape(-1), d + self.offset, V, self.narrow,
+                                           self.wide_share)
+                c_lo, c_hi = c_lo.reshape(*shape, V), c_hi.reshape(*shape, V)
+                c_valid = c_lo >= 0
+            nxt.append((c_lo, c_hi))
             valid = c_valid if valid is None else valid | c_valid
         if self.end_token is None:
             leaf = jnp.full(valid.shape, -1, jnp.int32)

@@ -9,6 +9,7 @@ from gr_jax.docids.base import DocidTable
 from gr_jax.runtime.errors import UserError
 from gr_jax.index.substring import SubstringIndex, suffix_array, suffix_array_numpy
 from gr_jax.data.vocab import DocidTokenSpace
+from tests.conftest import sweep
 
 
 def _naive_sa(text):
@@ -122,3 +123,35 @@ def test_walk_gives_the_state_of_given_ngrams():
     dev = index.device(3)
     state = dev.walk(jnp.asarray(padded), jnp.asarray([len(g) for g in grams]))
     assert np.asarray(dev.counts(state)).tolist() == [index.count(g) for g in grams]
+
+
+@pytest.mark.parametrize("narrow, wide_share", sweep("narrow, wide_share", [(4, 4), (4, 1), (32, 2), (32, 1000)],
+                                                     default=[(4, 4)]))
+def test_children_read_from_narrow_ranges_equal_the_search_over_every_token(narrow, wide_share):
+    """The children of every state — narrow ranges read directly, wide ones searched (compacted, or all of them
+    when too many are wide) — are the search over all V tokens' sub-ranges (`narrow = 0`): same allowed tokens,
+    same ranges, so the same counts. Zipf tokens over a small vocabulary make wide and narrow ranges side by side,
+    and a prefix shifts the column read."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(narrow + wide_share)
+    V = 12
+    docs = [np.minimum(rng.zipf(1.4, size=rng.integers(1, 40)) - 1, V - 1).tolist() for _ in range(150)]
+    index = SubstringIndex.build(docs[:130], V)
+    index.insert(docs[130:])  # two segments
+    assert len(index.segments) == 2
+    for prefix in ((), (0,)):
+        dev = index.device(5, prefix=prefix)
+        searched = dataclasses.replace(dev, narrow=0)
+        fast = dataclasses.replace(dev, narrow=narrow, wide_share=wide_share)
+        grams = np.minimum(rng.zipf(1.3, size=(40, 3)) - 1, V - 1)
+        for d in (1, 3):
+            state = dev.walk(jnp.asarray(grams[:, :d]), jnp.full(40, d))
+            want, got = searched.children(d, state), fast.children(d, state)
+            np.testing.assert_array_equal(np.asarray(got[3]), np.asarray(want[3]))  # allowed tokens
+            for (a_lo, a_hi), (b_lo, b_hi) in zip(got[1], want[1]):
+                np.testing.assert_array_equal(np.asarray(a_lo), np.asarray(b_lo))
+                np.testing.assert_array_equal(np.asarray(a_hi), np.asarray(b_hi))
+            assert np.asarray(want[3]).any()  # states with children were tested
