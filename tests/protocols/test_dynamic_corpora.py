@@ -105,7 +105,10 @@ def _check_outputs(out: Path, method: str, n_parts: int = 5):
     assert [s["step"] for s in result["steps"]] == list(range(steps))
     timings = json.loads((out / "dynamic_timing.json").read_text())  # kept apart from the results
     assert [t["step"] for t in timings] == list(range(steps))
-    assert all(t["rss_mb"] > 0 and t["search_s"] >= 0 for t in timings)
+    assert all(t["rss_mb"] > 0 and t["search_s"] >= 0 and t["compile_s"] >= 0 for t in timings)
+    assert all(t["index_compile_s"] >= 0 for t in timings[1:])
+    if method not in ("bm25", "dense"):  # a trained system compiles its search at D0 at least
+        assert timings[0]["compiled_programs"] >= 1 and timings[0]["compile_s"] > 0
     assert not any(k in s for s in result["steps"] for k in ("rss_mb", "search_s", "index_s"))
     assert result["parts"] == [30] + [size] * n_parts
     hits = json.loads((out / "dynamic" / "per_query.json").read_text())["hits"]  # what significance tests read
