@@ -164,7 +164,8 @@ def bench_synthetic(n: int, n_queries: int = 8, planning: int = 1000, query_term
             rep = model.query_rep(model.lexical_rep(params, q))
             postings = model._planner_arrays()[2]
             budgets = model_planner.budgets_for(model.planner_postings, base)
-            took = bool(model_planner.inverted_fits(rep, postings[1], budgets)) and bool(
+            # no postings: the planner chose the dense product for this corpus (a small one)
+            took = postings is not None and bool(model_planner.inverted_fits(rep, postings[1], budgets)) and bool(
                 model_planner.inverted_plan(rep, model.set_ids, postings, planning, budgets)[2])  # exact: no fallback
             fired = np.asarray((rep[:, :base] > 0).sum(axis=1))
             tag = f"m {m}, query_terms {terms}"
