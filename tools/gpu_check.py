@@ -139,7 +139,7 @@ def summary_section(results: list[dict], device: str, command: str) -> str:
 
     rows = []
     for r in results:
-        figures = "; ".join(json.dumps({k: v for k, v in f.items()}, sort_keys=False) for f in r["figures"])
+        figures = "; ".join(json.dumps(f) for f in r["figures"])
         rows.append({"figure": "rows", "row": r["row"], "status": r["status"], "seconds": r["seconds"],
                      "budget_s": r["budget_s"], "command": f"`{r['command']}`", "figures": figures or "—"})
     return benchmark_section("gpu_check", f"device: {device}; command: `{command}`", rows)

@@ -268,6 +268,14 @@ def _bounds(text, sa, lo, hi, column: int, targets, shards: int = 1):
     return l
 
 
+def _token_ranges(bounds, V: int):
+    """`_bounds` over tokens 0..V (the separator last) → each token's sub-range (c_lo, c_hi) [..., V], -1 where
+    the token does not follow."""
+    c_lo, c_hi = bounds[..., :V], bounds[..., 1:]
+    ok = c_lo < c_hi
+    return jnp.where(ok, c_lo, -1), jnp.where(ok, c_hi, -1)
+
+
 def _child_ranges(text, sa, lo, hi, column: int, vocab_size: int, narrow: int, wide_share: int):
     """The children of ranges [lo, hi) (flat [M]; dead ones empty) at `column`: (c_lo, c_hi) [M, V], -1 where token v
     does not follow. Equal to `_bounds` over every token (which is what runs when more than M // wide_share ranges
@@ -282,10 +290,7 @@ def _child_ranges(text, sa, lo, hi, column: int, vocab_size: int, narrow: int, w
     wide = width > narrow
 
     def searched(l, h):
-        b = _bounds(text, sa, l, h, column, targets)
-        c_lo, c_hi = b[..., :V], b[..., 1:]
-        ok = c_lo < c_hi
-        return jnp.where(ok, c_lo, -1), jnp.where(ok, c_hi, -1)
+        return _token_ranges(_bounds(text, sa, l, h, column, targets), V)
 
     cap = max(1, M // wide_share)
     if cap >= M:
@@ -359,16 +364,14 @@ class DeviceSubstrings:
                 else:
                     b = _bounds(text, sa, jnp.where(live, lo, 0), jnp.where(live, hi, 0), d + self.offset, targets,
                                 self.shards)
-                c_lo, c_hi = b[..., :V], b[..., 1:]
-                c_valid = c_lo < c_hi
-                c_lo, c_hi = jnp.where(c_valid, c_lo, -1), jnp.where(c_valid, c_hi, -1)
+                c_lo, c_hi = _token_ranges(b, V)
             else:  # ranges read directly where they are narrow (`_child_ranges`)
                 shape = lo.shape
                 c_lo, c_hi = _child_ranges(text, sa, jnp.where(live, lo, 0).reshape(-1),
                                            jnp.where(live, hi, 0).reshape(-1), d + self.offset, V, self.narrow,
                                            self.wide_share)
                 c_lo, c_hi = c_lo.reshape(*shape, V), c_hi.reshape(*shape, V)
-                c_valid = c_lo >= 0
+            c_valid = c_lo >= 0
             nxt.append((c_lo, c_hi))
             valid = c_valid if valid is None else valid | c_valid
         if self.end_token is None:
