@@ -289,6 +289,8 @@ def _scan_run(run: int, start: int, stop: int, has_leaves: bool, candidates: boo
         score = src.score[..., None] + step
         prune = (src.prune if accumulate_bonus else src.score)[..., None] + step
         C = step.shape[-1]
+        if tokens is None:  # the slots are the vocabulary in order (a substring index)
+            tokens = jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), step.shape)
         is_leaf = leaf >= 0
         if has_leaves:
             inv = inverse_penalties[d]
