@@ -24,6 +24,12 @@ with the others (a state holds one range per segment). Segments are merged when 
 the one before it (sizes stay geometric: O(log n) segments, each token rebuilt O(log n) times), and
 `compact()` merges all. Builds use `pydivsufsort` (a C suffix sorter) when installed, otherwise a vectorised
 numpy prefix doubling; both give the same array (tested).
+
+On the device the segments are one text and one suffix array (each segment's suffixes in turn, as positions of
+the whole text), padded to power-of-two capacities, with a fixed number of segment slots: `reserve(growth, slots)`
+makes room for a known growth, so that inserts keep every shape and one compiled search serves every part of a
+dynamic corpus (the protocol reserves for the whole corpus). Levels 1 .. depth − 2 of a search read the column at
+a traced depth (`level_runs`), so the search compiles one body for them instead of one copy per level.
 """
 
 from __future__ import annotations
@@ -129,14 +135,65 @@ class Segment:
         return lo, hi
 
 
+def child_lists(text: np.ndarray, sa: np.ndarray, segment_starts: Sequence[int], separator: int, columns: int,
+                narrow: int) -> tuple[list[np.ndarray], int]:
+    """Where the children of every wide range begin, for columns 1..`columns`: a range of the suffix array whose
+    suffixes share their first c tokens (c ≥ 1, no separator among them) and that holds more than `narrow`
+    suffixes has one child per distinct token at column c, and the children start exactly where two neighbouring
+    suffixes first differ at column c or before. → ([sorted suffix-array indices of those starts, per column],
+    the most children of one such range). `text`, `sa`: the device layout before padding (suffixes of each
+    segment in turn, from `segment_starts`, as positions of the whole text; every document ends in the
+    separator, so no comparison passes a document's end unnoticed)."""
+    m, n = len(sa), len(text)
+    if m == 0 or columns < 1:
+        return [np.zeros(0, np.int32) for _ in range(max(columns, 0))], 0
+    pos = sa.astype(np.int64)
+    # agree[i]: how many of the first columns + 1 tokens suffix i shares with suffix i − 1 (0 at a segment start)
+    agree = np.zeros(m, np.int64)
+    alive = np.ones(m, bool)
+    alive[0] = False
+    alive[np.asarray(segment_starts, np.int64)[np.asarray(segment_starts) < m]] = False
+    sep_before = np.zeros(m, bool)  # a separator among the first c tokens (updated as c grows)
+    has_sep = []
+    for j in range(columns + 1):
+        here = text[np.minimum(pos + j, n - 1)]
+        has_sep.append(sep_before.copy())
+        same = np.zeros(m, bool)
+        same[1:] = here[1:] == here[:-1]
+        alive &= same
+        agree += alive
+        sep_before |= here == separator
+    lists, most = [], 0
+    for c in range(1, columns + 1):
+        group = np.cumsum(agree < c) - 1  # depth-c ranges: runs of suffixes sharing c tokens
+        width = np.bincount(group)
+        starts = agree <= c  # where a child at column c begins (a range's own start included)
+        keep = starts & (width[group] > narrow) & ~has_sep[c]
+        lists.append(np.flatnonzero(keep).astype(np.int32))
+        if keep.any():
+            most = max(most, int(np.bincount(group[keep]).max()))
+    return lists, most
+
+
 class SubstringIndex:
     """Host side: segments of documents (rows: the corpus row of each document). `device(...)` is the
-    decoding constraint."""
+    decoding constraint.
 
-    def __init__(self, vocab_size: int, segments: list[Segment], builder: str = "auto"):
+    `slots`: the segments the device constraint holds room for (None: as many as there are). With slots set, an
+    insert that would leave more segments merges the newest ones, so the device constraint keeps its shapes
+    while the index grows; `reserve` sets both that and room for a known growth."""
+
+    def __init__(self, vocab_size: int, segments: list[Segment], builder: str = "auto", slots: Optional[int] = None,
+                 listed_columns: int = 3, narrow: int = 32):
         self.vocab_size = int(vocab_size)
         self.segments = segments
         self.builder = builder
+        self.slots = slots
+        # the device reads a range of ≤ `narrow` suffixes directly; the wider ranges of the first `listed_columns`
+        # columns find their children in stored lists (`child_lists`), deeper ones by binary search
+        self.listed_columns, self.narrow = int(listed_columns), int(narrow)
+        self._room = (0, 0, 0, 0)  # positions, suffixes, documents, listed starts: device room (`reserve`)
+        self._most = 1  # room for the children of one listed range (grows, never shrinks: shapes stay)
         self._device = {}
 
     @classmethod
@@ -145,6 +202,23 @@ class SubstringIndex:
         index = cls(vocab_size, [], builder)
         index.insert(documents, rows)
         return index
+
+    def reserve(self, growth: float, slots: int = 3, margin: float = 1.25) -> None:
+        """Room on the device for `growth` times today's documents and `slots` segments: until the index outgrows
+        that room, every insert keeps the device constraint's shapes, so a search compiled once serves every
+        part (the dynamic-corpora protocol reserves for the whole corpus it will add). Positions and suffixes get
+        `margin` times more (new documents may be longer than today's on average). Capacities are powers of two;
+        past the room they double."""
+        if not growth >= 1:
+            raise UserError(f"substring index: reserve growth must be ≥ 1, got {growth}")
+        if int(slots) < 1:
+            raise UserError(f"substring index: reserve slots must be ≥ 1, got {slots}")
+        self.slots = int(slots)
+        listed = sum(len(x) for x in self._layout()["lists"]) if self.segments else 0
+        now = (self.num_positions * margin, self.num_tokens * margin, self.num_documents, listed * margin)
+        self._room = tuple(max(r, int(np.ceil(growth * x))) for r, x in zip(self._room, now))
+        self._fit_slots()
+        self._device.clear()
 
     def _check(self, documents, rows) -> np.ndarray:
         for k, d in enumerate(documents):
@@ -163,7 +237,8 @@ class SubstringIndex:
 
     def insert(self, documents: Sequence[Sequence[int]], rows: Optional[Sequence[int]] = None) -> dict:
         """Adds documents as a new segment (O(new)); merges segments while a newer one is at least half the
-        size of the one before it. Returns what was added (the prefix tree's report keys where they apply)."""
+        size of the one before it, and the newest ones while there are more than `slots`. Returns what was
+        added (the prefix tree's report keys where they apply)."""
         rows = self._check(documents, rows)
         report = {"pairs_added": len(documents), "docids_added": len(documents),
                   "tokens_added": int(sum(len(d) for d in documents))}
@@ -172,8 +247,13 @@ class SubstringIndex:
         self.segments.append(Segment.build(documents, rows, self.vocab_size, self.builder))
         while len(self.segments) > 1 and 2 * len(self.segments[-1].text) >= len(self.segments[-2].text):
             self._merge(len(self.segments) - 2)
+        self._fit_slots()
         self._device.clear()
         return report
+
+    def _fit_slots(self) -> None:
+        while self.slots is not None and len(self.segments) > self.slots:
+            self._merge(len(self.segments) - 2)
 
     def _merge(self, i: int) -> None:
         """Segments i and i + 1 become one."""
@@ -216,31 +296,73 @@ class SubstringIndex:
     def count(self, ngram: Sequence[int]) -> int:
         return sum(hi - lo for lo, hi in (s.range(ngram) for s in self.segments))
 
+    def _layout(self) -> dict:
+        """The segments as the device holds them: texts one after another, then the separator up to a power-of-two
+        capacity; each segment's suffix array in turn, as positions of that whole text; every document's start
+        (padding: past every position) and row (padding: -1); where each segment's suffixes begin."""
+        if "layout" not in self._device:
+            segs = self.segments
+            room = lambda used, reserved: 1 << max(max(used, reserved, 1) - 1, 0).bit_length()  # noqa: E731
+            text_at = np.concatenate([[0], np.cumsum([len(s.text) for s in segs])]).astype(np.int64)
+            sa_at = np.concatenate([[0], np.cumsum([len(s.sa) for s in segs])]).astype(np.int64)
+            n_text, n_sa = int(text_at[-1]), int(sa_at[-1])
+            text = np.concatenate([s.text for s in segs]) if segs else np.zeros(0, np.int32)
+            sa = np.concatenate([s.sa.astype(np.int64) + t0 for s, t0 in zip(segs, text_at)]) if segs else \
+                np.zeros(0, np.int64)
+            lists, most = child_lists(text, sa, sa_at[:-1], self.vocab_size, self.listed_columns, self.narrow)
+            self._most = max(self._most, most)
+            listed_at = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int32)
+            n_pos, n_sa, n_doc, n_list = (room(u, r) for u, r in zip(
+                (n_text, n_sa, self.num_documents, int(listed_at[-1])), self._room))
+            shapes = (n_pos, n_sa, n_doc, n_list, room(self._most, 0), max(len(segs), self.slots or 0))
+            if shapes != getattr(self, "_shapes", shapes):
+                log.info("substring index: device arrays now hold %d positions, %d suffixes, %d documents, %d listed "
+                         "children (%d a range), %d segments (were %s): the search compiles for these shapes",
+                         *shapes, self._shapes)
+            self._shapes = shapes
+            if n_pos >= 2**31:
+                raise UserError(f"substring index: {n_pos} positions on the device are past int32")
+            pad = lambda x, size, value: np.concatenate(  # noqa: E731
+                [np.asarray(x, np.int32), np.full(size - len(x), value, np.int32)])
+            starts = np.concatenate([s.starts.astype(np.int64) + t0 for s, t0 in zip(segs, text_at)])
+            rows = np.concatenate([s.rows for s in segs])
+            listed = np.concatenate(lists) if lists else np.zeros(0, np.int32)
+            # placed once, shared by every view's constraint; padding: the separator (text), 0 (suffix array),
+            # past every position (starts), -1 (rows), past every suffix (listed starts, so searches stop there)
+            self._device["layout"] = dict(
+                text=jnp.asarray(pad(text, n_pos, self.vocab_size)), sa=jnp.asarray(pad(sa, n_sa, 0)),
+                starts=jnp.asarray(pad(starts, n_doc, n_pos)), rows=jnp.asarray(pad(rows, n_doc, -1)),
+                listed=jnp.asarray(pad(listed, n_list, n_sa)), listed_at=jnp.asarray(listed_at),
+                listed_width=shapes[4], sa_at=sa_at, lists=lists)
+        return self._device["layout"]
+
     def device(self, max_length: int, prefix: Sequence[int] = (), end_token: Optional[int] = None) \
             -> "DeviceSubstrings":
         """The decoding constraint: n-grams of up to `max_length` generated tokens that continue `prefix`; with
         `end_token`, a child whose token is end_token is a complete identifier (a leaf) and is not extended.
-        Cached per arguments until the next insert."""
+        Cached per arguments until the next insert. Its arrays have power-of-two capacities and `slots` segment
+        slots (empty ones never match), so an insert within the room `reserve` set keeps every shape."""
         key = (int(max_length), tuple(int(t) for t in prefix), end_token)
         if key not in self._device:
             if not self.segments:
                 raise UserError("substring index: no documents to search (build it from at least one document)")
             if max_length < 1:
                 raise UserError(f"substring index: max_length must be ≥ 1, got {max_length}")
-            roots = [s.range(prefix) for s in self.segments]
-            first = []  # the root's children: bounds of every token in the column after the prefix (host, once)
-            for seg, (lo, hi) in zip(self.segments, roots):
+            lay = self._layout()
+            K = max(len(self.segments), self.slots or 0)
+            roots = np.zeros((K, 2), np.int32)
+            first = np.zeros((K, self.vocab_size + 1), np.int32)  # the root's children: each token's sub-range start
+            for k, (seg, at) in enumerate(zip(self.segments, lay["sa_at"])):
+                lo, hi = seg.range(prefix)
                 col = seg.text[np.minimum(seg.sa[lo:hi].astype(np.int64) + len(prefix), len(seg.text) - 1)]
-                first.append(jnp.asarray(lo + np.searchsorted(col, np.arange(self.vocab_size + 1), "left"),
-                                         jnp.int32))
+                roots[k] = lo + at, hi + at
+                first[k] = at + lo + np.searchsorted(col, np.arange(self.vocab_size + 1), "left")
             self._device[key] = DeviceSubstrings(
-                texts=tuple(jnp.asarray(s.text) for s in self.segments),
-                # a segment of empty documents has no suffix: one entry keeps the gathers in bounds (ranges empty)
-                sas=tuple(jnp.asarray(s.sa if len(s.sa) else np.zeros(1, np.int32)) for s in self.segments),
-                starts=tuple(jnp.asarray(s.starts) for s in self.segments),
-                rows=tuple(jnp.asarray(s.rows) for s in self.segments),
-                roots=tuple(jnp.asarray(r, jnp.int32) for r in roots), root_bounds=tuple(first),
-                depth=int(max_length), vocab_size=self.vocab_size, offset=len(prefix), end_token=end_token)
+                text=lay["text"], sa=lay["sa"], starts=lay["starts"], rows=lay["rows"], roots=jnp.asarray(roots),
+                root_bounds=jnp.asarray(first), listed=lay["listed"], listed_at=lay["listed_at"],
+                depth=int(max_length), vocab_size=self.vocab_size, offset=len(prefix), end_token=end_token,
+                narrow=self.narrow, listed_narrow=self.narrow, listed_columns=self.listed_columns,
+                listed_width=lay["listed_width"])
         return self._device[key]
 
 
@@ -276,12 +398,47 @@ def _token_ranges(bounds, V: int):
     return jnp.where(ok, c_lo, -1), jnp.where(ok, c_hi, -1)
 
 
-def _child_ranges(text, sa, lo, hi, column: int, vocab_size: int, narrow: int, wide_share: int):
+def _lower_bound(arr, base, end, x):
+    """The first index i in [base, end) with arr[i] ≥ x (end if none), for every x; arr sorted there."""
+    def halve(_, lh):
+        l, h = lh
+        mid = l + (h - l) // 2
+        right = arr[jnp.clip(mid, 0, arr.shape[0] - 1)] < x
+        active = l < h
+        return jnp.where(active & right, mid + 1, l), jnp.where(active & ~right, mid, h)
+
+    # a loop, not unrolled: unrolled, XLA took minutes to compile a scatter indexed through it at a traced column
+    lh = (jnp.broadcast_to(base, x.shape).astype(jnp.int32), jnp.broadcast_to(end, x.shape).astype(jnp.int32))
+    return jax.lax.fori_loop(0, max(arr.shape[0], 1).bit_length(), halve, lh)[0]
+
+
+def _read_narrow(text, sa, lo, width, column, V: int, narrow: int, rows_ok):
+    """Children of the ranges of ≤ `narrow` suffixes, read from their sorted column (each run of equal tokens is
+    one child), for the rows `rows_ok`: (lo, hi) [M, V], -1 elsewhere."""
+    M, n = lo.shape[0], text.shape[0]
+    j = jnp.arange(narrow, dtype=jnp.int32)
+    inside = (j[None, :] < width[:, None]) & rows_ok[:, None]
+    pos = jnp.clip(sa[jnp.clip(lo[:, None] + j, 0, sa.shape[0] - 1)] + column, 0, n - 1)
+    col = jnp.where(inside, text[pos], V)
+    first = jnp.concatenate([jnp.ones((M, 1), bool), col[:, 1:] != col[:, :-1]], axis=1)
+    start = inside & first & (col < V)
+    # a run's end: the next run's start (past the width the column reads the separator, whose run starts there)
+    later = jax.lax.cummin(jnp.where(first, j, narrow), axis=1, reverse=True)
+    end = jnp.concatenate([later[:, 1:], jnp.full((M, 1), narrow, jnp.int32)], axis=1)
+    slot = jnp.where(start, col, V)  # non-starts write past the last column: dropped
+    rows = jnp.broadcast_to(jnp.arange(M)[:, None], slot.shape)
+    blank = jnp.full((M, V), -1, jnp.int32)
+    return (blank.at[rows, slot].set(lo[:, None] + j, mode="drop"),
+            blank.at[rows, slot].set(lo[:, None] + end.astype(jnp.int32), mode="drop"))
+
+
+def _child_ranges(text, sa, lo, hi, column, vocab_size: int, narrow: int, cap: int, lists=None):
     """The children of ranges [lo, hi) (flat [M]; dead ones empty) at `column`: (c_lo, c_hi) [M, V], -1 where token v
-    does not follow. Equal to `_bounds` over every token (which is what runs when more than M // wide_share ranges
-    are wider than `narrow`); otherwise a range of at most `narrow` suffixes is read directly — its column is
-    sorted, so each run of equal tokens is one child — and only the wide ones, compacted, are binary-searched for
-    every token."""
+    does not follow. Equal to `_bounds` over every token. A range of at most `narrow` suffixes is read directly —
+    its column is sorted, so each run of equal tokens is one child. A wider one, at a column that has child lists
+    (`lists`: (listed starts, where each column's begin, the columns, the most children of a range);
+    `child_lists`), reads where its children begin from the list; elsewhere the wide ones, compacted to `cap` rows,
+    are binary-searched for every token — or all ranges are, when more than `cap` are wide."""
     V = vocab_size
     M = lo.shape[0]
     n = text.shape[0]
@@ -292,97 +449,142 @@ def _child_ranges(text, sa, lo, hi, column: int, vocab_size: int, narrow: int, w
     def searched(l, h):
         return _token_ranges(_bounds(text, sa, l, h, column, targets), V)
 
-    cap = max(1, M // wide_share)
-    if cap >= M:
-        return searched(lo, hi)
+    def narrow_only(_):
+        return _read_narrow(text, sa, lo, width, column, V, narrow, ~wide)
 
     def compacted(_):
-        # narrow: the first `narrow` entries of each range's column (past its width: the separator, no child)
-        j = jnp.arange(narrow, dtype=jnp.int32)
-        inside = j[None, :] < width[:, None]
-        pos = jnp.clip(sa[jnp.clip(lo[:, None] + j, 0, sa.shape[0] - 1)] + column, 0, n - 1)
-        col = jnp.where(inside, text[pos], V)
-        first = jnp.concatenate([jnp.ones((M, 1), bool), col[:, 1:] != col[:, :-1]], axis=1)
-        start = inside & first & (col < V)
-        end = jnp.sum(col[:, None, :] <= col[:, :, None], axis=-1)  # a run's end: entries ≤ its token (sorted)
-        slot = jnp.where(start, col, V)  # non-starts write to the dropped column V
-        rows = jnp.broadcast_to(jnp.arange(M)[:, None], slot.shape)
-        blank = jnp.full((M + 1, V + 1), -1, jnp.int32)  # row M and column V are dropped
-        out_lo = blank.at[rows, slot].set(lo[:, None] + j)
-        out_hi = blank.at[rows, slot].set(lo[:, None] + end.astype(jnp.int32))
+        out_lo, out_hi = narrow_only(None)
         # wide: at most `cap` of them, searched for every token, written over their rows
         pick = jnp.argsort(~wide, stable=True)[:cap]  # the wide ranges first
         ok = wide[pick]
         c_lo, c_hi = searched(jnp.where(ok, lo[pick], 0), jnp.where(ok, hi[pick], 0))
-        into = jnp.where(ok, pick, M)
-        out_lo = out_lo.at[into, :V].set(c_lo)
-        out_hi = out_hi.at[into, :V].set(c_hi)
-        return out_lo[:M, :V], out_hi[:M, :V]
+        into = jnp.where(ok, pick, M)  # past the last row: dropped
+        return out_lo.at[into].set(c_lo, mode="drop"), out_hi.at[into].set(c_hi, mode="drop")
 
-    return jax.lax.cond(jnp.sum(wide) <= cap, compacted, lambda _: searched(lo, hi), None)
+    def listed(rows):
+        """The wide ranges among `rows` ([R] row numbers) read their children from the lists."""
+        starts, at, _, most = lists
+        out_lo, out_hi = narrow_only(None)
+        l, h = lo[rows], hi[rows]
+        first = _lower_bound(starts, at[column - 1], at[column], l)  # the range's first child …
+        last = _lower_bound(starts, at[column - 1], at[column], h)  # … and the next range's
+        k = first[:, None] + jnp.arange(most, dtype=jnp.int32)
+        ok = wide[rows][:, None] & (k < last[:, None])
+        c_lo = starts[jnp.clip(k, 0, starts.shape[0] - 1)]
+        c_hi = jnp.where(k + 1 < last[:, None], starts[jnp.clip(k + 1, 0, starts.shape[0] - 1)], h[:, None])
+        token = text[jnp.clip(sa[jnp.clip(c_lo, 0, sa.shape[0] - 1)] + column, 0, n - 1)]
+        slot = jnp.where(ok & (token < V), token, V)  # the separator's run is no child; column V is dropped
+        into = jnp.broadcast_to(rows[:, None], slot.shape)
+        return out_lo.at[into, slot].set(c_lo, mode="drop"), out_hi.at[into, slot].set(c_hi, mode="drop")
+
+    few = max(1, M // 8)  # at most this many wide ranges: only they are read from the lists
+
+    cap = max(1, cap)
+    if cap >= M:
+        return searched(lo, hi)
+    # 0: every range narrow; 1: at most `few` wide ones, listed; 2: the wide ones listed; 3: at most `cap` wide
+    # ones, searched; 4: every range searched
+    branches = (narrow_only, lambda _: listed(jnp.argsort(~wide, stable=True)[:few]),
+                lambda _: listed(jnp.arange(M)), compacted, lambda _: searched(lo, hi))
+    if lists is not None and isinstance(column, (int, np.integer)) and not 1 <= column <= lists[2]:
+        lists = None  # an unrolled level past the listed columns
+    n_wide = jnp.sum(wide)
+    has_lists = lists is not None and column <= lists[2]
+    which = jnp.where(n_wide == 0, 0, jnp.where(has_lists, jnp.where(n_wide <= few, 1, 2),
+                                                jnp.where(n_wide <= cap, 3, 4)))
+    if lists is None:  # no listed branch to compile
+        return jax.lax.switch(jnp.maximum(which - 2, 0), (narrow_only, compacted, branches[4]), None)
+    return jax.lax.switch(which, branches, None)
 
 
 @flax.struct.dataclass
 class DeviceSubstrings:
-    """A `SubstringIndex` on the device, as a decoding constraint (`index.constraint.Constraint`). A beam's
-    state is a tuple of (lo, hi) suffix-array ranges, one per segment; an empty range in every segment means
-    the n-gram does not occur."""
+    """A `SubstringIndex` on the device, as a decoding constraint (`index.constraint.Constraint`). Its segments are
+    one text and one suffix array (each segment's suffixes in turn), padded to power-of-two capacities; a beam's
+    state is a tuple of (lo, hi) suffix-array ranges, one per segment slot; an empty range in every slot means the
+    n-gram does not occur. Levels 1 .. depth − 2 are one run (`level_runs`): a search compiles one body for them."""
 
-    texts: tuple
-    sas: tuple
-    starts: tuple  # per segment: int32 [documents] start positions
-    rows: tuple  # per segment: int32 [documents] corpus rows
-    roots: tuple  # per segment: int32 [2], the range of the prefix
-    root_bounds: tuple  # per segment: int32 [V + 1], where each token's sub-range of the root range starts
+    text: jax.Array  # int32 [positions]: the segments' texts, then the separator
+    sa: jax.Array  # int32 [suffixes]: each segment's suffix array in turn (positions of `text`), then 0
+    starts: jax.Array  # int32 [documents]: each document's first position (increasing), then past every position
+    rows: jax.Array  # int32 [documents]: corpus rows, then -1
+    roots: jax.Array  # int32 [slots, 2]: the range of the prefix in each segment ([0, 0] in an empty slot)
+    root_bounds: jax.Array  # int32 [slots, V + 1]: where each token's sub-range of the root range starts
     depth: int = flax.struct.field(pytree_node=False)
     vocab_size: int = flax.struct.field(pytree_node=False)
     offset: int = flax.struct.field(pytree_node=False)  # length of the forced prefix
     end_token: Optional[int] = flax.struct.field(pytree_node=False)
-    shards: int = flax.struct.field(pytree_node=False, default=1)  # texts and suffix arrays in S blocks
+    shards: int = flax.struct.field(pytree_node=False, default=1)  # text and suffix array in S blocks
     # a range of ≤ `narrow` suffixes gives its children by reading them (0: every range searched for all V
-    # tokens); at most 1 / `wide_share` of the ranges are searched, else all (`_child_ranges`)
+    # tokens); when at most 1 / `wide_share` of the beams' ranges are wide, only those are searched, else all
+    # (`_child_ranges`)
     narrow: int = flax.struct.field(pytree_node=False, default=32)
     wide_share: int = flax.struct.field(pytree_node=False, default=2)
+    # child lists (`child_lists`): where the children of every range of more than `listed_narrow` suffixes begin,
+    # for columns 1..listed_columns (`listed_at[c - 1]:listed_at[c]` of `listed`); `listed_width`: the most
+    # children of one listed range (a power of two). Used while `narrow` ≥ `listed_narrow` (every wide range listed)
+    listed: Optional[jax.Array] = None  # int32 [capacity], padded past every suffix
+    listed_at: Optional[jax.Array] = None  # int32 [listed_columns + 1]
+    listed_narrow: int = flax.struct.field(pytree_node=False, default=32)
+    listed_columns: int = flax.struct.field(pytree_node=False, default=0)
+    listed_width: int = flax.struct.field(pytree_node=False, default=1)
+
+    def _lists(self):
+        if self.listed_columns and self.narrow and self.narrow >= self.listed_narrow and self.listed is not None:
+            return self.listed, self.listed_at, self.listed_columns, self.listed_width
+        return None
+
+    @property
+    def slots(self) -> int:
+        return self.roots.shape[0]
 
     def root(self, shape: tuple):
-        return tuple((jnp.full(shape, r[0], jnp.int32), jnp.full(shape, r[1], jnp.int32)) for r in self.roots)
+        return tuple((jnp.full(shape, self.roots[k, 0], jnp.int32), jnp.full(shape, self.roots[k, 1], jnp.int32))
+                     for k in range(self.slots))
 
     def has_leaves(self, d: int) -> bool:
         return self.end_token is not None
 
+    def level_runs(self) -> tuple:
+        """Levels 1 .. depth − 2 read the column d + offset with a traced d (`children_in_run`); level 0 reads the
+        root's children found on the host, and the search's last level is its own."""
+        return ((1, self.depth - 1),) if self.depth >= 4 else ()
+
+    def children_in_run(self, run: int, d, state):
+        return self._children(d, state)
+
     def children(self, d: int, state):
         """Every token of the vocabulary is a slot (tokens None); its state is its sub-range in each segment.
         At d = 0 a state is the root's (the search and `walk` start there) or dead."""
-        V = self.vocab_size
-        targets = jnp.arange(V + 1, dtype=jnp.int32)
-        nxt, valid = [], None
-        for text, sa, (lo, hi), first in zip(self.texts, self.sas, state, self.root_bounds):
-            live = (lo >= 0) & (lo < hi)
-            if d == 0 or self.shards > 1 or not self.narrow:
-                if d == 0:  # every state is the root (or dead): its children were found once, on the host
-                    b = jnp.where(live[..., None], first, 0)
-                else:
-                    b = _bounds(text, sa, jnp.where(live, lo, 0), jnp.where(live, hi, 0), d + self.offset, targets,
-                                self.shards)
-                c_lo, c_hi = _token_ranges(b, V)
-            else:  # ranges read directly where they are narrow (`_child_ranges`)
-                shape = lo.shape
-                c_lo, c_hi = _child_ranges(text, sa, jnp.where(live, lo, 0).reshape(-1),
-                                           jnp.where(live, hi, 0).reshape(-1), d + self.offset, V, self.narrow,
-                                           self.wide_share)
-                c_lo, c_hi = c_lo.reshape(*shape, V), c_hi.reshape(*shape, V)
-            c_valid = c_lo >= 0
-            nxt.append((c_lo, c_hi))
-            valid = c_valid if valid is None else valid | c_valid
+        return self._children(d, state, at_root=d == 0)
+
+    def _children(self, d, state, at_root: bool = False):
+        V, K = self.vocab_size, self.slots
+        lo = jnp.stack([s[0] for s in state], axis=-1)  # [..., K]
+        hi = jnp.stack([s[1] for s in state], axis=-1)
+        live = (lo >= 0) & (lo < hi)
+        lo, hi = jnp.where(live, lo, 0), jnp.where(live, hi, 0)
+        if at_root:  # every state is the root (or dead): its children were found once, on the host
+            c_lo, c_hi = _token_ranges(jnp.where(live[..., None], self.root_bounds, 0), V)
+        elif self.shards > 1 or not self.narrow:
+            targets = jnp.arange(V + 1, dtype=jnp.int32)
+            c_lo, c_hi = _token_ranges(_bounds(self.text, self.sa, lo, hi, d + self.offset, targets, self.shards), V)
+        else:  # ranges read directly where they are narrow (`_child_ranges`); the wide budget counts beams
+            beams = int(np.prod(lo.shape[:-1]))
+            c_lo, c_hi = _child_ranges(self.text, self.sa, lo.reshape(-1), hi.reshape(-1), d + self.offset, V,
+                                       self.narrow, beams // self.wide_share, self._lists())
+            c_lo, c_hi = c_lo.reshape(*lo.shape, V), c_hi.reshape(*lo.shape, V)
+        valid = jnp.any(c_lo >= 0, axis=-2)
+        nxt = tuple((c_lo[..., k, :], c_hi[..., k, :]) for k in range(K))
         if self.end_token is None:
             leaf = jnp.full(valid.shape, -1, jnp.int32)
         else:
             leaf = jnp.where(valid & (jnp.arange(V) == self.end_token), 0, -1).astype(jnp.int32)
-        return None, tuple(nxt), leaf, valid
+        return None, nxt, leaf, valid
 
     # split over the devices of a mesh axis (`Searcher` with an "index" axis), as `DeviceTrie.split`
     def split(self, shards: int) -> "DeviceSubstrings":
-        """The texts and suffix arrays padded to a multiple of `shards` positions — the text with the separator,
+        """The text and suffix array padded to a multiple of `shards` positions — the text with the separator,
         so that a position clipped to the end reads what it read before; the suffix array's padding is never
         read — to be placed block by block over SHARD_AXIS (`partition_specs`). Every binary-search step then
         reads them through one integer all-reduce, and the search gives the whole index's n-grams and ranges.
@@ -390,20 +592,27 @@ class DeviceSubstrings:
         if not check_split(shards, self.shards, "substring index"):
             return self
         pad = lambda x, value: jnp.pad(x, (0, -x.shape[0] % shards), constant_values=value)  # noqa: E731
-        return self.replace(texts=tuple(pad(t, self.vocab_size) for t in self.texts),
-                            sas=tuple(pad(a, 0) for a in self.sas), shards=shards)
+        return self.replace(text=pad(self.text, self.vocab_size), sa=pad(self.sa, 0), shards=shards)
 
     def partition_specs(self) -> "DeviceSubstrings":
         block = P(SHARD_AXIS) if self.shards > 1 else P()
-        whole = lambda xs: jax.tree_util.tree_map(lambda _: P(), xs)  # noqa: E731
-        return self.replace(texts=tuple(block for _ in self.texts), sas=tuple(block for _ in self.sas),
-                            starts=whole(self.starts), rows=whole(self.rows), roots=whole(self.roots),
-                            root_bounds=whole(self.root_bounds))
+        whole = None if self.listed is None else P()
+        return self.replace(text=block, sa=block, starts=P(), rows=P(), roots=P(), root_bounds=P(), listed=whole,
+                            listed_at=whole)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays on the device (capacities included)."""
+        return int(sum(x.nbytes for x in (self.text, self.sa, *self._whole())))
+
+    def _whole(self) -> list:
+        """The arrays every device holds whole."""
+        return [x for x in (self.starts, self.rows, self.roots, self.root_bounds, self.listed, self.listed_at)
+                if x is not None]
 
     def nbytes_per_device(self) -> int:
-        split = sum(x.nbytes for x in (*self.texts, *self.sas)) // self.shards
-        return split + sum(x.nbytes for x in jax.tree_util.tree_leaves((self.starts, self.rows, self.roots,
-                                                                         self.root_bounds)))
+        split = (self.text.nbytes + self.sa.nbytes) // self.shards
+        return int(split + sum(x.nbytes for x in self._whole()))
 
     def walk(self, ngrams, lengths):
         """The states of given n-grams (after the prefix): ngrams int [..., L], lengths int [...] (tokens past a
@@ -425,25 +634,27 @@ class DeviceSubstrings:
 
     def occurrences(self, state, max_occurrences: int):
         """Where each n-gram occurs: (rows [..., P], start within the document [..., P], valid [..., P]) with
-        P = segments · max_occurrences: the first max_occurrences occurrences of each segment in suffix-array
-        order (all of them where F(n) ≤ max_occurrences). On the whole index (not a `split` one)."""
+        P = max_occurrences: the first P occurrences in segment order, then suffix-array order (all of them where
+        F(n) ≤ P). On the whole index (not a `split` one)."""
         if self.shards > 1:
             raise ValueError("occurrences read the whole suffix arrays: call them on the index before split()")
-        rows, local, valid = [], [], []
-        slot = jnp.arange(max_occurrences, dtype=jnp.int32)
-        for sa, starts, doc_rows, (lo, hi) in zip(self.sas, self.starts, self.rows, state):
-            ok = (lo[..., None] >= 0) & (lo[..., None] + slot < hi[..., None])
-            pos = sa[jnp.where(ok, lo[..., None] + slot, 0)]
-            d = jnp.clip(jnp.searchsorted(starts, pos, side="right") - 1, 0, starts.shape[0] - 1)
-            rows.append(jnp.where(ok, doc_rows[d], -1))
-            local.append(jnp.where(ok, pos - starts[d], -1))
-            valid.append(ok)
-        cat = lambda xs: jnp.concatenate(xs, axis=-1)  # noqa: E731
-        return cat(rows), cat(local), cat(valid)
+        lo = jnp.stack([s[0] for s in state], axis=-1)  # [..., K]
+        hi = jnp.stack([s[1] for s in state], axis=-1)
+        width = jnp.where(lo >= 0, jnp.maximum(hi - lo, 0), 0)
+        end = jnp.cumsum(width, axis=-1)  # the occurrences up to each segment's
+        j = jnp.arange(max_occurrences, dtype=jnp.int32)
+        k = jnp.sum(j[:, None] >= end[..., None, :], axis=-1)  # [..., P] the segment holding occurrence j
+        ok = k < self.slots
+        k = jnp.minimum(k, self.slots - 1)
+        pick = lambda x: jnp.take_along_axis(x, k, axis=-1)  # noqa: E731
+        at = pick(lo) + j - (pick(end) - pick(width))  # its suffix-array entry
+        pos = self.sa[jnp.where(ok, at, 0)]
+        doc = jnp.clip(jnp.searchsorted(self.starts, pos, side="right") - 1, 0, self.starts.shape[0] - 1)
+        return jnp.where(ok, self.rows[doc], -1), jnp.where(ok, pos - self.starts[doc], -1), ok
 
     def documents(self, state, max_occurrences: int):
-        """Distinct document rows containing each n-gram: (rows [..., P], valid [..., P]), P = segments ·
-        max_occurrences; exact where max_occurrences ≥ F(n), else from the occurrences `occurrences` gives."""
+        """Distinct document rows containing each n-gram: (rows [..., P], valid [..., P]), P = max_occurrences;
+        exact where max_occurrences ≥ F(n), else from the occurrences `occurrences` gives."""
         r, _, ok = self.occurrences(state, max_occurrences)
         big = jnp.iinfo(jnp.int32).max
         r = jnp.sort(jnp.where(ok, r, big), axis=-1)

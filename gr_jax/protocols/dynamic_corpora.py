@@ -43,7 +43,7 @@ from gr_jax.evaluation.metrics import evaluate
 from gr_jax.data.trec import Run, ranked
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.evaluation.retrieval import evaluation_settings
-from gr_jax.runtime.compile_clock import CompileClock
+from gr_jax.runtime.compile_clock import CompileClock, use_compilation_cache
 from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.runtime.io_utils import atomic_dir, json_text, write_text
 from gr_jax.runtime.provenance import file_digest
@@ -223,6 +223,9 @@ def trained_system(data: DynamicData, model_dir: Path, k: int, eval_batch: Optio
                                                               final_eval=False))
     eval_config = evaluation_settings(batch_size=eval_batch)
     setup = dataclasses.replace(summary["setup"], iterator=None)  # the training data is not needed now
+    reserve = getattr(setup.index, "reserve", None)
+    if reserve is not None:  # room for every part (a substring index): the search keeps its shapes over the run
+        reserve(sum(len(r) for r in data.part_rows) / max(len(data.part_rows[0]), 1))
     system = TrainedSystem(setup, summary["state"]["params"], max(eval_config.num_beams, k), eval_config.batch_size,
                            corpus=data.full.corpus)
     system.check_can_add()
@@ -312,11 +315,15 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
                 k: Count = 10, embedder=None, replay: Optional[Replay] = None,
                 eval_batch_size: Optional[Count] = None, max_test_queries_per_part: int = 0,
                 memory_limit_mb: Optional[int] = None, label: Optional[str] = None, progress: bool = True,
-                release_programs: bool = True) -> dict:
+                release_programs: bool = True, compilation_cache: bool = True) -> dict:
     """Runs the protocol for one system and writes OUTPUT_DIR/{dynamic.json, dynamic.md, dynamic.png}.
-    `release_programs`: after each step, drop the programs JAX compiled (the next step's index has other shapes;
-    kept, they grew SEAL's demo run from 1.5 to 3.1 GB over five steps). It empties JAX's caches for the whole
-    process: a caller that runs the protocol beside programs of its own it wants kept sets it False. A trained
+    `release_programs`: after a step that compiled programs (its index took other shapes), drop the programs JAX
+    holds (kept, they grew SEAL's demo run from 1.5 to 3.1 GB over five steps when its index changed shapes at every
+    step); a step that compiled none keeps them for the next. It empties JAX's caches for the whole process: a
+    caller that runs the protocol beside programs of its own it wants kept sets it False.
+    `compilation_cache`: XLA's programs are kept on disk (OUTPUT_DIR/xla_cache, or the folder
+    JAX_COMPILATION_CACHE_DIR names: `reproduce` shares one over its systems), so a step whose index kept its shapes
+    (a substring index within its reserved room, a prefix tree) reads its programs back instead of compiling them. A trained
     system searches with EvalConfig's beams and batch size (`eval_batch_size`: the batch's earlier name in gin;
     from Python, a value that replaces it)."""
     _validate(method, k, n_parts, seed, max_test_queries_per_part, memory_limit_mb,
@@ -325,6 +332,8 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
     if out_dir.exists() and not out_dir.is_dir():
         raise ProtocolError(f"MODEL_DIR {out_dir} is a file, not a directory; choose another MODEL_DIR")
     guard = MemoryGuard(None if memory_limit_mb is None else int(memory_limit_mb) << 20)
+    if compilation_cache:  # the steps' programs, dropped from memory between steps, are read back, not recompiled
+        use_compilation_cache(RunDir(out_dir).compilation_cache, min_compile_seconds=0.0)
     if split_protocol not in PROTOCOLS:
         raise ProtocolError(f"run_dynamic.split_protocol must be one of {PROTOCOLS}, got {split_protocol!r}")
     data = make_dynamic_data(sources.load_dataset(task), seed, initial_fraction, n_parts, train_split, test_split,
@@ -367,11 +376,16 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
             steps.append({"step": o, **info})
             timings.append({"step": o, "index_s": time.perf_counter() - t - clock.seconds,
                             "index_compile_s": clock.seconds})
+            compiled = clock.programs
+        else:
+            compiled = 1  # training's programs are not needed again
         P[o, : o + 1], idbi, timing = _evaluate_step(system, data, parts_q, o)
         per_query.append(timing.pop("hits"))
         steps[-1]["queries"] = timing.pop("queries")
         if release_programs:
-            host_memory.release_between_steps()  # the next step's index has other shapes: this step's programs go
+            # a step that compiled programs (the index took other shapes) drops them all; one that compiled none
+            # (all read back from the cache, or kept in memory) keeps them for the next
+            host_memory.release_between_steps(programs=bool(compiled + timing["compiled_programs"]))
         timings[-1].update(timing, rss_mb=host_memory.resident_mb())  # after indexing and evaluating D_o
         if o > 0:
             if not len(data.part_rows[o]):
@@ -421,7 +435,8 @@ def _evaluate_step(system, data: DynamicData, parts_q: Sequence[Sequence[str]], 
         run = system.search(QuerySet(qids, [data.test_texts[q] for q in qids])) if qids else {}
     elapsed = time.perf_counter() - t
     timing = {"search_s": elapsed - clock.seconds, "compile_s": clock.seconds, "compiled_programs": clock.programs,
-              "queries": len(qids), "rss_mb": rss_bytes() / 2**20}
+              "cached_programs": clock.loaded, "compiled": clock.names, "queries": len(qids),
+              "rss_mb": rss_bytes() / 2**20}
     row = np.array([_hit10(run, data.test_qrels, parts_q[j]) for j in range(o + 1)])
     hits = [query_hits(run, data.test_qrels, parts_q[j]) for j in range(o + 1)]
     for j, h in enumerate(hits):  # the per-query record must give the table's number
@@ -490,7 +505,8 @@ def write_outputs(out_dir: Path, result: dict, timings: Optional[list] = None,
     """OUTPUT_DIR/dynamic/ (results: a re-run with equal results replaces it quietly, a different one is kept
     as dynamic.prev-<n>) and OUTPUT_DIR/dynamic_timing.json (the seconds and memory of the latest run only: per
     step index_s and search_s without compilation, index_compile_s and compile_s the compilation inside them,
-    compiled_programs the programs XLA compiled for the search — 0 when the step reused the compiled search).
+    compiled_programs the programs XLA compiled for the search — 0 when the step reused the compiled search —,
+    cached_programs those read back from the compilation cache instead, compiled the compiled ones by name).
     `per_query` goes to dynamic/per_query.json: {"hits": [[{query id: Hit@10} of Q_j, j ≤ o] after D_o]}, what
     paired significance tests between systems read."""
     with atomic_dir(out_dir / "dynamic", keep_previous=True) as tmp:

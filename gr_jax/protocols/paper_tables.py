@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import itertools
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -37,8 +38,10 @@ import numpy as np
 from gr_jax.runtime import gin_utils
 from gr_jax.runtime.errors import UserError
 from gr_jax.evaluation import dynamic_measures as measures
+from gr_jax.runtime.compile_clock import CACHE_VARIABLE
 from gr_jax.runtime.io_utils import atomic_dir, json_text, keep_aside, make_dirs, read_json, write_text
 from gr_jax.runtime.provenance import file_digest
+from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +212,10 @@ def write_status(out: Path, previous, status: dict) -> None:
 
 
 def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Sequence[str],
-               needs: Optional[dict] = None) -> dict:
-    """Runs (or reuses) one system; → {"status": "reused" | "ran" | "failed", ...}."""
+               needs: Optional[dict] = None, compilation_cache: Optional[Path] = None) -> dict:
+    """Runs (or reuses) one system; → {"status": "reused" | "ran" | "failed", ...}. `compilation_cache`: XLA's
+    program cache the system's process shares with the others (JAX_COMPILATION_CACHE_DIR, when the caller has not
+    set one): systems of one architecture compile their common programs once."""
     rec = recipe(argv, search_paths, needs)
     rec_path, result = model_dir / "recipe.json", model_dir / "dynamic" / "dynamic.json"
     if model_dir.exists():
@@ -232,7 +237,10 @@ def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Se
     with open(log_path, "a", encoding="utf-8") as out:
         out.write(f"$ {' '.join(full)}\n")
         out.flush()
-        rc = subprocess.run(full, stdout=out, stderr=subprocess.STDOUT).returncode
+        env = dict(os.environ)
+        if compilation_cache is not None:
+            env.setdefault(CACHE_VARIABLE, str(compilation_cache))
+        rc = subprocess.run(full, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
     seconds = time.perf_counter() - t
     if rc != 0 or not result.is_file():
         tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
@@ -467,7 +475,7 @@ def reproduce(paper_name: str, output_dir: str, dataset_files: Sequence[str] = (
             log.warning("%s: run again as asked; the earlier run is kept as %s", name, keep_aside(model_dir))
         argv = command(paper, name, out, dataset_files, bindings, quick)
         needs = {n: out / "systems" / directory_name(n) for n in paper.systems[name].get("needs", [])}
-        status[name] = run_system(name, argv, model_dir, search_paths, needs)
+        status[name] = run_system(name, argv, model_dir, search_paths, needs, RunDir(out).compilation_cache)
         log.info("%s: %s", name, status[name])
         write_status(out, previous, status)  # after every system: a command stopped later keeps what it learnt
     # systems not run this time (--only) whose results are current still fill their rows

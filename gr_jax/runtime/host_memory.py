@@ -119,16 +119,18 @@ def resident_mb() -> float:
         return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def release_between_steps() -> None:
+def release_between_steps(programs: bool = True) -> None:
     """Between the steps of a protocol whose shapes change from step to step (the dynamic-corpora protocol: the
     index grows with each part), the programs compiled for the last step's shapes are never called again, yet
-    JAX keeps every one (SEAL's 120-document demo run: 1.5 → 3.1 GB over five steps): drop them, collect, and
-    hand the freed heap back to the system (glibc's malloc_trim)."""
+    JAX keeps every one (SEAL's 120-document demo run: 1.5 → 3.1 GB over five steps): drop them (`programs`),
+    collect, and hand the freed heap back to the system (glibc's malloc_trim; without it a step's temporaries
+    kept SEAL's demo run 0.6 GB higher)."""
     import gc
 
     import jax
 
-    jax.clear_caches()
+    if programs:
+        jax.clear_caches()
     gc.collect()
     if _mallopt() is not None:
         try:

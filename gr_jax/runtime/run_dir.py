@@ -120,6 +120,11 @@ class RunDir:
         """PAG's planner aligned to `language` (`python -m gr_jax.align_planner`)."""
         return self.root / "aligned" / language
 
+    @property
+    def compilation_cache(self) -> Path:
+        """XLA's compiled programs kept between the steps of a protocol (`compile_clock.use_compilation_cache`)."""
+        return self.root / "xla_cache"
+
     # a protocol's trained system
     @property
     def model(self) -> "RunDir":

@@ -155,3 +155,144 @@ def test_children_read_from_narrow_ranges_equal_the_search_over_every_token(narr
                 np.testing.assert_array_equal(np.asarray(a_lo), np.asarray(b_lo))
                 np.testing.assert_array_equal(np.asarray(a_hi), np.asarray(b_hi))
             assert np.asarray(want[3]).any()  # states with children were tested
+
+
+def _same_tree(a, b):
+    la, ta = jax_tree(a)
+    lb, tb = jax_tree(b)
+    return ta == tb and all(x.shape == y.shape and x.dtype == y.dtype for x, y in zip(la, lb))
+
+
+def jax_tree(x):
+    import jax
+
+    return jax.tree_util.tree_flatten(x)
+
+
+def test_inserts_within_the_reserved_room_keep_the_constraints_shapes_and_one_compiled_program():
+    """After `reserve(2, slots=3)`, inserting parts up to twice the documents keeps every array's shape and the
+    pytree's structure — a jitted function over the constraint compiles once — and every answer is a fresh
+    build's; past the room the capacities double (a new shape, once)."""
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(11)
+    docs = [rng.integers(0, 5, size=rng.integers(1, 12)).tolist() for _ in range(120)]
+    index = SubstringIndex.build(docs[:60], 5)
+    index.reserve(2.0, slots=3)
+    grams = [(0,), (1, 2), (3, 3, 3), (4, 0, 1), (2, 2)]
+    padded = jnp.asarray([g + (0,) * (3 - len(g)) for g in grams])
+    lengths = jnp.asarray([len(g) for g in grams])
+    traced = []
+
+    @jax.jit
+    def counts(dev):
+        traced.append(1)  # runs once per compilation
+        return dev.counts(dev.walk(padded, lengths))
+
+    first = index.device(3)
+    for lo in range(60, 120, 12):
+        index.insert(docs[lo:lo + 12])
+        assert len(index.segments) <= 3
+        dev = index.device(3)
+        assert _same_tree(dev, first)
+        fresh = SubstringIndex.build(docs[:lo + 12], 5)
+        assert np.asarray(counts(dev)).tolist() == [fresh.count(g) for g in grams]
+        r, p, ok = (np.asarray(a) for a in dev.occurrences(dev.walk(padded, lengths), 256))
+        for i, g in enumerate(grams):
+            want = sorted((k, s) for k, doc in enumerate(docs[:lo + 12]) for s in range(len(doc) - len(g) + 1)
+                          if tuple(doc[s:s + len(g)]) == g)
+            assert sorted(zip(r[i][ok[i]].tolist(), p[i][ok[i]].tolist())) == want
+    assert len(traced) == 1
+    index.insert(docs * 2)  # past the room: capacities double
+    assert index.device(3).text.shape[0] > first.text.shape[0]
+    with pytest.raises(UserError, match="growth must be ≥ 1"):
+        index.reserve(0.5)
+
+
+def test_the_scanned_levels_equal_the_unrolled_search_over_substrings():
+    """Levels 1 .. depth − 2 as one scanned body with a traced column (`level_runs`) give exactly the unrolled
+    search's keys, scores and states — for the body view (no prefix, no leaves) and a title view (a prefix, an end
+    token), with SEAL's wider history — over an index of two segments in three slots."""
+    import jax
+
+    from gr_jax.decoding.beam_search import beam_search
+    from tests.decoding.test_beam_search import V as TV, toy_cache, toy_step
+
+    rng = np.random.default_rng(2)
+    docs = [np.minimum(rng.zipf(1.5, size=rng.integers(2, 14)) - 1, TV - 1).tolist() for _ in range(80)]
+    index = SubstringIndex.build(docs[:60], TV)
+    index.reserve(2.0, slots=3)
+    index.insert(docs[60:])
+    assert len(index.segments) == 2
+    for dev in (index.device(6), index.device(7, prefix=(0,), end_token=1)):
+        assert dev.level_runs() == ((1, dev.depth - 1),)
+        for N, width in ((3, 0), (4, 8)):
+            a, b = (jax.jit(lambda c, t, s=scan: beam_search(toy_step, c, t, batch_size=3, num_beams=N,
+                                                             keep_history=True, scan_levels=s, history_width=width))(
+                toy_cache(seed=5, batch=3), dev) for scan in (False, True))
+            hv = np.asarray(a.history.valid)
+            assert hv.any()
+            np.testing.assert_array_equal(hv, np.asarray(b.history.valid))
+            for x, y in ((a.history.tokens, b.history.tokens), (a.history.scores, b.history.scores),
+                         (a.valid, b.valid), (a.tokens, b.tokens), (a.scores, b.scores)):
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+            for x, y in zip(jax.tree_util.tree_leaves(a.history.states), jax.tree_util.tree_leaves(b.history.states)):
+                np.testing.assert_array_equal(np.asarray(x)[hv], np.asarray(y)[hv])
+
+
+@pytest.mark.parametrize("narrow", [4, 32])
+def test_children_from_the_child_lists_equal_the_search_over_every_token(narrow):
+    """Wide ranges at columns 1..3 find their children in the stored lists (`child_lists`); every state's
+    children — at depths 1–4, with and without a prefix, over three segments, at a Python depth and at a traced
+    one (the scanned levels' path) — equal the search over all V tokens (`narrow = 0`). Zipf tokens make wide
+    ranges; n-grams taken from the documents make live states."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(narrow)
+    V = 14
+    docs = [np.minimum(rng.zipf(1.3, size=rng.integers(1, 60)) - 1, V - 1).tolist() for _ in range(300)]
+    index = SubstringIndex(V, [], narrow=narrow)
+    index.reserve(1.0, slots=3)
+    for lo, hi in ((0, 240), (240, 280), (280, 300)):
+        index.insert(docs[lo:hi])
+    assert len(index.segments) >= 2
+    listed_wide = 0
+    for prefix in ((), (0,)):
+        dev = index.device(5, prefix=prefix)
+        assert dev._lists() is not None
+        searched = dataclasses.replace(dev, narrow=0)
+        picks = [d for d in docs if len(d) > 6]
+        grams = np.array([d[s: s + 4] for d in picks[:60] for s in [int(rng.integers(0, len(d) - 5))]])
+        grams = np.concatenate([grams, np.minimum(rng.zipf(1.3, size=(20, 4)) - 1, V - 1)])
+        in_run = jax.jit(lambda state, d, dev=dev: dev.children_in_run(0, d, state))
+        for d in (1, 2, 3, 4):
+            state = dev.walk(jnp.asarray(grams[:, :d]), jnp.full(len(grams), d))
+            if d + len(prefix) <= dev.listed_columns:
+                listed_wide += int(np.sum(np.asarray(dev.counts(state)) > narrow))
+            want = searched.children(d, state)
+            for got in (dev.children(d, state), in_run(state, jnp.int32(d))):
+                np.testing.assert_array_equal(np.asarray(got[3]), np.asarray(want[3]))  # allowed tokens
+                for (a_lo, a_hi), (b_lo, b_hi) in zip(got[1], want[1]):
+                    np.testing.assert_array_equal(np.asarray(a_lo), np.asarray(b_lo))
+                    np.testing.assert_array_equal(np.asarray(a_hi), np.asarray(b_hi))
+            assert np.asarray(want[3]).any()
+    assert listed_wide >= 20  # the lists were read, for many wide ranges
+
+
+def test_child_lists_by_hand():
+    """Documents [1 2 1 3], [1 2 2] (separator 4): the sorted suffixes are 1 2 1 3 | 1 2 2 | 1 3 | 2 1 3 | 2 2 |
+    2 4 | 3. With narrow 1, column 1: the range of "1" (indices 0–2) has children 2 (at 0) and 3 (at 2); the range
+    of "2" (3–5) has children 1 (3), 2 (4) and the separator (5: listed, never allowed); "3" is narrow. Column 2:
+    "1 2" (0–1) has children 1 (0) and 2 (1); every other range of two tokens holds one suffix."""
+    from gr_jax.index.substring import child_lists
+
+    seg = SubstringIndex.build([[1, 2, 1, 3], [1, 2, 2]], 4).segments[0]
+    assert [seg.text[p: p + 2].tolist() for p in seg.sa] == [[1, 2], [1, 2], [1, 3], [2, 1], [2, 2], [2, 4], [3, 4]]
+    lists, most = child_lists(seg.text, seg.sa, [0], 4, 2, narrow=1)
+    assert [x.tolist() for x in lists] == [[0, 2, 3, 4, 5], [0, 1]] and most == 3
+    lists, most = child_lists(seg.text, seg.sa, [0], 4, 2, narrow=3)  # nothing wider than 3
+    assert [x.tolist() for x in lists] == [[], []] and most == 0

@@ -166,3 +166,28 @@ def test_a_small_paper_end_to_end(tmp_path, capsys):
 
     assert cmd.main(["--paper", "nope", f"--gin.OUTPUT_DIR='{tmp_path / 'x'}'"]) == 2
     assert "no paper 'nope'" in capsys.readouterr().err
+
+
+def test_every_system_process_shares_one_compilation_cache(tmp_path, monkeypatch):
+    """`reproduce` gives each system's process OUTPUT_DIR/xla_cache (programs common to systems of one architecture
+    compile once), unless the caller chose a cache; the process itself is not started here."""
+    seen = []
+
+    class Done:
+        returncode = 1
+
+    def fake_run(argv, stdout=None, stderr=None, env=None):
+        seen.append(env)
+        return Done()
+
+    monkeypatch.setattr(rp.subprocess, "run", fake_run)
+    monkeypatch.delenv(rp.CACHE_VARIABLE, raising=False)
+    cache = rp.RunDir(tmp_path / "out").compilation_cache
+    (tmp_path / "x.gin").write_text("A = 1\n")
+    out = rp.run_system("X", [f"--gin_file={tmp_path / 'x.gin'}"], tmp_path / "out" / "systems" / "X", (),
+                        compilation_cache=cache)
+    assert out["status"] == "failed" and seen[-1][rp.CACHE_VARIABLE] == str(cache)
+    monkeypatch.setenv(rp.CACHE_VARIABLE, str(tmp_path / "mine"))
+    rp.run_system("Y", [f"--gin_file={tmp_path / 'x.gin'}"], tmp_path / "out" / "systems" / "Y", (),
+                  compilation_cache=cache)
+    assert seen[-1][rp.CACHE_VARIABLE] == str(tmp_path / "mine")

@@ -18,3 +18,31 @@ def test_a_new_program_is_counted_and_a_cached_one_is_not():
     assert first.programs >= 1 and first.seconds > 0
     assert again.programs == 0 and again.seconds == 0.0  # the compiled program is reused
     assert other_shape.programs >= 1
+
+
+def test_a_program_read_back_from_the_persistent_cache_is_loaded_not_compiled():
+    """After the in-memory programs are dropped (the protocol does so between steps), the persistent cache gives
+    the program back: counted as loaded, not compiled; a compiled one is named."""
+    import os
+    import uuid
+
+    assert os.environ.get("JAX_COMPILATION_CACHE_DIR")  # tests/conftest.py sets one for every test process
+    salt = float(uuid.uuid4().int % 10**6)  # a program no earlier run has cached
+
+    def salted(x):
+        return jnp.cos(x) * salt + 2.0
+
+    f = jax.jit(salted)
+    x = jnp.arange(5.0)
+    before = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    try:
+        with CompileClock() as first:
+            f(x).block_until_ready()
+        jax.clear_caches()
+        with CompileClock() as back:
+            f(x).block_until_ready()
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
+    assert first.programs == 1 and first.loaded == 0 and first.names == {"jit(salted)": 1}, (first.names, first.loaded)
+    assert back.programs == 0 and back.loaded == 1 and back.names == {}
