@@ -207,16 +207,20 @@ class SubstringIndex:
         """Room on the device for `growth` times today's documents and `slots` segments: until the index outgrows
         that room, every insert keeps the device constraint's shapes, so a search compiled once serves every
         part (the dynamic-corpora protocol reserves for the whole corpus it will add). Positions and suffixes get
-        `margin` times more (new documents may be longer than today's on average). Capacities are powers of two;
-        past the room they double."""
+        `margin` times more (new documents may be longer than today's on average), the child lists growth² times
+        (more ranges pass `narrow` as the corpus grows). Capacities are powers of two; past the room they double."""
         if not growth >= 1:
             raise UserError(f"substring index: reserve growth must be ≥ 1, got {growth}")
         if int(slots) < 1:
             raise UserError(f"substring index: reserve slots must be ≥ 1, got {slots}")
         self.slots = int(slots)
         listed = sum(len(x) for x in self._layout()["lists"]) if self.segments else 0
+        # the child lists grow faster than the corpus (more ranges pass `narrow`): growth², at most all suffixes
+        listed = min(listed * growth, self.listed_columns * self.num_tokens)
         now = (self.num_positions * margin, self.num_tokens * margin, self.num_documents, listed * margin)
         self._room = tuple(max(r, int(np.ceil(growth * x))) for r, x in zip(self._room, now))
+        # a range's children grow with the corpus too (never past the vocabulary and the separator)
+        self._most = min(max(self._most, int(np.ceil(growth * margin * self._most))), self.vocab_size + 1)
         self._fit_slots()
         self._device.clear()
 

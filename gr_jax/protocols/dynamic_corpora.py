@@ -23,6 +23,7 @@ the qrels leaves P, F_n, GA_n and IDBI unchanged (tests/protocols/test_dynamic_c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -43,7 +44,8 @@ from gr_jax.evaluation.metrics import evaluate
 from gr_jax.data.trec import Run, ranked
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.evaluation.retrieval import evaluation_settings
-from gr_jax.runtime.compile_clock import CompileClock, use_compilation_cache
+from gr_jax.runtime.compile_clock import CompileClock
+from gr_jax.runtime.compile_clock import compilation_cache as compilation_cache_in
 from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.runtime.io_utils import atomic_dir, json_text, write_text
 from gr_jax.runtime.provenance import file_digest
@@ -317,9 +319,10 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
                 memory_limit_mb: Optional[int] = None, label: Optional[str] = None, progress: bool = True,
                 release_programs: bool = True, compilation_cache: bool = True) -> dict:
     """Runs the protocol for one system and writes OUTPUT_DIR/{dynamic.json, dynamic.md, dynamic.png}.
-    `release_programs`: after a step that compiled programs (its index took other shapes), drop the programs JAX
+    `release_programs`: after a step that took new programs (its index took other shapes), drop the programs JAX
     holds (kept, they grew SEAL's demo run from 1.5 to 3.1 GB over five steps when its index changed shapes at every
-    step); a step that compiled none keeps them for the next. It empties JAX's caches for the whole process: a
+    step, and a prefix tree's static tables stay referenced by them); a step that took none keeps them for the
+    next, and so do D0's first search and the step after a drop. It empties JAX's caches for the whole process: a
     caller that runs the protocol beside programs of its own it wants kept sets it False.
     `compilation_cache`: XLA's programs are kept on disk (OUTPUT_DIR/xla_cache, or the folder
     JAX_COMPILATION_CACHE_DIR names: `reproduce` shares one over its systems), so a step whose index kept its shapes
@@ -331,85 +334,94 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
     out_dir = Path(output_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ProtocolError(f"MODEL_DIR {out_dir} is a file, not a directory; choose another MODEL_DIR")
-    guard = MemoryGuard(None if memory_limit_mb is None else int(memory_limit_mb) << 20)
-    if compilation_cache:  # the steps' programs, dropped from memory between steps, are read back, not recompiled
-        use_compilation_cache(RunDir(out_dir).compilation_cache, min_compile_seconds=0.0)
-    if split_protocol not in PROTOCOLS:
-        raise ProtocolError(f"run_dynamic.split_protocol must be one of {PROTOCOLS}, got {split_protocol!r}")
-    data = make_dynamic_data(sources.load_dataset(task), seed, initial_fraction, n_parts, train_split, test_split,
-                             split_protocol, test_fraction)
-    parts_q = [q[:max_test_queries_per_part] if max_test_queries_per_part else q for q in data.split.test_queries]
-    log.info("dynamic split: %s documents, %s test queries", [len(p) for p in data.split.parts],
-             [len(q) for q in parts_q])
+    cache = compilation_cache_in(RunDir(out_dir).compilation_cache, 0.0) if compilation_cache else \
+        contextlib.nullcontext()
+    with cache:  # the steps' programs, dropped from memory between steps, are read back, not recompiled
+        guard = MemoryGuard(None if memory_limit_mb is None else int(memory_limit_mb) << 20)
+        if split_protocol not in PROTOCOLS:
+            raise ProtocolError(f"run_dynamic.split_protocol must be one of {PROTOCOLS}, got {split_protocol!r}")
+        data = make_dynamic_data(sources.load_dataset(task), seed, initial_fraction, n_parts, train_split, test_split,
+                                 split_protocol, test_fraction)
+        parts_q = [q[:max_test_queries_per_part] if max_test_queries_per_part else q for q in data.split.test_queries]
+        log.info("dynamic split: %s documents, %s test queries", [len(p) for p in data.split.parts],
+                 [len(q) for q in parts_q])
 
-    t0 = time.perf_counter()
-    d0_rows = data.part_rows[0]
-    if method == "bm25":
-        system = BM25System(data.full.corpus, k, rows=d0_rows)
-    elif method == "dense":
-        system = DenseSystem(data.full.corpus, k, embedder if embedder is not None else TfidfSvdEmbedder(),
-                             rows=d0_rows, training=(data.d0, train_split, RunDir(out_dir).model.root))
-        label = label or f"dense-{system.embedder_name}"  # the embedder tells dense systems apart in a report
-    else:
-        system = trained_system(data, RunDir(out_dir).model.root, k, eval_batch_size)
-        label = label or f"gr-{system.setup.scheme.name}" + ("++" if replay is not None else "")
-    gin_checks.check_bindings_used("run_dynamic")
-    steps = [{"step": 0, "documents": len(data.part_rows[0])}]
-    timings = [{"step": 0, "index_s": time.perf_counter() - t0}]
-
-    n = len(data.split.parts) - 1
-    P = np.full((n + 1, n + 1), np.nan)
-    per_query: list = []  # per_query[o][j]: {query id: Hit@10} of Q_j after indexing D_o
-    idbi_per_step: list[Optional[float]] = [None]
-    why_null = {"idbi[0]": "D0 only: no new documents to be biased against"}
-    label = label or method
-    bar = progress_bar(total=n + 1, desc=f"dynamic {label}", unit="step", disable=not progress)
-    for o in range(n + 1):
-        if o > 0:
-            rows = data.part_rows[o]
-            guard.check(f"step {o} (indexing {len(rows)} documents)", system.estimate_bytes(rows))
-            t = time.perf_counter()
-            with CompileClock() as clock:
-                info = system.add(rows)
-                if method == "gr" and replay is not None and replay.steps > 0:
-                    replay_fine_tune(system, data, rows, replay, o, RunDir(out_dir).model.root)
-            steps.append({"step": o, **info})
-            timings.append({"step": o, "index_s": time.perf_counter() - t - clock.seconds,
-                            "index_compile_s": clock.seconds})
-            compiled = clock.programs
+        t0 = time.perf_counter()
+        d0_rows = data.part_rows[0]
+        if method == "bm25":
+            system = BM25System(data.full.corpus, k, rows=d0_rows)
+        elif method == "dense":
+            system = DenseSystem(data.full.corpus, k, embedder if embedder is not None else TfidfSvdEmbedder(),
+                                 rows=d0_rows, training=(data.d0, train_split, RunDir(out_dir).model.root))
+            label = label or f"dense-{system.embedder_name}"  # the embedder tells dense systems apart in a report
         else:
-            compiled = 1  # training's programs are not needed again
-        P[o, : o + 1], idbi, timing = _evaluate_step(system, data, parts_q, o)
-        per_query.append(timing.pop("hits"))
-        steps[-1]["queries"] = timing.pop("queries")
+            system = trained_system(data, RunDir(out_dir).model.root, k, eval_batch_size)
+            label = label or f"gr-{system.setup.scheme.name}" + ("++" if replay is not None else "")
+        gin_checks.check_bindings_used("run_dynamic")
+        released = False
         if release_programs:
-            # a step that compiled programs (the index took other shapes) drops them all; one that compiled none
-            # (all read back from the cache, or kept in memory) keeps them for the next
-            host_memory.release_between_steps(programs=bool(compiled + timing["compiled_programs"]))
-        timings[-1].update(timing, rss_mb=host_memory.resident_mb())  # after indexing and evaluating D_o
-        if o > 0:
-            if not len(data.part_rows[o]):
-                idbi, why_null[f"idbi[{o}]"] = None, f"D{o} added no documents"
-            elif idbi is None:
-                why_null[f"idbi[{o}]"] = "no test query returned a document"
-            idbi_per_step.append(idbi)
-        log.info("step %d: %s", o, {"P": [round(float(x), 4) for x in P[o, : o + 1]], **steps[-1], **timings[-1]})
-        bar.set_postfix(P_oo=f"{P[o, o]:.3f}", P_o0=f"{P[o, 0]:.3f}")
-        bar.update(1)
-        if not np.isfinite(P[o]).any() and o == 0:
-            raise ProtocolError("no test queries for D0: check test_split and the split of the dataset")
-    bar.close()
+            host_memory.release_between_steps()  # training's programs are not needed again
+        steps = [{"step": 0, "documents": len(data.part_rows[0])}]
+        timings = [{"step": 0, "index_s": time.perf_counter() - t0}]
 
-    for o in range(n + 1):
-        for j in range(o + 1):
-            if not np.isfinite(P[o, j]):
-                why_null[f"P[{o}][{j}]"] = f"no test queries for D{j}"
-    why_null["P[o][j], j > o"] = "not evaluated: D_j is not indexed yet at step o"
-    result = {"method": label, "P": P.tolist(), "idbi": idbi_per_step, "steps": steps,
-              "parts": [len(p) for p in data.split.parts], "test_queries": [len(q) for q in parts_q],
-              "seed": seed, "split_protocol": split_protocol, **summarize(P), "null_means": why_null}
-    write_outputs(out_dir, result, timings, per_query)
-    return {**result, "timings": timings}
+        n = len(data.split.parts) - 1
+        P = np.full((n + 1, n + 1), np.nan)
+        per_query: list = []  # per_query[o][j]: {query id: Hit@10} of Q_j after indexing D_o
+        idbi_per_step: list[Optional[float]] = [None]
+        why_null = {"idbi[0]": "D0 only: no new documents to be biased against"}
+        label = label or method
+        bar = progress_bar(total=n + 1, desc=f"dynamic {label}", unit="step", disable=not progress)
+        for o in range(n + 1):
+            if o > 0:
+                rows = data.part_rows[o]
+                guard.check(f"step {o} (indexing {len(rows)} documents)", system.estimate_bytes(rows))
+                t = time.perf_counter()
+                with CompileClock() as clock:
+                    info = system.add(rows)
+                    if method == "gr" and replay is not None and replay.steps > 0:
+                        replay_fine_tune(system, data, rows, replay, o, RunDir(out_dir).model.root)
+                steps.append({"step": o, **info})
+                timings.append({"step": o, "index_s": time.perf_counter() - t - clock.seconds,
+                                "index_compile_s": clock.seconds})
+                compiled, loaded = clock.programs, clock.loaded
+            else:
+                compiled = loaded = 0  # the first search's programs: the next step's, unless the index changes shapes
+            P[o, : o + 1], idbi, timing = _evaluate_step(system, data, parts_q, o)
+            per_query.append(timing.pop("hits"))
+            steps[-1]["queries"] = timing.pop("queries")
+            if release_programs:
+                # a step that took new programs — compiled, or read back from the cache: the index took other
+                # shapes — drops them all; one that took none keeps them, and so do D0's first search and the step
+                # after a drop (it reads back what the drop took: only programs it compiled count there)
+                new = compiled + timing["compiled_programs"]
+                if not released:
+                    new += loaded + timing["cached_programs"]
+                released = o > 0 and new > 0
+                host_memory.release_between_steps(programs=released)
+            timings[-1].update(timing, rss_mb=host_memory.resident_mb())  # after indexing and evaluating D_o
+            if o > 0:
+                if not len(data.part_rows[o]):
+                    idbi, why_null[f"idbi[{o}]"] = None, f"D{o} added no documents"
+                elif idbi is None:
+                    why_null[f"idbi[{o}]"] = "no test query returned a document"
+                idbi_per_step.append(idbi)
+            log.info("step %d: %s", o, {"P": [round(float(x), 4) for x in P[o, : o + 1]], **steps[-1], **timings[-1]})
+            bar.set_postfix(P_oo=f"{P[o, o]:.3f}", P_o0=f"{P[o, 0]:.3f}")
+            bar.update(1)
+            if not np.isfinite(P[o]).any() and o == 0:
+                raise ProtocolError("no test queries for D0: check test_split and the split of the dataset")
+        bar.close()
+
+        for o in range(n + 1):
+            for j in range(o + 1):
+                if not np.isfinite(P[o, j]):
+                    why_null[f"P[{o}][{j}]"] = f"no test queries for D{j}"
+        why_null["P[o][j], j > o"] = "not evaluated: D_j is not indexed yet at step o"
+        result = {"method": label, "P": P.tolist(), "idbi": idbi_per_step, "steps": steps,
+                  "parts": [len(p) for p in data.split.parts], "test_queries": [len(q) for q in parts_q],
+                  "seed": seed, "split_protocol": split_protocol, **summarize(P), "null_means": why_null}
+        write_outputs(out_dir, result, timings, per_query)
+        return {**result, "timings": timings}
 
 
 def _validate(method: str, k: int, n_parts: int, seed: int, max_test_queries_per_part: int,

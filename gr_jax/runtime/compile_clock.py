@@ -7,6 +7,8 @@ every part shows it."""
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
 import threading
 
 _lock = threading.Lock()
@@ -77,17 +79,23 @@ class CompileClock:
 CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
 
 
-def use_compilation_cache(folder, min_compile_seconds: float = 0.2) -> str:
-    """Keeps XLA's compiled programs in `folder` (JAX's persistent cache: an entry is keyed by the program, the
-    backend, the compile options and the JAX version, so a hit is the program XLA would compile), unless
-    JAX_COMPILATION_CACHE_DIR names one already (a caller's, e.g. `reproduce` sharing one over its systems).
-    A program that compiles in under `min_compile_seconds` is not kept. Returns the folder in use."""
-    import os
-
+@contextlib.contextmanager
+def compilation_cache(folder, min_compile_seconds: float = 0.2):
+    """Within the block, XLA's compiled programs are kept in `folder` (JAX's persistent cache: an entry is keyed by
+    the program, the backend, the compile options and the JAX version, so a hit is the program XLA would compile),
+    unless JAX_COMPILATION_CACHE_DIR names one already (a caller's, e.g. `reproduce` sharing one over its systems).
+    A program that compiles in under `min_compile_seconds` is not kept. Both settings come back after the block
+    (JAX keeps using a folder it opened inside it for the rest of the process)."""
     import jax
 
     chosen = os.environ.get(CACHE_VARIABLE) or str(folder)
     os.makedirs(chosen, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", chosen)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
-    return chosen
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    before = [getattr(jax.config, n) for n in names]
+    jax.config.update(names[0], chosen)
+    jax.config.update(names[1], float(min_compile_seconds))
+    try:
+        yield chosen
+    finally:
+        for n, v in zip(names, before):
+            jax.config.update(n, v)

@@ -15,9 +15,9 @@ def test_a_new_program_is_counted_and_a_cached_one_is_not():
         f(x).block_until_ready()
     with CompileClock() as other_shape:
         f(jnp.arange(9.0)).block_until_ready()
-    assert first.programs >= 1 and first.seconds > 0
+    assert first.programs + first.loaded >= 1 and first.seconds > 0  # loaded: from the tests' persistent cache
     assert again.programs == 0 and again.seconds == 0.0  # the compiled program is reused
-    assert other_shape.programs >= 1
+    assert other_shape.programs + other_shape.loaded >= 1
 
 
 def test_a_program_read_back_from_the_persistent_cache_is_loaded_not_compiled():
