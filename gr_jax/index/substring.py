@@ -301,12 +301,15 @@ class SubstringIndex:
         return sum(hi - lo for lo, hi in (s.range(ngram) for s in self.segments))
 
     def _layout(self) -> dict:
-        """The segments as the device holds them: texts one after another, then the separator up to a power-of-two
-        capacity; each segment's suffix array in turn, as positions of that whole text; every document's start
+        """The segments as the device holds them: texts one after another, then (once `reserve` was called) the
+        separator up to a power-of-two capacity; each segment's suffix array in turn, as positions of that whole text; every document's start
         (padding: past every position) and row (padding: -1); where each segment's suffixes begin."""
         if "layout" not in self._device:
             segs = self.segments
-            room = lambda used, reserved: 1 << max(max(used, reserved, 1) - 1, 0).bit_length()  # noqa: E731
+            if self.slots is None:  # never reserved: the arrays as they are (a static index pays no padding)
+                room = lambda used, reserved: max(used, 1)  # noqa: E731
+            else:
+                room = lambda used, reserved: 1 << max(max(used, reserved, 1) - 1, 0).bit_length()  # noqa: E731
             text_at = np.concatenate([[0], np.cumsum([len(s.text) for s in segs])]).astype(np.int64)
             sa_at = np.concatenate([[0], np.cumsum([len(s.sa) for s in segs])]).astype(np.int64)
             n_text, n_sa = int(text_at[-1]), int(sa_at[-1])
@@ -344,8 +347,8 @@ class SubstringIndex:
             -> "DeviceSubstrings":
         """The decoding constraint: n-grams of up to `max_length` generated tokens that continue `prefix`; with
         `end_token`, a child whose token is end_token is a complete identifier (a leaf) and is not extended.
-        Cached per arguments until the next insert. Its arrays have power-of-two capacities and `slots` segment
-        slots (empty ones never match), so an insert within the room `reserve` set keeps every shape."""
+        Cached per arguments until the next insert. After `reserve` its arrays have power-of-two capacities and
+        `slots` segment slots (empty ones never match), so an insert within the reserved room keeps every shape."""
         key = (int(max_length), tuple(int(t) for t in prefix), end_token)
         if key not in self._device:
             if not self.segments:
