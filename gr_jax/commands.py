@@ -208,13 +208,14 @@ def eval_main(argv=None) -> int:
 
 
 REPRODUCE_USAGE = """python -m gr_jax.reproduce --paper NAME --gin.OUTPUT_DIR=DIR [--gin_file=DATASET_SETTINGS ...] [--quick | --released DIR]
-       [--only SYSTEM ...] [--rerun SYSTEM ...] [--gin.NAME=VALUE ...] [--gin_search_paths=A,B]
+       [--only SYSTEM ...] [--rerun SYSTEM ...] [--jobs N] [--gin.NAME=VALUE ...] [--gin_search_paths=A,B]
 
 A paper's tables in one command (protocols/paper_tables.py): every system of the paper's tables is run by its
 protocol in OUTPUT_DIR/systems/<system>/ (a system whose recipe has not changed is reused), then
 OUTPUT_DIR/paper/ gets tables.md (ours beside the published values), tables.json, significance.json (paired
 randomisation tests) and tables.png. `--gin_file` (e.g. datasets/pydoc.gin) and other `--gin.` bindings are
-given to every system's run; `--quick` adds the paper's smoke-run bindings. Papers: gin_configs/papers/.
+given to every system's run; `--quick` adds the paper's smoke-run bindings; `--jobs` systems run at once (2; a
+system that starts from another waits for it). Papers: gin_configs/papers/.
 
 With `--released DIR` (papers of gin_configs/released/: glen, pag, nci, seal) it evaluates the authors' released
 checkpoints in DIR with the paper's settings instead (protocols/released.py) and prints ours beside the published
@@ -244,7 +245,11 @@ def reproduce_main(argv=None) -> int:
     parser.add_argument("--only", nargs="+", default=None)
     parser.add_argument("--rerun", nargs="+", default=[])
     parser.add_argument("--released", default=None)
+    parser.add_argument("--jobs", type=int, default=2, help="systems run at once (default 2)")
     args = parser.parse_args(rest)
+    if args.jobs < 1:
+        sys.stderr.write(f"error: --jobs must be ≥ 1, got {args.jobs}\n")
+        return 2
     output = [b for b in bindings if b.split("=", 1)[0].strip() == "OUTPUT_DIR"]
     bindings = [b for b in bindings if b.split("=", 1)[0].strip() != "OUTPUT_DIR"]
     if len(output) != 1:
@@ -266,7 +271,7 @@ def reproduce_main(argv=None) -> int:
                                                      search_paths=paths, only=args.only)
             else:
                 record = paper_tables.reproduce(args.paper, output_dir, files, bindings, quick=args.quick,
-                                                rerun=args.rerun, search_paths=paths, only=args.only)
+                                                rerun=args.rerun, search_paths=paths, only=args.only, jobs=args.jobs)
     except gin_utils.expected_errors() as e:
         sys.stderr.write(f"error: {e}\n")
         return 2

@@ -21,6 +21,7 @@ Table 1 on Q0 after the last step, Table 2 on the mean of the new parts' means) 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import itertools
@@ -29,6 +30,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -45,6 +47,7 @@ from gr_jax.runtime.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
+CACHE_BYTES = 8 << 30  # the shared compilation cache's size: JAX locks it and evicts the least used past this
 PERMUTATIONS = 10_000  # paired randomisation test: p resolves to 1e-4
 MEASURES = ("initial", "new", "both", "cost")
 
@@ -212,10 +215,11 @@ def write_status(out: Path, previous, status: dict) -> None:
 
 
 def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Sequence[str],
-               needs: Optional[dict] = None, compilation_cache: Optional[Path] = None) -> dict:
+               needs: Optional[dict] = None, compilation_cache: Optional[Path] = None, shared: bool = False) -> dict:
     """Runs (or reuses) one system; → {"status": "reused" | "ran" | "failed", ...}. `compilation_cache`: XLA's
     program cache the system's process shares with the others (JAX_COMPILATION_CACHE_DIR, when the caller has not
-    set one): systems of one architecture compile their common programs once."""
+    set one): systems of one architecture compile their common programs once. `shared`: other processes use it
+    at the same time, so JAX reads and writes it under its file lock (which it takes when the cache has a size)."""
     rec = recipe(argv, search_paths, needs)
     rec_path, result = model_dir / "recipe.json", model_dir / "dynamic" / "dynamic.json"
     if model_dir.exists():
@@ -240,6 +244,8 @@ def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Se
         env = dict(os.environ)
         if compilation_cache is not None:
             env.setdefault(CACHE_VARIABLE, str(compilation_cache))
+        if shared:
+            env.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(CACHE_BYTES))
         rc = subprocess.run(full, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
     seconds = time.perf_counter() - t
     if rc != 0 or not result.is_file():
@@ -445,8 +451,10 @@ def plot(paper: Paper, results: dict, path: Path) -> None:
 
 def reproduce(paper_name: str, output_dir: str, dataset_files: Sequence[str] = (), bindings: Sequence[str] = (),
               quick: bool = False, rerun: Sequence[str] = (), search_paths: Sequence[str] = (),
-              only: Optional[Sequence[str]] = None) -> dict:
-    """Runs the systems of a paper's tables (module docstring) and writes OUTPUT_DIR/paper/."""
+              only: Optional[Sequence[str]] = None, jobs: int = 2) -> dict:
+    """Runs the systems of a paper's tables (module docstring) and writes OUTPUT_DIR/paper/. `jobs`: systems run at
+    once (each its own process and directory; a system that starts from another waits for it): on a CPU one
+    process compiles while the other computes."""
     paper = load_paper(paper_name, search_paths)
     out = Path(output_dir)
     wanted = [r for t in paper.tables.values() for r in t["rows"]]
@@ -464,20 +472,39 @@ def reproduce(paper_name: str, output_dir: str, dataset_files: Sequence[str] = (
     status: dict = {}
     previous = read_json(out / "reproduce_status.json", "reproduce status") \
         if (out / "reproduce_status.json").is_file() else {}
-    for name in runnable:
-        model_dir = out / "systems" / directory_name(name)
-        failed_needs = [n for n in paper.systems[name].get("needs", []) if status.get(n, {}).get("status")
-                        in ("failed", "skipped")]
-        if failed_needs:
-            status[name] = {"status": "skipped", "why": f"{failed_needs} failed"}
-            continue
-        if name in rerun and model_dir.exists():
-            log.warning("%s: run again as asked; the earlier run is kept as %s", name, keep_aside(model_dir))
-        argv = command(paper, name, out, dataset_files, bindings, quick)
-        needs = {n: out / "systems" / directory_name(n) for n in paper.systems[name].get("needs", [])}
-        status[name] = run_system(name, argv, model_dir, search_paths, needs, RunDir(out).compilation_cache)
-        log.info("%s: %s", name, status[name])
-        write_status(out, previous, status)  # after every system: a command stopped later keeps what it learnt
+    finished = {name: threading.Event() for name in runnable}
+    held = threading.Lock()
+
+    def one(name: str) -> None:
+        try:
+            for n in paper.systems[name].get("needs", []):
+                if n in finished:  # started earlier (the order puts it first, and workers take systems in order)
+                    finished[n].wait()
+            model_dir = out / "systems" / directory_name(name)
+            with held:
+                failed_needs = [n for n in paper.systems[name].get("needs", [])
+                                if status.get(n, {}).get("status") in ("failed", "skipped")]
+            if failed_needs:
+                result = {"status": "skipped", "why": f"{failed_needs} failed"}
+            else:
+                if name in rerun and model_dir.exists():
+                    log.warning("%s: run again as asked; the earlier run is kept as %s", name, keep_aside(model_dir))
+                argv = command(paper, name, out, dataset_files, bindings, quick)
+                needs = {n: out / "systems" / directory_name(n) for n in paper.systems[name].get("needs", [])}
+                result = run_system(name, argv, model_dir, search_paths, needs, RunDir(out).compilation_cache,
+                                    shared=jobs > 1)
+                log.info("%s: %s", name, result)
+            with held:
+                status[name] = result
+                ordered = {n: status[n] for n in runnable if n in status}  # the paper's order, not finishing order
+                write_status(out, previous, ordered)  # after every system: a command stopped later keeps it
+        finally:
+            finished[name].set()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
+        for f in [pool.submit(one, name) for name in runnable]:
+            f.result()
+    status = {n: status[n] for n in runnable if n in status}
     # systems not run this time (--only) whose results are current still fill their rows
     shown = dict(status)
     for name in order(paper, [r for t in paper.tables.values() for r in t["rows"]]):

@@ -191,3 +191,33 @@ def test_every_system_process_shares_one_compilation_cache(tmp_path, monkeypatch
     rp.run_system("Y", [f"--gin_file={tmp_path / 'x.gin'}"], tmp_path / "out" / "systems" / "Y", (),
                   compilation_cache=cache)
     assert seen[-1][rp.CACHE_VARIABLE] == str(tmp_path / "mine")
+
+
+def test_two_systems_at_a_time_and_a_system_waits_for_the_one_it_starts_from(tmp_path, monkeypatch):
+    """`jobs=2`: B and C run beside each other, D (which starts from B) waits for B's outcome; the status file lists
+    the systems in the paper's order whatever order they finish in. (Processes are replaced by a failing stub.)"""
+    import threading
+    import time
+
+    _paper(tmp_path, {"B": {"gin": ["experiments/demo/dynamic_bm25.gin"]},
+                      "C": {"gin": ["experiments/demo/dynamic_bm25.gin"]},
+                      "D": {"gin": ["experiments/demo/dynamic_bm25.gin"], "needs": ["B"]}})
+    events, lock = [], threading.Lock()
+
+    def fake(name, argv, model_dir, search_paths, needs=None, compilation_cache=None, shared=False):
+        with lock:
+            events.append(("start", name, shared))
+        time.sleep({"B": 0.3, "C": 0.1, "D": 0.0}[name])
+        with lock:
+            events.append(("end", name, shared))
+        return {"status": "failed", "exit_code": 1, "log": "x", "last_line": "stub", "seconds": 0.0}
+
+    monkeypatch.setattr(rp, "run_system", fake)
+    rec = rp.reproduce("toy", str(tmp_path / "out"), search_paths=[str(tmp_path)], jobs=2)
+    starts = [e[1] for e in events if e[0] == "start"]
+    assert starts[:2] == ["B", "C"] and all(e[2] for e in events)  # sharing the cache …
+    assert events.index(("start", "C", True)) < events.index(("end", "B", True))  # … side by side
+    # D waited for B (0.3 s, while C's worker was free after 0.1 s): it saw B fail and was skipped, never started
+    assert "D" not in starts and rec["status"]["D"] == {"status": "skipped", "why": "['B'] failed"}
+    assert list(rec["status"]) == ["B", "C", "D"]
+    assert list(json.loads((tmp_path / "out" / "reproduce_status.json").read_text())) == ["B", "C", "D"]
