@@ -225,9 +225,8 @@ def trained_system(data: DynamicData, model_dir: Path, k: int, eval_batch: Optio
                                                               final_eval=False))
     eval_config = evaluation_settings(batch_size=eval_batch)
     setup = dataclasses.replace(summary["setup"], iterator=None)  # the training data is not needed now
-    reserve = getattr(setup.index, "reserve", None)
-    if reserve is not None:  # room for every part (a substring index): the search keeps its shapes over the run
-        reserve(sum(len(r) for r in data.part_rows) / max(len(data.part_rows[0]), 1))
+    if setup.table.index_kind == "substrings":  # room for every part: the search keeps its shapes over the run
+        setup.index.reserve(sum(len(r) for r in data.part_rows) / max(len(data.part_rows[0]), 1))
     system = TrainedSystem(setup, summary["state"]["params"], max(eval_config.num_beams, k), eval_config.batch_size,
                            corpus=data.full.corpus)
     system.check_can_add()
