@@ -241,7 +241,7 @@ def test_the_scanned_levels_equal_the_unrolled_search_over_substrings():
                 np.testing.assert_array_equal(np.asarray(x)[hv], np.asarray(y)[hv])
 
 
-@pytest.mark.parametrize("narrow", [4, 32])
+@pytest.mark.parametrize("narrow", sweep("narrow", [4, 32], default=[4]))
 def test_children_from_the_child_lists_equal_the_search_over_every_token(narrow):
     """Wide ranges at columns 1..3 find their children in the stored lists (`child_lists`); every state's
     children — at depths 1–4, with and without a prefix, over three segments, at a Python depth and at a traced
