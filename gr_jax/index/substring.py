@@ -214,15 +214,21 @@ class SubstringIndex:
         if int(slots) < 1:
             raise UserError(f"substring index: reserve slots must be ≥ 1, got {slots}")
         self.slots = int(slots)
-        listed = sum(len(x) for x in self._layout()["lists"]) if self.segments else 0
+        joined = self._joined()
+        listed = sum(len(x) for x in joined["lists"])
+        self._most = max(self._most, joined["most"])
         # the child lists grow faster than the corpus (more ranges pass `narrow`): growth², at most all suffixes
         listed = min(listed * growth, self.listed_columns * self.num_tokens)
         now = (self.num_positions * margin, self.num_tokens * margin, self.num_documents, listed * margin)
         self._room = tuple(max(r, int(np.ceil(growth * x))) for r, x in zip(self._room, now))
         # a range's children grow with the corpus too (never past the vocabulary and the separator)
         self._most = min(max(self._most, int(np.ceil(growth * margin * self._most))), self.vocab_size + 1)
+        segments = len(self.segments)
         self._fit_slots()
-        self._device.clear()
+        if len(self.segments) != segments:  # merged: everything is laid out again
+            self._device.clear()
+        for key in [k for k in self._device if k not in ("joined", "token_counts")]:
+            del self._device[key]  # the device arrays take the new room
 
     def _check(self, documents, rows) -> np.ndarray:
         for k, d in enumerate(documents):
@@ -300,6 +306,20 @@ class SubstringIndex:
     def count(self, ngram: Sequence[int]) -> int:
         return sum(hi - lo for lo, hi in (s.range(ngram) for s in self.segments))
 
+    def _joined(self) -> dict:
+        """The segments' texts and suffix arrays laid end to end on the host, with the child lists (`child_lists`);
+        cached until the next insert (the device layout and `reserve` both read it)."""
+        if "joined" not in self._device:
+            segs = self.segments
+            text_at = np.concatenate([[0], np.cumsum([len(s.text) for s in segs])]).astype(np.int64)
+            sa_at = np.concatenate([[0], np.cumsum([len(s.sa) for s in segs])]).astype(np.int64)
+            text = np.concatenate([s.text for s in segs]) if segs else np.zeros(0, np.int32)
+            sa = np.concatenate([s.sa.astype(np.int64) + t0 for s, t0 in zip(segs, text_at)]) if segs else \
+                np.zeros(0, np.int64)
+            lists, most = child_lists(text, sa, sa_at[:-1], self.vocab_size, self.listed_columns, self.narrow)
+            self._device["joined"] = dict(text=text, sa=sa, text_at=text_at, sa_at=sa_at, lists=lists, most=most)
+        return self._device["joined"]
+
     def _layout(self) -> dict:
         """The segments as the device holds them: texts one after another, then (once `reserve` was called) the
         separator up to a power-of-two capacity; each segment's suffix array in turn, as positions of that whole text; every document's start
@@ -310,13 +330,9 @@ class SubstringIndex:
                 room = lambda used, reserved: max(used, 1)  # noqa: E731
             else:
                 room = lambda used, reserved: 1 << max(max(used, reserved, 1) - 1, 0).bit_length()  # noqa: E731
-            text_at = np.concatenate([[0], np.cumsum([len(s.text) for s in segs])]).astype(np.int64)
-            sa_at = np.concatenate([[0], np.cumsum([len(s.sa) for s in segs])]).astype(np.int64)
+            text, sa, text_at, sa_at, lists, most = (self._joined()[k] for k in
+                                                     ("text", "sa", "text_at", "sa_at", "lists", "most"))
             n_text, n_sa = int(text_at[-1]), int(sa_at[-1])
-            text = np.concatenate([s.text for s in segs]) if segs else np.zeros(0, np.int32)
-            sa = np.concatenate([s.sa.astype(np.int64) + t0 for s, t0 in zip(segs, text_at)]) if segs else \
-                np.zeros(0, np.int64)
-            lists, most = child_lists(text, sa, sa_at[:-1], self.vocab_size, self.listed_columns, self.narrow)
             self._most = max(self._most, most)
             listed_at = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int32)
             n_pos, n_sa, n_doc, n_list = (room(u, r) for u, r in zip(
@@ -340,7 +356,7 @@ class SubstringIndex:
                 text=jnp.asarray(pad(text, n_pos, self.vocab_size)), sa=jnp.asarray(pad(sa, n_sa, 0)),
                 starts=jnp.asarray(pad(starts, n_doc, n_pos)), rows=jnp.asarray(pad(rows, n_doc, -1)),
                 listed=jnp.asarray(pad(listed, n_list, n_sa)), listed_at=jnp.asarray(listed_at),
-                listed_width=shapes[4], sa_at=sa_at, lists=lists)
+                listed_width=shapes[4], sa_at=sa_at)
         return self._device["layout"]
 
     def device(self, max_length: int, prefix: Sequence[int] = (), end_token: Optional[int] = None) \
