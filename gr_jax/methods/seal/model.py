@@ -47,6 +47,7 @@ from gr_jax.methods.api import (
     rankers,
     SubstringIndex,
 )
+from gr_jax.methods.seal.device_ranker import DeviceScorer
 from gr_jax.methods.seal.docids import Markers, markers_of
 from gr_jax.methods.seal.ranker import Key, best_unigrams, rank_documents, type_scores
 
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 
 VIEWS = ("body", "title", "query")
 DOCUMENT_SCORES = ("intersective", "best_key")
+SCORERS = ("device", "host")
 
 
 def mark(tokens_BxL: np.ndarray, marker) -> np.ndarray:
@@ -102,8 +104,14 @@ class SealSearch:
     best_unigrams: bool = True
     top_k_unigrams: Count = 5000
     fully_score: Count = 1500  # candidates of SEAL's first pass that are scored fully
+    # where the intersective scoring runs: 'device' (`device_ranker`, a batch of queries in one program) or
+    # 'host' (`ranker.rank_documents`, numpy, one query at a time; the oracle the device scoring is tested against)
+    scorer: str = "device"
+    scorer_batch: Count = 16  # queries per device scoring call (its memory grows with it)
 
     def __post_init__(self):
+        if self.scorer not in SCORERS:
+            raise ValueError(f"SealSearch.scorer must be one of {SCORERS}, got {self.scorer!r}")
         if self.document_score not in DOCUMENT_SCORES:
             raise ValueError(f"SealSearch.document_score must be one of {DOCUMENT_SCORES}, got "
                              f"{self.document_score!r}")
@@ -176,6 +184,7 @@ class _SealRanking:
                                   s.unigram_bonus, s.best_unigrams, s.top_k_unigrams, s.fully_score)
         self._markers: Optional[Markers] = None
         self._identifiers = None
+        self._device_scorer: Optional[DeviceScorer] = None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -192,7 +201,8 @@ class _SealRanking:
                 f"{s.query_length}, key_candidates={s.key_candidates}, query_keys={s.query_keys}, max_hits={s.max_hits}, exponent={s.score_exponent}, "
                 f"repetition_penalty={s.repetition_penalty}, query_view_boost={s.query_view_boost}, "
                 f"smoothing={s.smoothing}, document_score={s.document_score}, unigram_bonus={s.unigram_bonus}, "
-                f"best_unigrams={s.best_unigrams}, top_k_unigrams={s.top_k_unigrams}, fully_score={s.fully_score})")
+                f"best_unigrams={s.best_unigrams}, top_k_unigrams={s.top_k_unigrams}, fully_score={s.fully_score}, "
+                f"scorer={s.scorer})")
 
     def use_docids(self, table) -> None:
         if table.index_kind != "substrings":
@@ -203,6 +213,7 @@ class _SealRanking:
         where[table.doc_rows] = np.arange(len(table))
         seqs = table.sequences  # int32
         self._identifiers = (where, np.where(np.arange(seqs.shape[1]) < table.lengths[:, None], seqs, -1))
+        self._device_scorer = None  # built at the first device scoring of this table
         self._warn_unreachable(self._identifiers[1])
 
     def _warn_unreachable(self, ids_NxW: np.ndarray) -> None:
@@ -332,14 +343,32 @@ class _SealRanking:
         """Per query, [(document row, score, [(key tokens, F(n), view), ...])] of every document with a positive
         SEAL score, best first; each document's keys are those that counted for it, in the greedy order (what
         LTRGR's rank data stores)."""
-        s, out = self.search, []
+        s = self.search
+        queries, all_items = self.scoring_inputs(params, query_tokens_BxL, index, num_beams)
+        if s.document_score == "best_key":
+            return [_best_key(items) for items in all_items]
+        ranked_all = self.score_documents(queries, index.num_positions, with_keys, s.scorer)
+        out = []
+        for (ks, _, _), items, ranked in zip(queries, all_items, ranked_all):
+            if not with_keys:
+                out.append([(r, v, []) for r, v in ranked])
+                continue
+            out.append([(r, v, [(ks[i].tokens, ks[i].count, items[i][1][4]) for i in taken])
+                        for r, v, taken in ranked])
+        return out
+
+    def scoring_inputs(self, params, query_tokens_BxL, index: SubstringIndex, num_beams: int = 15):
+        """(per query (keys, found, types) as `rank_documents` takes them — empty for 'best_key' —, per query its
+        sorted {key tokens: (score, count, rows, starts, view)} items, SEAL's best unigrams added)."""
+        s = self.search
         unigrams = None
         if s.unigram_bonus and s.document_score == "intersective":
             unigrams = np.asarray(self._first_step(params, mark(query_tokens_BxL, self.markers.view_body)))
+        queries, all_items = [], []
         for b, keys in enumerate(self.keys(params, query_tokens_BxL, index, num_beams)):
             items = sorted(keys.items())  # key order never changes a score (ties broken by tokens)
+            all_items.append(items)
             if s.document_score == "best_key":
-                out.append(_best_key(items))
                 continue
             ks = [Key(t, v[0], v[1]) for t, v in items]
             found = [None if v[2] is None else (v[2], v[3]) for _, v in items]
@@ -349,14 +378,23 @@ class _SealRanking:
                 ks += [k for k, _ in extra]
                 found += [f for _, f in extra]
                 items += [((k.tokens[0],), (k.weight, k.count, None, None, "body")) for k, _ in extra]  # a body key to LTRGR
-            ranked = rank_documents(ks, found, self._documents, index.num_positions, max_hits=s.max_hits,
-                                    smoothing=s.smoothing, exponent=s.score_exponent, beta=s.repetition_penalty,
-                                    matched=with_keys, types=types, fully_score=s.fully_score)
-            if not with_keys:
-                out.append([(r, v, []) for r, v in ranked])
-                continue
-            out.append([(r, v, [(ks[i].tokens, ks[i].count, items[i][1][4]) for i in taken])
-                        for r, v, taken in ranked])
+            queries.append((ks, found, types))
+        return queries, all_items
+
+    def score_documents(self, queries: list, positions: int, with_keys: bool, scorer: str) -> list:
+        """SEAL's intersective scoring of `scoring_inputs`' queries by `scorer` ('device': `DeviceScorer`, batches
+        of SealSearch.scorer_batch queries; 'host': `rank_documents` query by query)."""
+        s = self.search
+        options = dict(max_hits=s.max_hits, smoothing=s.smoothing, exponent=s.score_exponent,
+                       beta=s.repetition_penalty, matched=with_keys, fully_score=s.fully_score)
+        if scorer == "host":
+            return [rank_documents(ks, found, self._documents, positions, types=types, **options)
+                    for ks, found, types in queries]
+        if self._device_scorer is None:
+            self._device_scorer = DeviceScorer(*self._identifiers)
+        out = []
+        for start in range(0, len(queries), s.scorer_batch):
+            out += self._device_scorer.rank(queries[start: start + s.scorer_batch], positions, **options)
         return out
 
     def _first_step(self, params, inputs_BxL):
