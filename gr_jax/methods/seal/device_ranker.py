@@ -11,26 +11,32 @@ compact number for every token type of the keys. On the device:
 1. First pass (SEAL's `fully_score`): a candidate's score from the rare keys it holds, discounted by `cover`; the
    best `fully_score` by (−score, row) go on.
 2. Bit sets: B[t][c] has bit x set where candidate c's text holds type t at x; key i matches at x where
-   B[k_0] & B[k_1] ≫ 1 & … & B[k_{L−1}] ≫ (L − 1) (≫ j: bit x reads position x + j).
+   B[k_0] & B[k_1] ≫ 1 & … & B[k_{L−1}] ≫ (L − 1) (≫ j: bit x reads position x + j), computed once per prefix
+   of the keys (a scan over the keys' prefixes, parents first: one AND each; keys from beam histories share most).
 3. Greedy (a scan over the keys in order): free = matches whose span [x, x + L) holds no used position; among
    free matches of one key that overlap each other, the leftmost of each chain is kept, then the next free one at
    least L further, … (`_left_first`: rounds, each deciding the first undecided match of every chain); the kept
    spans become used; the key counts for every candidate with a kept match.
-4. Cover: with taken[i, c] from the scan, the types of key i that no earlier taken key of c had are those whose
-   first taker in c is i (one scatter-min over (candidate, type) pairs): score[c] = Σ_i taken[i, c] · w_i ·
-   (1 − β + β · new / |types(i)|). The first pass uses the same function with the rare keys each candidate holds.
+4. Cover: with taken[i, c] from the scan, a second scan over the keys keeps which types each candidate's taken
+   keys have: score[c] = Σ_i taken[i, c] · w_i · (1 − β + β · new / |types(i)|), in the host's order of terms.
+   The first pass uses the same function with the rare keys each candidate holds.
 5. Unigram bonus (`types` given): per candidate, the distinct types at positions no key used, each u(t), times
    1 − β where a taken key of the candidate has that type. Distinct types per row come from each row's positions
    sorted by token, computed once per table.
 
-Shapes are padded to powers of two per call (keys, candidates, key types, occurrences) so a run compiles a few
-programs; rows are `ceil(W / 32)` words of the identifier table's width W.
+Scores are float32 (weights are computed in float64 on the host): the same documents as the host scorer with
+scores within ~1e-6 relative, except where two candidates' first-pass sums are equal in exact arithmetic but not
+in floating point (different keys, e.g. w(1 + .2 + .2) and w(1 + .4)): which of them the `fully_score` cut keeps is
+then the rounding's choice, float64's on the host and float32's here.
+
+Shapes are padded per call (keys, prefixes, candidates to powers of two; key lengths to multiples of 8) so a run
+compiles a few programs; a row takes `ceil(W / 32)` words for the identifier table's width W. Memory per query
+of a call: (prefixes + 1) × (words + 1) × kept candidates × 4 bytes, twice (type bit sets, prefix matches).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from typing import Optional, Sequence
 
 import jax
@@ -247,17 +253,17 @@ class DeviceScorer:
         bonus = any(p["types"] is not None for _, p in packed)
         if bonus and not all(p["types"] is not None for _, p in packed):
             raise ValueError("DeviceScorer.rank: give types (the unigram bonus) for every query of a batch or none")
+        # few compiled shapes: nodes and types share one size (every type ends a node), lengths are rounded up to
+        # 8, the rest to powers of two (the keys' own: the greedy takes a step per key)
         B = _pow2(len(packed))
-        K = _pow2(max(len(p["order"]) for _, p in packed), 8)
-        L = max(max(len(keys_tokens) for keys_tokens in p["tokens"]) for _, p in packed)
-        T = L
-        V = _pow2(max(p["num_types"] for _, p in packed), 8)
-        C = _pow2(max(len(p["candidates"]) for _, p in packed), 8)
+        K = _pow2(max(len(p["order"]) for _, p in packed), 64)
+        M = V = _pow2(max(len(p["nodes"]) for _, p in packed), 64)
+        L = T = -(-max(max(len(toks) for toks in p["tokens"]) for _, p in packed) // 8) * 8
+        C = _pow2(max(len(p["candidates"]) for _, p in packed), 64)
         keep = C if fully_score is None else min(C, int(fully_score))
         cand_idx = np.full((B, C), -1, np.int32)
         cand_rows = np.full((B, C), -1, np.int32)
         holds = np.zeros((B, C, K), bool)
-        M = _pow2(max(len(p["nodes"]) for _, p in packed), 8)
         node_parent = np.full((B, M), -1, np.int32)
         node_type = np.full((B, M), -1, np.int32)
         node_depth = np.zeros((B, M), np.int32)
@@ -343,7 +349,3 @@ class DeviceScorer:
                 "holds": (np.concatenate(cs), np.concatenate(ks)), "tokens": tokens, "nodes": nodes, "type_ids": type_ids,
                 "num_types": len(type_ids), "types": types}
 
-
-def bits_per_row(width: int) -> int:
-    """Words a candidate's row takes in the bit sets (for reports)."""
-    return math.ceil(width / BITS)
