@@ -23,6 +23,7 @@ import numpy as np
 
 from gr_jax.runtime import cli, gin_utils
 from gr_jax.runtime.cli import setup_logging
+from gr_jax.runtime.command import ON_A_TRAINED_SYSTEM
 
 ROOT = Path(__file__).resolve().parents[1]
 RTOL = 1e-5  # the acceptance's bound; float32 sums of a query's keys round near 1e-6 relative
@@ -103,8 +104,8 @@ def main(argv=None) -> int:
     def configured():
         return lambda: bench(gin.query_parameter("MODEL_DIR/macro.value"), own.split, own.queries, own.rounds)
 
-    rc, row = gin_utils.run_entry(rest, __doc__, configured, ["TRAIN_STEPS = 1", "BATCH_SIZE = 1"], root="infer",
-                                  allow_unused=("train", "make_optimizer", "EvalConfig"))
+    rc, row = gin_utils.run_entry(rest, __doc__, configured, ON_A_TRAINED_SYSTEM["fixed"], root="infer",
+                                  allow_unused=ON_A_TRAINED_SYSTEM["allow_unused"])
     if rc or row is None:  # (None: --help)
         return rc
     print(json.dumps(row), flush=True)

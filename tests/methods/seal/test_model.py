@@ -33,11 +33,17 @@ CORPUS = Corpus(["d0", "d1", "d2", "d3"], ["alpha beta gamma", "beta gamma beta"
                 titles=["zeta", "eta theta", "zeta iota", ""])
 
 
+# SEAL's smoothing (5) against this corpus's 27 positions makes P(n) ≥ 0.19, above what a random model gives any
+# key (P(n|q) ~ 1/18 a token): every weight would be 0 and every ranking empty; 1e-3 leaves P(n) = F(n) / 27
+SMOOTHING = 1e-3
+
+
 def _setup(views=("body", "title")):
     scheme = SealDocids(max_text_tokens=3).fit(CORPUS, FitContext(vocab=Words()))
     table = scheme.assign(CORPUS)
     config = t5.get_config("tiny", vocab_size=scheme.space().end)
-    model = SealRetriever(config, search=SealSearch(views=views, body_length=2, title_length=3, max_hits=3))
+    model = SealRetriever(config, search=SealSearch(views=views, body_length=2, title_length=3, max_hits=3,
+                                                    smoothing=SMOOTHING))
     model.use_docids(table)
     return scheme, table, model, model.init_params(3)
 
@@ -88,7 +94,10 @@ def test_keys_and_ranking_equal_the_exhaustive_oracle():
             found.append((np.array([r for r, _ in hits]), np.array([p for _, p in hits])) if k.count <= 3 else None)
         width = max(map(len, ids))
         docs = lambda rows: np.array([ids[r] + [-1] * (width - len(ids[r])) for r in rows])  # noqa: E731
-        oracle = rank_documents(keys, found, docs, index.num_positions, max_hits=3)
+        types = model._types(np.asarray(model._first_step(params, mark(queries[b:b + 1], m.view_body)))[0], keys,
+                             index)  # SEAL's unigram bonus (on by default)
+        oracle = rank_documents(keys, found, docs, index.num_positions, max_hits=3, smoothing=SMOOTHING, types=types)
+        assert oracle  # a ranking to compare
         q, d, s = model.rank(params, queries, index, num_beams=len(body))
         assert d[q == b].tolist() == [r for r, _ in oracle]
         # the scores come from float32 log-probabilities: 1e-4 relative (squared log-odds amplify ulps)
@@ -180,3 +189,19 @@ def test_the_ranker_recorded_is_the_one_that_ranks():
     assert not isinstance(model.ranker, FirstOccurrence)
     with pytest.raises(ValueError, match="would go unused"):
         SealRetriever(t5.get_config("tiny"), ranker=CollisionFree())
+
+
+def test_the_device_and_host_scorers_rank_alike():
+    """SealSearch.scorer: the device scoring (the default) and the host oracle give one ranking (SEAL's unigram
+    bonus and best unigrams on, as the setup's SealSearch defaults)."""
+    _, table, model, params = _setup()
+    index = table.index()
+    queries = np.array([[2, 3, 1, 0, 0], [5, 1, 0, 0, 0], [4, 6, 3, 1, 0]], np.int32)
+    assert model.search.scorer == "device" and model.search.unigram_bonus
+    q, d, s = model.rank(params, queries, index, num_beams=20)
+    model.search.scorer = "host"
+    q2, d2, s2 = model.rank(params, queries, index, num_beams=20)
+    assert len(d) and q.tolist() == q2.tolist() and d.tolist() == d2.tolist()
+    np.testing.assert_allclose(s, s2, rtol=1e-5)  # float32 sums on the device, float64 on the host
+    with pytest.raises(ValueError, match="scorer"):
+        SealSearch(scorer="gpu")
