@@ -174,18 +174,17 @@ def _score_one(texts_NxW, sorted_pos_NxW, run_start_NxW, cand_idx_C, cand_rows_C
 
     table, _ = jax.lax.scan(node, jnp.zeros((M + 1, words, F), jnp.uint32),
                             (jnp.arange(M), node_parent_M, node_type_M, node_depth_M))
-    matches = jnp.where((key_lengths_K > 0)[:, None, None], table[jnp.where(key_node_K >= 0, key_node_K, M)],
-                        jnp.uint32(0))
 
-    # 3. the greedy over keys, in order
+    # 3. the greedy over keys, in order (row M of the table is zeros: padded keys match nowhere)
     def step(used, xs):
-        match, length = xs
+        node, length = xs
+        match = table[jnp.where((node >= 0) & (length > 0), node, M)]
         blocked = _window(used, length, L, _ahead)
         kept = _left_first(match & ~blocked, length, L)
         used = used | _window(kept, length, L, _behind)
         return used, jnp.any(kept != 0, axis=0)
 
-    used, taken = jax.lax.scan(step, jnp.zeros((words, F), jnp.uint32), (matches, key_lengths_K))
+    used, taken = jax.lax.scan(step, jnp.zeros((words, F), jnp.uint32), (key_node_K, key_lengths_K))
     # 4. cover
     score, held_types = _cover_scores(taken, weights_K, key_types_KxT, key_ntypes_K, num_types, beta)
     # 5. unigram bonus: distinct types at unused positions
