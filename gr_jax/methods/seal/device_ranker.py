@@ -238,10 +238,11 @@ class DeviceScorer:
 
     def rank(self, queries: Sequence[tuple], positions: int, max_hits: int = 1500, smoothing: float = 5.0,
              exponent: float = 2.0, beta: float = 0.8, matched: bool = False,
-             fully_score: Optional[int] = None) -> list[list[tuple]]:
+             fully_score: Optional[int] = None, batch: int = 1) -> list[list[tuple]]:
         """Per query of `queries` — (keys, found, types), as `rank_documents` takes them — what `rank_documents`
         returns for it: [(row, score)] best first, ties by row; with `matched`, (row, score, the indices of the keys
-        that counted for it, in the greedy order)."""
+        that counted for it, in the greedy order). `batch`: the queries are padded to at least this many (one
+        compiled shape for every call of a run, its last one included)."""
         packed, out = [], [[] for _ in queries]
         for q, (keys, found, types) in enumerate(queries):
             p = self._pack(keys, found, types, positions, max_hits, smoothing, exponent)
@@ -254,7 +255,7 @@ class DeviceScorer:
             raise ValueError("DeviceScorer.rank: give types (the unigram bonus) for every query of a batch or none")
         # few compiled shapes: nodes and types share one size (every type ends a node), lengths are rounded up to
         # 8, the rest to powers of two (the keys' own: the greedy takes a step per key)
-        B = _pow2(len(packed))
+        B = _pow2(max(len(packed), batch))
         K = _pow2(max(len(p["order"]) for _, p in packed), 64)
         M = V = _pow2(max(len(p["nodes"]) for _, p in packed), 64)
         L = T = -(-max(max(len(toks) for toks in p["tokens"]) for _, p in packed) // 8) * 8

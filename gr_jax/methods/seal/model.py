@@ -394,7 +394,8 @@ class _SealRanking:
             self._device_scorer = DeviceScorer(*self._identifiers)
         out = []
         for start in range(0, len(queries), s.scorer_batch):
-            out += self._device_scorer.rank(queries[start: start + s.scorer_batch], positions, **options)
+            out += self._device_scorer.rank(queries[start: start + s.scorer_batch], positions, batch=s.scorer_batch,
+                                            **options)
         return out
 
     def _first_step(self, params, inputs_BxL):
