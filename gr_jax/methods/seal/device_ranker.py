@@ -346,6 +346,6 @@ class DeviceScorer:
         prefixes = sorted({t[:j] for t in tokens for j in range(1, len(t) + 1)}, key=lambda t: (len(t), t))
         nodes = {t: n for n, t in enumerate(prefixes)}  # parents first
         return {"order": order, "weights": np.array([w[i] for i in order]), "candidates": candidates,
-                "holds": (np.concatenate(cs), np.concatenate(ks)), "tokens": tokens, "nodes": nodes, "type_ids": type_ids,
-                "num_types": len(type_ids), "types": types}
+                "holds": (np.concatenate(cs), np.concatenate(ks)), "tokens": tokens, "nodes": nodes,
+                "type_ids": type_ids, "num_types": len(type_ids), "types": types}
 

@@ -1,5 +1,5 @@
-"""SEAL's and MINDER's retrieval: n-grams generated under the substring index, one search per view, scored by
-`scoring.rank_documents`.
+"""SEAL's and MINDER's retrieval: n-grams generated under the substring index, one search per view, documents
+scored from them by SEAL's intersective scoring (`device_ranker` by default, `ranker.rank_documents` on the host).
 
 Per batch of queries and per view, the model reads the query marked with the view (SEAL's ` || body`,
 ` || title`; MINDER adds ` || query`: `mark`) and the shared beam search runs under the view's constraint:
@@ -12,8 +12,9 @@ The keys of a view are, as in SEAL's beam search, the best 2N candidates of ever
 (`key_candidates` 2; SEAL's `keep_history`): n-grams of every length, and the finished titles among them.
 
 A key's score is the sum of its tokens' log-probabilities (score mode log_softmax, no length penalty: SEAL
-rescores its keys to exactly this). Its frequency and occurrences come from the index on the device; the
-scoring of documents runs on the host after the searches, with SEAL's unigram bonus (the first decoding step's
+rescores its keys to exactly this). Its frequency and occurrences come from the index on the device; the keys
+are gathered on the host, and the scoring of documents runs after the searches (on the device by default,
+`SealSearch.scorer`; the host scorer is its oracle), with SEAL's unigram bonus (the first decoding step's
 token probabilities under the body view) and first pass (`ranker`). A key found by two views is kept once, at its
 best score. As SEAL's `add_query_to_keys`, the query's own spans of up to `query_keys` tokens that occur in the
 index are keys too, scored by teacher forcing under the body view (SEAL: spans of 1–3 words and their
@@ -139,8 +140,9 @@ def _walk(dev: DeviceSubstrings, ngrams, lengths):
 @dataclasses.dataclass(frozen=True)
 class SealScoring:
     """The ranker a SEAL-family model ranks with, as result files record it (`"ranker"`): documents scored from
-    the generated keys on the host (`scoring.rank_documents`, or the best key), not from the beams. Not callable
-    on beams: `GenerativeRetriever.ranker` bound for a SEAL model is refused (it would go unused)."""
+    the generated keys (SealSearch.scorer: `DeviceScorer` or `rank_documents`; or the best key), not from the
+    beams. Not callable on beams: `GenerativeRetriever.ranker` bound for a SEAL model is refused (it would go
+    unused)."""
 
     document_score: str
     smoothing: float
@@ -188,12 +190,13 @@ class _SealRanking:
 
     @property
     def capabilities(self) -> Capabilities:
-        """The backbone's, without `traced_search`: SEAL's keys are scored on the host (FM-index counts)."""
+        """The backbone's, without `traced_search`: SEAL's keys are gathered on the host between the searches and
+        the scoring."""
         return dataclasses.replace(super().capabilities, traced_search=False)
 
     def beam_documents(self, params, query_tokens_BxL, index, num_beams: int = 15):
-        raise ValueError(f"{type(self).__name__} scores n-gram keys on the host (SEAL's FM-index counts): its "
-                         f"ranking is not one traceable search; use rank")
+        raise ValueError(f"{type(self).__name__} gathers n-gram keys on the host between its searches and its "
+                         f"scoring: its ranking is not one traceable search; use rank")
 
     def describe(self) -> str:
         s = self.search
@@ -377,7 +380,8 @@ class _SealRanking:
                 extra = self._unigram_keys(types, len(ks), index)
                 ks += [k for k, _ in extra]
                 found += [f for _, f in extra]
-                items += [((k.tokens[0],), (k.weight, k.count, None, None, "body")) for k, _ in extra]  # a body key to LTRGR
+                # a body key to LTRGR
+                items += [((k.tokens[0],), (k.weight, k.count, None, None, "body")) for k, _ in extra]
             queries.append((ks, found, types))
         return queries, all_items
 
