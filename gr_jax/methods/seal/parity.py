@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from gr_jax.methods.api import SubstringIndex
+from gr_jax.methods.seal.device_ranker import DeviceScorer
 from gr_jax.methods.seal.ranker import Key, best_unigrams, occurrences, rank_documents, type_scores, weight
 
 VARIANTS = ("nq_defaults", "no_unigram_scores", "small_cutoffs")
@@ -54,7 +55,7 @@ def corpus_view(corpus: dict):
     return texts, table, counts
 
 
-def rank_like_seal(fixture: dict, query: dict, variant: str, view=None) -> list[tuple]:
+def rank_like_seal(fixture: dict, query: dict, variant: str, view=None, scorer=None) -> list[tuple]:
     """Our ranking of one fixture query under one of SEAL's settings: [(document, score)], best first. A MINDER
     fixture (`query_start`: its pseudo-query view's first token) adds MINDER's view boost to the keys that start
     with it (`SealSearch.query_view_boost` 14: log P + 14, at most −1) and passes keys as MINDER's retrieval does,
@@ -89,9 +90,11 @@ def rank_like_seal(fixture: dict, query: dict, variant: str, view=None) -> list[
     for i, k in enumerate(keys):  # keys more frequent than max_hits make no candidates (SEAL's "frequent")
         if k.count > kw["max_occurrences_1"]:
             found[i] = None
-    return rank_documents(keys, found, lambda rows: table[rows], positions, max_hits=kw["max_occurrences_1"],
-                          smoothing=kw["smoothing"], exponent=kw["alpha"], beta=kw["beta"], types=types,
-                          fully_score=kw["n_docs_complete_score"])
+    options = dict(max_hits=kw["max_occurrences_1"], smoothing=kw["smoothing"], exponent=kw["alpha"], beta=kw["beta"],
+                   fully_score=kw["n_docs_complete_score"])
+    if scorer is not None:  # a DeviceScorer over the view's table
+        return scorer.rank([(keys, found, types)], positions, **options)[0]
+    return rank_documents(keys, found, lambda rows: table[rows], positions, types=types, **options)
 
 
 def _same_order_up_to_ties(ours: list, theirs: list, rel: float) -> bool:
@@ -109,13 +112,16 @@ def _same_order_up_to_ties(ours: list, theirs: list, rel: float) -> bool:
     return True
 
 
-def check_scoring(fixture: dict, rel: float = 1e-9, variants=VARIANTS) -> dict:
+def check_scoring(fixture: dict, rel: float = 1e-9, variants=VARIANTS, device: bool = False) -> dict:
+    """Our scoring against SEAL's recorded rankings, per variant; `device`: by `DeviceScorer` (float32: compare with
+    `rel` 1e-5) instead of the host scorer."""
     out, view = {}, corpus_view(fixture["corpus"])
+    scorer = DeviceScorer(np.arange(len(view[1])), view[1]) if device else None
     for variant in variants:
         worst, docs, ordered, only_seal, only_ours, queries = 0.0, 0, 0, 0, 0, 0
         for q in fixture["queries"]:
             theirs = [(int(d), float(s)) for d, s in q["outputs"][variant]["ranking"] if s > 0]
-            ours = rank_like_seal(fixture, q, variant, view)
+            ours = rank_like_seal(fixture, q, variant, view, scorer)
             ours_by_doc = dict(ours)
             common = [(d, s) for d, s in theirs if d in ours_by_doc]
             only_seal += len(theirs) - len(common)

@@ -88,3 +88,15 @@ def test_minders_scoring_with_its_pseudo_query_boost():
     unboosted["query_start"] = None  # the same keys read without MINDER's boost
     moved = max(_first_query_diff(unboosted, q=k) for k in range(5))
     assert moved > 1e3 * TOLERANCE
+
+
+def test_the_device_scorer_against_seals_code(scoring):
+    """`DeviceScorer` (SealSearch.scorer 'device') on the keys and unigram scores SEAL's `aggregate_evidence` was
+    given: SEAL's scores within float32 rounding, SEAL's order on all 50 queries, the same documents as the host
+    scorer (the two SEAL ranks that only a boundary-crossing key reaches)."""
+    # float32 sums of a few dozen terms up to ~300: ~1e-7 relative measured; a key's weight moves a score ≥ 1e-3
+    device = parity.check_scoring(scoring, rel=1e-5, variants=("nq_defaults",), device=True)["nq_defaults"]
+    host = parity.check_scoring(scoring, variants=("nq_defaults",))["nq_defaults"]
+    assert device["max_rel_diff_score"] <= 1e-5 and device["queries_in_seal_order"] == device["queries"] == 50
+    for figure in ("documents_compared", "seal_only_documents", "our_only_documents"):
+        assert device[figure] == host[figure], figure
