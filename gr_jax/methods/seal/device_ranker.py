@@ -27,7 +27,8 @@ compact number for every token type of the keys. On the device:
 Scores are float32 (weights are computed in float64 on the host): the same documents as the host scorer with
 scores within ~1e-6 relative, except where two candidates' first-pass sums are equal in exact arithmetic but not
 in floating point (different keys, e.g. w(1 + .2 + .2) and w(1 + .4)): which of them the `fully_score` cut keeps is
-then the rounding's choice, float64's on the host and float32's here.
+then the rounding's choice, float64's on the host and float32's here. A weight below float32's smallest normal
+(~1e-38: a log-odds below ~1e-19) counts as 0 here, where the host would rank its documents at that score.
 
 Shapes are padded per call (keys, prefixes, candidates to powers of two; key lengths to multiples of 8) so a run
 compiles a few programs; a row takes `ceil(W / 32)` words for the identifier table's width W. Memory per query
@@ -241,8 +242,8 @@ class DeviceScorer:
              fully_score: Optional[int] = None, batch: int = 1) -> list[list[tuple]]:
         """Per query of `queries` — (keys, found, types), as `rank_documents` takes them — what `rank_documents`
         returns for it: [(row, score)] best first, ties by row; with `matched`, (row, score, the indices of the keys
-        that counted for it, in the greedy order). `batch`: the queries are padded to at least this many (one
-        compiled shape for every call of a run, its last one included)."""
+        that counted for it, in the greedy order). `batch`: the queries are padded to at least this many (one batch
+        size for every call of a run, its last one included; the other sizes follow the queries)."""
         packed, out = [], [[] for _ in queries]
         for q, (keys, found, types) in enumerate(queries):
             p = self._pack(keys, found, types, positions, max_hits, smoothing, exponent)

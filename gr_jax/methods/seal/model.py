@@ -153,6 +153,7 @@ class SealScoring:
     best_unigrams: bool = True
     top_k_unigrams: int = 5000
     fully_score: int = 1500
+    scorer: str = "device"  # SealSearch.scorer: where the intersective scoring ran
 
     def __call__(self, *args, **kwargs):
         raise ValueError("SealScoring scores documents from keys, not beams: use the model's rank")
@@ -183,7 +184,7 @@ class _SealRanking:
                              f"(SealSearch.document_score chooses the scoring)")
         s = self.search
         self.ranker = SealScoring(s.document_score, s.smoothing, s.score_exponent, s.repetition_penalty, s.max_hits,
-                                  s.unigram_bonus, s.best_unigrams, s.top_k_unigrams, s.fully_score)
+                                  s.unigram_bonus, s.best_unigrams, s.top_k_unigrams, s.fully_score, s.scorer)
         self._markers: Optional[Markers] = None
         self._identifiers = None
         self._device_scorer: Optional[DeviceScorer] = None
@@ -389,6 +390,10 @@ class _SealRanking:
         """SEAL's intersective scoring of `scoring_inputs`' queries by `scorer` ('device': `DeviceScorer`, batches
         of SealSearch.scorer_batch queries; 'host': `rank_documents` query by query)."""
         s = self.search
+        if scorer not in SCORERS:
+            raise ValueError(f"score_documents: scorer must be one of {SCORERS}, got {scorer!r}")
+        if self._identifiers is None:
+            raise ValueError(f"{type(self).__name__}: no identifier table yet (use_docids)")
         options = dict(max_hits=s.max_hits, smoothing=s.smoothing, exponent=s.score_exponent,
                        beta=s.repetition_penalty, matched=with_keys, fully_score=s.fully_score)
         if scorer == "host":
@@ -444,7 +449,14 @@ class _SealRanking:
     def _documents(self, rows: np.ndarray) -> np.ndarray:
         """Identifier tokens of corpus rows [len(rows), W], −1 past each one's end."""
         where, seqs = self._identifiers
-        return seqs[where[rows]]
+        rows = np.asarray(rows, np.int64)
+        at = where[np.minimum(rows, len(where) - 1)] if len(where) else np.full(len(rows), -1)
+        missing = rows[(rows >= len(where)) | (at < 0)]
+        if len(missing):
+            raise ValueError(f"{type(self).__name__}: corpus rows {missing[:5].tolist()} have no identifier text in "
+                             f"the docid table given to use_docids (the index and the table are of different "
+                             f"corpora); build both from one")
+        return seqs[at]
 
 
 @functools.partial(jax.jit, static_argnums=0)

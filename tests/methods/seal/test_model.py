@@ -205,3 +205,8 @@ def test_the_device_and_host_scorers_rank_alike():
     np.testing.assert_allclose(s, s2, rtol=1e-5)  # float32 sums on the device, float64 on the host
     with pytest.raises(ValueError, match="scorer"):
         SealSearch(scorer="gpu")
+    with pytest.raises(ValueError, match="scorer must be one of"):
+        model.score_documents([], index.num_positions, False, "gpu")
+    # a candidate row the docid table has no identifier for is an error on either path, not another row's text
+    with pytest.raises(ValueError, match=r"corpus rows \[99\] have no identifier text"):
+        model._documents(np.array([0, 99]))
