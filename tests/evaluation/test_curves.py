@@ -27,6 +27,7 @@ def test_read_eval_curve_orders_steps_keeps_the_last_record_and_separates_the_fi
         read_eval_curve(tmp_path / "a")
 
 
+@pytest.mark.slow  # runs a command's entry point (tools/compare_runs.py main, plots included)
 def test_compare_runs_table_and_plots(tmp_path, capsys):
     _write(tmp_path / "p", [{"step": 100, "Hit@1": 0.2}, {"step": 200, "Hit@1": 0.2}, {"step": 200, "final/Hit@1": 0.3}])
     _write(tmp_path / "r", [{"step": 100, "Hit@1": 0.1}, {"step": 200, "Hit@1": 0.15}])
