@@ -227,15 +227,22 @@ class DeviceScorer:
         self.rows_to_table = np.asarray(rows_to_table, np.int64)
         self.vocab = int(table.max()) + 1
         self.width = table.shape[1]
-        # each row's positions by token (ties by position; −1 last), and where each one's run of equal tokens begins
-        key = np.where(table >= 0, table, np.iinfo(np.int32).max).astype(np.int64)
-        order = np.argsort(key, axis=1, kind="stable")
-        sorted_tok = np.take_along_axis(key, order, axis=1)
-        start = np.ones_like(sorted_tok, bool)
-        start[:, 1:] = sorted_tok[:, 1:] != sorted_tok[:, :-1]
-        idx = np.where(start, np.arange(self.width)[None, :], 0)
-        run_start = np.maximum.accumulate(idx, axis=1)
-        self._device = tuple(jnp.asarray(a, jnp.int32) for a in (table, order, run_start))
+        self._table = table
+        self._texts = jnp.asarray(table, jnp.int32)
+        self._runs = None  # the unigram bonus's per-row token order, made at its first use
+
+    def _by_token(self):
+        """(each row's positions by token, ties by position, −1 last; where each one's run of equal tokens begins)
+        on the device: what the unigram bonus reads; made once per table."""
+        if self._runs is None:
+            key = np.where(self._table >= 0, self._table, np.iinfo(np.int32).max).astype(np.int64)
+            order = np.argsort(key, axis=1, kind="stable")
+            sorted_tok = np.take_along_axis(key, order, axis=1)
+            start = np.ones_like(sorted_tok, bool)
+            start[:, 1:] = sorted_tok[:, 1:] != sorted_tok[:, :-1]
+            run_start = np.maximum.accumulate(np.where(start, np.arange(self.width)[None, :], 0), axis=1)
+            self._runs = (jnp.asarray(order, jnp.int32), jnp.asarray(run_start, jnp.int32))
+        return self._runs
 
     def rank(self, queries: Sequence[tuple], positions: int, max_hits: int = 1500, smoothing: float = 5.0,
              exponent: float = 2.0, beta: float = 0.8, matched: bool = False,
@@ -299,7 +306,9 @@ class DeviceScorer:
                 unigrams[b, : len(u)] = u
         if (cand_idx[cand_rows >= 0] < 0).any():
             raise ValueError("DeviceScorer.rank: a candidate row is not in the identifier table")
-        rows, scores, taken = _score_batch(*self._device, cand_idx, cand_rows, holds, node_parent, node_type,
+        # without the bonus its arrays go unread: the texts stand in for them
+        runs = self._by_token() if bonus else (self._texts, self._texts)
+        rows, scores, taken = _score_batch(self._texts, *runs, cand_idx, cand_rows, holds, node_parent, node_type,
                                            node_depth, key_node, key_lengths, key_types, key_ntypes, weights,
                                            type_map, unigrams, longest=L, keep=keep, num_types=V,
                                            beta=float(beta), bonus=bonus)
