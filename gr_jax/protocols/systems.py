@@ -182,7 +182,7 @@ class TrainedSystem:
         else:
             embeddings = None
             if s.scheme.needs_embeddings:
-                embeddings = s.embedder.embed([self.corpus.texts[r] for r in rows])
+                embeddings = s.document_vectors([self.corpus.texts[r] for r in rows])
             table = s.scheme.assign(self.corpus, rows=rows, embeddings=embeddings)
         if table.space.kind == "text" and table.space.end > s.model.config.vocab_size:
             raise ProtocolError(f"new docids use token ids up to {table.space.end} but the model has "

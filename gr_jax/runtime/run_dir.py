@@ -4,6 +4,8 @@
       config.gin                the run's gin configuration (written once the run is accepted, or with results)
       vocabulary/               the run's vocabulary and its provenance (`training/vocabulary.py`)
       docid_scheme/             the fitted docid scheme and what it was built from (`docids/base.py`)
+      vectors/                  a pretrained encoder's document vectors, reused by every command
+                                (`docids/vector_cache.py`)
       docids/                   docids decoded by the model, per step (GLEN, GenRET)
       checkpoints/<step>/       orbax checkpoints with per-array checksums (`training/trainer.py`)
       damaged_checkpoints/      checkpoints that failed their checks, set aside (never deleted)
@@ -52,6 +54,11 @@ class RunDir:
     @property
     def docid_scheme(self) -> Path:
         return self.root / "docid_scheme"
+
+    @property
+    def vectors(self) -> Path:
+        """Document vectors of a cached embedder (`docids/vector_cache.py`)."""
+        return self.root / "vectors"
 
     @property
     def docids(self) -> Path:

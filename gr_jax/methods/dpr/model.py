@@ -203,6 +203,11 @@ class DprEmbedder(Embedder):
     def embed_queries(self, texts) -> np.ndarray:
         return self.load().embed(self._side("query"), texts, self.embed_batch_size, self.query_length)
 
+    def recipe(self) -> dict:
+        """The trained document encoder's digest (`SentenceEncoder.recipe`): each training gives its own vectors."""
+        return {"class": type(self).__name__,
+                **self.load().recipe(self._side("document"), self.document_length, self.embed_batch_size)}
+
     def train(self, dataset, split: str, model_dir) -> None:
         """Fine-tunes on the judged `split` queries of `dataset` (checkpoints in `model_dir`/dpr; a finished run
         is restored, an interrupted one resumes)."""
