@@ -259,6 +259,7 @@ def reproduce_main(argv=None) -> int:
     from gr_jax.protocols import paper_tables
 
     try:
+        gin_utils.check_binding_values(bindings)  # the children's settings, before OUTPUT_DIR or a child exists
         with contextlib.ExitStack() as held:
             held.enter_context(locks.output_lock(output_dir, "gr_jax reproduce"))
             if args.released is not None:

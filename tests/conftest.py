@@ -58,13 +58,31 @@ def compilation_cache_dir(environ=os.environ) -> str | None:
     return os.path.join(root, f"jax{version('jax')}-jaxlib{version('jaxlib')}-xla{key}")
 
 
+def cache_setting_problem(cache: str, environ=os.environ) -> str | None:
+    """Why the compilation cache folder cannot be used (a file in its path, not writable), naming the setting
+    that chose it; None when it can. It is made here when missing."""
+    setting = f"{CACHE_ROOT_VARIABLE}={environ.get(CACHE_ROOT_VARIABLE)!r}" if environ.get(CACHE_ROOT_VARIABLE, "") \
+        else "the default cache folder (set GR_JAX_TEST_CACHE_DIR to another, or to off)"
+    try:
+        os.makedirs(cache, exist_ok=True)
+    except OSError as e:
+        return f"{setting}: cannot make the XLA compilation cache folder {cache} ({e.strerror}); point " \
+               f"{CACHE_ROOT_VARIABLE} at a writable folder, or set it to off"
+    if not os.access(cache, os.W_OK | os.X_OK):
+        return f"{setting}: the XLA compilation cache folder {cache} is not writable; point {CACHE_ROOT_VARIABLE} " \
+               f"at a writable folder, or set it to off"
+    return None
+
+
+CACHE_PROBLEM = None  # reported by pytest_configure: one line and exit code 2, not a traceback at import
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache = compilation_cache_dir()
     if _cache is None:
         _cache = tempfile.mkdtemp(prefix="gr_jax_xla_cache_")
         atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-    os.makedirs(_cache, exist_ok=True)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    CACHE_PROBLEM = cache_setting_problem(_cache)
+    if CACHE_PROBLEM is None:
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 
@@ -94,6 +112,8 @@ DEFAULT_TIER = "not slow"
 
 
 def pytest_configure(config):
+    if CACHE_PROBLEM is not None:
+        pytest.exit(CACHE_PROBLEM, returncode=2)
     if not config.option.markexpr and not any("::" in str(a) for a in config.args):
         config.option.markexpr = DEFAULT_TIER
 

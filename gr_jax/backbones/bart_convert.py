@@ -32,6 +32,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from gr_jax.runtime.pickle_probe import refusal_text
 from gr_jax.backbones import t5_convert
 from gr_jax.backbones.bart import BartConfig
 from gr_jax.backbones.t5_convert import CheckpointError, CheckpointMismatchError
@@ -187,7 +188,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: BartConfig, source
     unexpected = [k for k in tensors if k not in used and not (
         k in _HF_TIED and shared is not None and np.array_equal(np.asarray(tensors[k]), np.asarray(shared)))]
     if missing or unexpected or mis_shaped:
-        raise CheckpointMismatchError(source, missing, unexpected, mis_shaped)
+        raise CheckpointMismatchError(source, missing, unexpected, mis_shaped, what=type(config).__name__)
     return params
 
 
@@ -244,8 +245,9 @@ FAIRSEQ_ALLOWED = ("argparse.Namespace", "collections.OrderedDict", "collections
                    "omegaconf DictConfig/ListConfig and their nodes (when omegaconf is installed)")
 
 
-def read_fairseq(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(state dict as numpy float32, settings as a plain dict) of a fairseq checkpoint file."""
+def _load_fairseq_state(path: Path, mmap: bool = False) -> Mapping:
+    """The checkpoint's top-level dict through `torch.load(weights_only=True)` and the settings' allowlist; a
+    refused global is named from the pickle itself (`runtime/pickle_probe.py`)."""
     import pickle
 
     try:
@@ -253,24 +255,41 @@ def read_fairseq(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[s
     except ImportError:
         raise CheckpointError(f"{path}: reading a fairseq checkpoint needs torch (pip install 'gr_jax[torch]')") \
             from None
-    path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such fairseq checkpoint file")
     try:
         with torch.serialization.safe_globals(fairseq_allowed()):
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         text = str(e)
         hint = "; install omegaconf to read a checkpoint whose cfg is an omegaconf DictConfig" \
             if "omegaconf" in text else ""
-        name = text.split("Unsupported global: GLOBAL ", 1)[-1].split(" ", 1)[0] if "GLOBAL " in text else None
-        what = f"the class {name}" if name else "a class outside the allowlist"
+        what = refusal_text(path, fairseq_allowed(), text)
         raise CheckpointError(f"{path}: refused: it pickles {what}, which a fairseq checkpoint's settings do not "
                               f"need (allowed: {', '.join(FAIRSEQ_ALLOWED)}){hint}") from None
     except Exception as e:  # torch raises many types for a corrupt file
         raise CheckpointError(f"{path}: cannot read as a fairseq checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(state, Mapping) or not isinstance(state.get("model"), Mapping):
         raise CheckpointError(f"{path}: not a fairseq checkpoint (no 'model' state dict)")
+    return state
+
+
+def fairseq_embedding_rows(path: str | os.PathLike) -> int:
+    """The rows of a fairseq checkpoint's token embedding (its dictionary's size), read without loading the
+    tensors (memory-mapped)."""
+    path = Path(path)
+    weight = _load_fairseq_state(path, mmap=True)["model"].get("encoder.embed_tokens.weight")
+    if weight is None or len(getattr(weight, "shape", ())) != 2:
+        raise CheckpointError(f"{path}: no encoder.embed_tokens.weight [V, D] in its model state dict")
+    return int(weight.shape[0])
+
+
+def read_fairseq(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(state dict as numpy float32, settings as a plain dict) of a fairseq checkpoint file."""
+    import torch
+
+    path = Path(path)
+    state = _load_fairseq_state(path)
     tensors = {}
     for k, v in state["model"].items():
         if not hasattr(v, "detach"):
@@ -305,7 +324,7 @@ def fairseq_to_hf_keys(tensors: Mapping[str, np.ndarray], source: str) -> dict[s
     """fairseq key names → HF's: `model.` + the key; the tied copies (embed_tokens, output_projection) must equal
     the encoder's embedding, which becomes `model.shared.weight`; bookkeeping keys skipped."""
     if "encoder.embed_tokens.weight" not in tensors:
-        raise CheckpointMismatchError(source, ["encoder.embed_tokens.weight"], [], [])
+        raise CheckpointMismatchError(source, ["encoder.embed_tokens.weight"], [], [], what="BartConfig")
     shared = np.asarray(tensors["encoder.embed_tokens.weight"])
     out, untied = {"model.shared.weight": shared}, []
     for k, v in tensors.items():
@@ -358,7 +377,7 @@ def config_from_fairseq(settings: Mapping[str, Any], tensors: Mapping[str, np.nd
             activation_dropout=float(get("activation_dropout", default=0.0)),
             pad_token_id=1, eos_token_id=2, decoder_start_token_id=2)
     except KeyError as e:
-        raise CheckpointMismatchError(source, [e.args[0]], [], []) from None
+        raise CheckpointMismatchError(source, [e.args[0]], [], [], what="BartConfig") from None
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{source}: {e}") from None
 

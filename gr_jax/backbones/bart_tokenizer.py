@@ -75,29 +75,74 @@ def bart_vocab(src: str | os.PathLike) -> tuple[dict[str, int], list[tuple[str, 
     gpt2 = _read_json(p / "encoder.json")
     by_gpt2_id = {i: tok for tok, i in gpt2.items()}
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
-    lines = (p / "dict.txt").read_text(encoding="utf-8").splitlines()
-    for k, line in enumerate(lines):
-        word = line.rsplit(" ", 1)[0] if " " in line else line
+    entries = read_fairseq_dictionary(p / "dict.txt")
+    for k, (word, overwrite) in enumerate(entries):
         fid = len(SPECIALS) + k
-        if word.isdigit() and int(word) in by_gpt2_id:
-            vocab.setdefault(by_gpt2_id[int(word)], fid)
+        token = by_gpt2_id[int(word)] if word.isdigit() and int(word) in by_gpt2_id else word  # fillers stay
+        if overwrite:
+            vocab[token] = fid  # fairseq: the later entry's index wins
         else:
-            vocab.setdefault(word, fid)  # fairseq's filler entries (madeupword…): never produced by the BPE
-    size = len(SPECIALS) + len(lines)
+            vocab.setdefault(token, fid)
+    size = len(SPECIALS) + len(entries)
     vocab["<mask>"] = size
     return vocab, _merges(p / "vocab.bpe"), size + 1
 
 
+FAIRSEQ_LINE = "'<token> <count>[ #fairseq:overwrite]'"
+
+
+def read_fairseq_dictionary(path: Path) -> list[tuple[str, bool]]:
+    """(token, overwrite) of each line of a fairseq `dict.txt`, read by fairseq's own rules
+    (`Dictionary.add_from_file`): a line is `<token> <count>`, optionally followed by ` #fairseq:overwrite`; the
+    count is an integer; a token seen before is an error unless its line carries the overwrite flag. Any other
+    line is an error naming the file and the line (fairseq refuses the file too), never a token dropped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: cannot read it as fairseq's dictionary ({e})") from None
+    seen: dict[str, int] = {}
+    out = []
+    for n, raw in enumerate(lines, 1):
+        line = raw.rstrip()
+        word, _, field = line.rpartition(" ")
+        overwrite = field == "#fairseq:overwrite"
+        if overwrite:
+            word, _, field = word.rpartition(" ")
+        if not word:
+            raise CheckpointError(f"{path}:{n}: expected {FAIRSEQ_LINE} (fairseq's dictionary format), got "
+                                  f"{raw!r}")
+        try:
+            int(field)
+        except ValueError:
+            raise CheckpointError(f"{path}:{n}: the count {field!r} of {word!r} is not an integer; expected "
+                                  f"{FAIRSEQ_LINE}") from None
+        if word in seen and not overwrite:
+            raise CheckpointError(f"{path}:{n}: {word!r} is already on line {seen[word]}; fairseq refuses a repeated "
+                                  f"token unless its line ends with '#fairseq:overwrite'")
+        seen[word] = n
+        out.append((word, overwrite))
+    if not out:
+        raise CheckpointError(f"{path}: empty; fairseq's dictionary has a line {FAIRSEQ_LINE} per token")
+    return out
+
+
 def write_library_tokenizer(src: str | os.PathLike, out_dir: str | os.PathLike, vocab_size: Optional[int] = None,
-                            overwrite: bool = False) -> Path:
+                            overwrite: bool = False, embedding_rows: Optional[int] = None) -> Path:
     """tokenizer.json + tokenizer_config.json in library ids (module docstring). `vocab_size`: the network's
-    (an id the network has but the tokenizer lacks is never produced); a tokenizer larger than it is refused."""
+    (an id the network has but the tokenizer lacks is never produced); a tokenizer larger than it is refused.
+    `embedding_rows`: the rows of a released fairseq checkpoint's embedding, which its dict.txt must account for
+    exactly (4 specials + one id per line + <mask>)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     vocab, merges, size = bart_vocab(src)
     if vocab_size is not None and size > vocab_size:
         raise CheckpointError(f"{src}: the tokenizer has {size} ids but the network only {vocab_size}; they do not "
                               f"belong together")
+    if embedding_rows is not None and layout(src) == "fairseq" and size != embedding_rows:
+        raise CheckpointError(f"{Path(src) / 'dict.txt'}: {size - len(SPECIALS) - 1} entries give {size} ids (4 "
+                              f"specials, the entries, <mask>) but the checkpoint's embedding has {embedding_rows} "
+                              f"rows: this dict.txt is not the checkpoint's (cut off, or another model's); use the "
+                              f"dict.txt released with it")
     perm = library_id_order(max(size, vocab_size or 0))
     lib = {tok: int(perm[i]) for tok, i in vocab.items()}
     known = set(lib)

@@ -147,7 +147,7 @@ def params_from_tensors(get, names, config: LlamaConfig, style: str, source: str
     ignored = {"lm_head.weight"} if config.tie_word_embeddings else set()
     unexpected = [k for k in names if k not in used and k not in ignored and "rotary_emb" not in k]
     if missing or unexpected or mis_shaped:
-        raise CheckpointMismatchError(source, missing, unexpected, mis_shaped, what="Llama config")
+        raise CheckpointMismatchError(source, missing, unexpected, mis_shaped, what=type(config).__name__)
     return params
 
 

@@ -21,6 +21,7 @@ from typing import Any, Iterator, Mapping
 import jax
 import numpy as np
 
+from gr_jax.runtime.pickle_probe import refusal_text
 from gr_jax.runtime.io_utils import FileFormatError, abandoned_reads_quiet, atomic_dir, quiet_orbax_threads, read_json
 from gr_jax.runtime.provenance import array_digests, changed_arrays
 from gr_jax.backbones.t5 import T5Config, init_params
@@ -48,9 +49,13 @@ class CheckpointError(ValueError):
 class CheckpointMismatchError(CheckpointError):
     """The tensors of a checkpoint do not match the model: lists every missing, unexpected and mis-shaped key."""
 
-    def __init__(self, source: str, missing=(), unexpected=(), mis_shaped=(), what: str = "T5 config"):
+    def __init__(self, source: str, missing=(), unexpected=(), mis_shaped=(), what: str = "T5Config"):
         self.missing, self.unexpected, self.mis_shaped = sorted(missing), sorted(unexpected), sorted(mis_shaped)
-        lines = [f"checkpoint {source} does not match the {what}:"]
+        counts = [f"{len(v)} {name}" for name, v in (("missing", self.missing), ("unexpected", self.unexpected),
+                                                     ("mis-shaped", self.mis_shaped)) if v]
+        first = (self.missing or self.unexpected or [k for k, *_ in self.mis_shaped] or ["?"])[0]
+        # the first line stands alone (an entry point prints one line): what, where, how many, one example
+        lines = [f"checkpoint {source} does not match the {what}: {', '.join(counts)} keys (e.g. {first})"]
         if self.missing:
             lines.append(f"  missing keys ({len(self.missing)}): " + ", ".join(self.missing))
         if self.unexpected:
@@ -208,8 +213,13 @@ def _read_torch_bin(path: Path) -> dict[str, np.ndarray]:
     except ImportError:
         raise CheckpointError(f"{path}: reading pytorch_model.bin needs torch (pip install 'gr_jax[torch]'), "
                               f"or convert the directory to model.safetensors") from None
+    import pickle
+
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(f"{path}: refused: it pickles {refusal_text(path, (), str(e))}, which a state dict of "
+                              f"tensors does not need") from None
     except Exception as e:  # torch raises many types for a corrupt or unsafe file
         raise CheckpointError(f"{path}: cannot read PyTorch state dict ({type(e).__name__}: {e})") from None
     if not isinstance(state, Mapping):
@@ -325,7 +335,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: T5Config, source: 
                 continue  # a stored copy of the tied embedding
         unexpected.append(k)
     if missing or unexpected or mis_shaped:
-        raise CheckpointMismatchError(source, missing, unexpected, mis_shaped)
+        raise CheckpointMismatchError(source, missing, unexpected, mis_shaped, what=type(config).__name__)
     return params
 
 

@@ -522,7 +522,22 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
             yield i, obj
 
 
-_DPR_HEADER = ["id", "text", "title"]  # the first line of DPR's and SEAL's psgs_w100.tsv
+_CORPUS_COLUMNS = ["id", "text", "title", "url"]  # DPR's and SEAL's psgs_w100.tsv start with its first three
+_HEADER_WORDS = {"id", "docid", "doc_id", "pid", "text", "contents", "passage", "body", "title", "url"}
+
+
+def _corpus_header(fields: list[str], path: Path) -> Optional[list[str]]:
+    """The first line of a TSV corpus as its header: `id text[ title[ url]]` in any case and spacing (DPR's and
+    SEAL's psgs_w100.tsv start with `id text title`). A first line made only of column-like words that is not
+    that header is refused with the header expected, not read as a document."""
+    names = [f.strip().lower() for f in fields]
+    if names == _CORPUS_COLUMNS[:len(names)]:
+        return _CORPUS_COLUMNS[:len(names)]
+    if names and all(n in _HEADER_WORDS for n in names):
+        raise DataError(f"{path}:1: {fields} looks like a header but is not one this reader knows; expected "
+                        f"{'<TAB>'.join(_CORPUS_COLUMNS[:len(names)])} (any case), or no header (the first line a "
+                        f"document)")
+    return None
 
 
 def read_corpus(path: str | os.PathLike) -> Corpus:
@@ -545,7 +560,7 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
         n = len(first.rstrip("\r\n").split("\t"))
         if n not in (2, 3, 4):
             raise DataError(f"{path}:1: expected 2 to 4 tab-separated fields (id, text[, title[, url]])")
-        header = _DPR_HEADER if first.rstrip("\r\n").split("\t") == _DPR_HEADER else None
+        header = _corpus_header(first.rstrip("\r\n").split("\t"), path)
         for i, fields in iter_tsv(path, n, header=header, names=" (id, text[, title[, url]])"):
             doc = _nonempty(fields[0], "document id", path, i)
             _add_unique(seen, doc, path, i, "document id")

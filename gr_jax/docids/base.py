@@ -364,9 +364,21 @@ def save_scheme(scheme: DocidScheme, path: str | os.PathLike, built_from: Option
     so that a later run can check it before reusing the state."""
     meta, arrays = scheme.state()
     with atomic_dir(path) as tmp:
-        (tmp / "scheme.json").write_text(json.dumps({"name": scheme.name, "built_from": built_from or {}, **meta},
-                                                    indent=1))
+        (tmp / "scheme.json").write_text(json.dumps({"name": scheme.name, "built_from": built_from or {}, **meta,
+                                                     "content_digest": _state_digest(meta, arrays)}, indent=1))
         np.savez(tmp / "scheme.npz", **arrays)
+
+
+def _state_digest(meta: dict, arrays: dict) -> str:
+    """blake2b-12 of the state as saved (its JSON, then each array's name, dtype, shape and bytes): recorded at
+    save, compared at load, so an edited or damaged state is never used."""
+    meta = json.loads(json.dumps({k: v for k, v in meta.items() if k != "name"}))  # as the file holds it
+    h = hashlib.blake2b(json.dumps(meta, sort_keys=True).encode("utf-8"), digest_size=12)
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}{a.dtype.str}{a.shape}".encode())
+        h.update(a.view(np.uint8).reshape(-1) if a.size and a.dtype != object else b"")
+    return h.hexdigest()
 
 
 def load_scheme_state(scheme: DocidScheme, path: str | os.PathLike,
@@ -384,6 +396,13 @@ def load_scheme_state(scheme: DocidScheme, path: str | os.PathLike,
         raise ValueError(f"{path}: holds the state of scheme {meta.get('name')!r}, not {scheme.name!r}; use a new "
                          f"MODEL_DIR for another docid scheme")
     stored = meta.pop("built_from", None)
+    recorded = meta.pop("content_digest", None)
+    if recorded is None:
+        log.warning("%s: written before content digests were recorded: its state is checked by what it was built "
+                    "from only", path)
+    elif recorded != _state_digest(meta, arrays):
+        raise ValueError(f"{path}: the saved docid scheme is not the state that was written (its content digest "
+                         f"differs: edited or damaged); delete {path} to rebuild the docids, or use a new MODEL_DIR")
     if built_from is not None:
         if not stored:
             raise ValueError(f"{path}: records nothing of what it was built from; delete {path} to rebuild "

@@ -87,6 +87,7 @@ from gr_jax.runtime import gin_checks, validation
 from gr_jax.runtime.errors import UserError
 from gr_jax.runtime.io_utils import atomic_dir, json_text, load_npz, read_json, write_bytes, write_text
 from gr_jax.runtime.progress import bar as progress_bar
+from gr_jax.runtime.pickle_probe import refusal_text
 from gr_jax.runtime.provenance import ProvenanceError, file_digest, normalized, read_records, records_text, reuse
 from gr_jax.runtime.run_dir import RunDir
-from gr_jax.runtime.validation import Count, Fraction, Positive, Signed
+from gr_jax.runtime.validation import Count, Fraction, Positive, Signed, one_of

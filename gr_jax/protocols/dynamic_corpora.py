@@ -333,14 +333,15 @@ def run_dynamic(output_dir: str = gin.REQUIRED, method: str = "gr", task: str = 
     out_dir = Path(output_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ProtocolError(f"MODEL_DIR {out_dir} is a file, not a directory; choose another MODEL_DIR")
+    if split_protocol not in PROTOCOLS:
+        raise ProtocolError(f"run_dynamic.split_protocol must be one of {PROTOCOLS}, got {split_protocol!r}")
+    # the data is read and split before anything is made in MODEL_DIR: a refused run leaves it as it was
+    data = make_dynamic_data(sources.load_dataset(task), seed, initial_fraction, n_parts, train_split, test_split,
+                             split_protocol, test_fraction)
     cache = compilation_cache_in(RunDir(out_dir).compilation_cache, 0.0) if compilation_cache else \
         contextlib.nullcontext()
     with cache:  # the steps' programs, dropped from memory between steps, are read back, not recompiled
         guard = MemoryGuard(None if memory_limit_mb is None else int(memory_limit_mb) << 20)
-        if split_protocol not in PROTOCOLS:
-            raise ProtocolError(f"run_dynamic.split_protocol must be one of {PROTOCOLS}, got {split_protocol!r}")
-        data = make_dynamic_data(sources.load_dataset(task), seed, initial_fraction, n_parts, train_split, test_split,
-                                 split_protocol, test_fraction)
         parts_q = [q[:max_test_queries_per_part] if max_test_queries_per_part else q for q in data.split.test_queries]
         log.info("dynamic split: %s documents, %s test queries", [len(p) for p in data.split.parts],
                  [len(q) for q in parts_q])

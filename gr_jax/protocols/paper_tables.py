@@ -201,10 +201,23 @@ def _current(paper: Paper, name: str, out: Path, dataset_files, bindings, quick:
         return False  # a system it starts from has no finished run now: its result is not current
     argv = command(paper, name, out, dataset_files, bindings, quick)
     try:
-        return read_json(rec_path, "system recipe") == recipe(argv, search_paths, needs)
+        return read_json(rec_path, "system recipe") == recipe(argv, search_paths, needs) and \
+            _result_intact(model_dir) == ""
     except (OSError, ValueError) as e:  # an unreadable recipe or gin file: shown as not run, never as current
         log.warning("%s: its earlier result is not shown (%s)", name, e)
         return False
+
+
+def _result_intact(model_dir: Path) -> str:
+    """"" when the system's dynamic.json is the file its run wrote (the digest recorded in run_seconds.json
+    then); else why not."""
+    made, result = model_dir / "run_seconds.json", model_dir / "dynamic" / "dynamic.json"
+    recorded = read_json(made, "run record").get("results_digest") if made.is_file() else None
+    if recorded is None:
+        return f"{made} records no digest of {result} (written before digests were recorded)"
+    if recorded != file_digest(result, "system result"):
+        return f"{result} is not the result its run wrote (its digest differs: edited or damaged)"
+    return ""
 
 
 def write_status(out: Path, previous, status: dict) -> None:
@@ -225,9 +238,14 @@ def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Se
     if model_dir.exists():
         old = read_json(rec_path, "system recipe") if rec_path.is_file() else None
         if old == rec and result.is_file():
-            log.info("%s: reused (%s)", name, model_dir)
-            made = model_dir / "run_seconds.json"  # the time of the run that made the reused result, kept beside it
-            return {"status": "reused", **(read_json(made, "run time") if made.is_file() else {})}
+            why = _result_intact(model_dir)
+            if not why:
+                log.info("%s: reused (%s)", name, model_dir)
+                made = model_dir / "run_seconds.json"  # the time of the run that made the reused result
+                return {"status": "reused", "seconds": read_json(made, "run record")["seconds"]}
+            # the recipe holds, the content does not: run again (it resumes; the result it rewrites keeps this
+            # one as dynamic.json.prev-<n>)
+            log.warning("%s: not reused: %s; running it again", name, why)
         if old != rec:
             kept = keep_aside(model_dir)
             log.warning("%s: its recipe changed; the earlier run is kept as %s", name, kept)
@@ -252,7 +270,8 @@ def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Se
         tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
         return {"status": "failed", "exit_code": rc, "log": str(log_path), "last_line": tail[0] if tail else "",
                 "seconds": seconds}
-    write_text(model_dir / "run_seconds.json", json_text({"seconds": seconds}))
+    write_text(model_dir / "run_seconds.json",
+               json_text({"seconds": seconds, "results_digest": file_digest(result, "system result")}))
     return {"status": "ran", "seconds": seconds}
 
 

@@ -44,7 +44,7 @@ from gr_jax.protocols.paper_tables import Paper, ReproduceError, directory_name,
 from gr_jax.runtime import gin_utils
 from gr_jax.runtime.run_dir import RunDir
 from gr_jax.runtime.io_utils import json_text, keep_aside, make_dirs, read_json, write_text
-from gr_jax.runtime.provenance import file_digest
+from gr_jax.runtime.provenance import file_digest, json_digest
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,11 @@ def commands(release: Release, system: str, paths: dict, model_dir: Path, files:
     return imported, evaluations
 
 
+def evaluation_digest(evaluation) -> str:
+    """The content digest a stored evaluation records and is checked against before reuse."""
+    return json_digest(evaluation)
+
+
 def recipe(argv: Sequence[str], digests: dict, search_paths: Sequence[str]) -> dict:
     files = [a.split("=", 1)[1] for a in argv if a.startswith("--gin_file=")]
     return {"argv": list(argv[1:]),  # not the interpreter's path
@@ -221,9 +226,13 @@ def run_release_system(release: Release, system: str, release_dir: Path, output_
         done = model_dir / "released" / f"evaluation_{i}.json"
         if done.is_file():
             held = read_json(done, "released evaluation")
-            if held.get("recipe") == erec:
+            if held.get("recipe") == erec and held.get("digest") == evaluation_digest(held.get("evaluation")):
                 metrics.append(held["evaluation"])
                 continue
+            if held.get("recipe") == erec:  # the settings match, the content does not: never trusted
+                why = "has no content digest (written before digests were recorded)" if "digest" not in held \
+                    else "is not the evaluation that was written (its content digest differs: edited or damaged)"
+                log.warning("%s: %s %s; evaluating again (the file is kept as a .prev copy)", system, done, why)
         reused = False
         log.info("%s: evaluating on %s (log: %s)", system, e["split"], log_path)
         rc, stdout = _run(argv, log_path)
@@ -241,9 +250,18 @@ def run_release_system(release: Release, system: str, release_dir: Path, output_
             filled = {k: _fill(e[k], _values(paths, model_dir)) for k in ("answers", "passages")}
             values["metrics"].update(answers.answer_metrics(printed["run"], filled["answers"], filled["passages"],
                                                             wanted))
-        write_text(done, json_text({"recipe": erec, "evaluation": values}, indent=1), keep_previous=True)
+        write_text(done, json_text({"recipe": erec, "evaluation": values, "digest": evaluation_digest(values)},
+                                   indent=1), keep_previous=True)
         metrics.append(values)
     return {"status": "reused" if reused else "ran", "evaluations": metrics, "seconds": time.perf_counter() - t0}
+
+
+def check_answer_files(release: Release, system: str, paths: dict) -> None:
+    """Reads every answers file the system's Answer@k rows will use (a malformed one is an error naming its line
+    now, not after the import and the evaluation have run)."""
+    for e in release.systems[system]["evaluate"]:
+        if any(answers.ANSWER_METRIC.match(r["metric"]) for r in e["rows"]) and "answers" in e:
+            answers.read_answers(_fill(e["answers"], _values(paths, Path("."))))
 
 
 def table_rows(release: Release, results: dict) -> list[dict]:
@@ -309,8 +327,10 @@ def reproduce_released(paper: str, release_dir: str, output_dir: str, files: Seq
         if unknown:
             raise ReproduceError(f"--only {unknown}: not systems of {release.path} ({names})")
         names = [n for n in names if n in only]
-    for n in names:  # every release file present before anything runs
-        release_paths(release, n, root)
+    gin_utils.check_binding_values(bindings)  # the command line's settings (e.g. a scorer's name) before any child
+    for n in names:  # every release file present, and every answers file readable, before anything runs
+        paths = release_paths(release, n, root)
+        check_answer_files(release, n, paths)
     out = Path(output_dir)
     status = {}
     for n in names:

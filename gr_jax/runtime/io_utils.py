@@ -441,10 +441,24 @@ class _OrbaxThreadNoise(logging.Filter):
     records (from orbax's own files, with a traceback) go to our debug log instead."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname:
+        if record.exc_info and record.levelno >= logging.ERROR and _from_orbax(record):
             log.debug("orbax worker: %s", record.getMessage()[:300])
             return False
         return True
+
+
+def _from_orbax(record: logging.LogRecord) -> bool:
+    """Whether the record was logged by orbax's code: its call site, or (absl's logger names its own file as the
+    call site) a frame of its traceback."""
+    mark = f"{os.sep}orbax{os.sep}"
+    if mark in record.pathname:
+        return True
+    tb = record.exc_info[2] if record.exc_info else None
+    while tb is not None:
+        if mark in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 _ORBAX_NOISE = _OrbaxThreadNoise()

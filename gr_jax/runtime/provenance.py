@@ -54,6 +54,13 @@ def file_digest(path: str | os.PathLike, what: str = "file") -> str:
     return h.hexdigest()
 
 
+def json_digest(obj) -> str:
+    """blake2b-12 of a JSON value in its canonical text (sorted keys): the content digest of a stored result,
+    recorded beside it when written and compared before it is reused."""
+    return hashlib.blake2b(json.dumps(obj, sort_keys=True, allow_nan=False).encode("utf-8"),
+                           digest_size=12).hexdigest()
+
+
 def differing_keys(held: Mapping, wanted: Mapping) -> list[str]:
     """The keys whose values differ between two provenance records, sorted."""
     return sorted(k for k in set(held) | set(wanted) if held.get(k) != wanted.get(k))
@@ -111,9 +118,10 @@ def read_records(path: str | os.PathLike, what: str) -> tuple[dict, list]:
         raise FileFormatError(f"{what} {path}: no header line with what it was built from; not a file of this "
                               f"library, or emptied; {fix}")
     head, rows = parsed[0], parsed[1:]
-    if "rows_digest" not in head:
-        log.warning("%s: written before row checksums were recorded: its rows are read unchecked", path)
-    elif head.get("rows") != len(rows) or head["rows_digest"] != _rows_digest(lines[1:]):
+    if "rows_digest" not in head:  # never read unchecked: a header stripped of its digest would pass anything
+        raise ProvenanceError(f"{what} {path}: its header records no checksum of its rows (written before row "
+                              f"checksums, or edited), so its rows cannot be checked; {fix}")
+    if head.get("rows") != len(rows) or head["rows_digest"] != _rows_digest(lines[1:]):
         raise ProvenanceError(f"{what} {path}: its rows are not the ones it was written with ({len(rows)} rows, "
                               f"{head.get('rows')} written; the checksum differs): edited, cut off or damaged; "
                               f"{fix}")

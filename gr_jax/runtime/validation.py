@@ -54,6 +54,24 @@ class Range:
         return self.high is None or value <= self.high
 
 
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    """A choice among names (a scorer, a mode): checked when gin binds it, like a numeric `Range`."""
+
+    values: tuple
+
+    def describe(self) -> str:
+        return f"one of {', '.join(repr(v) for v in self.values)}"
+
+    def admits(self, value) -> bool:
+        return isinstance(value, str) and value in self.values
+
+
+def one_of(*values: str):
+    """`Annotated[str, OneOf(values)]`: a setting whose value must be one of `values`."""
+    return Annotated[str, OneOf(tuple(values))]
+
+
 Count = Annotated[int, Range(integer=True, low=1)]
 Positive = Annotated[float, Range(low=0, open_low=True)]
 Fraction = Annotated[float, Range(low=0, high=1)]
@@ -75,7 +93,7 @@ def range_of(annotation) -> tuple[Optional[Range], bool, bool]:
             annotation = args[0]
         elif origin is Annotated:
             base, *extra = typing.get_args(annotation)
-            ranges = [e for e in extra if isinstance(e, Range)]
+            ranges = [e for e in extra if isinstance(e, (Range, OneOf))]
             if ranges:
                 return ranges[0], optional, sequence
             annotation = base

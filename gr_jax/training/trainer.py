@@ -26,6 +26,7 @@ import errno
 import hashlib
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -354,11 +355,23 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state, **json_ite
         manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), **items), force=True)
         manager.wait_until_finished()
     except Exception as e:
+        free = free_space(manager.directory)  # before the partial save is removed: what the save ran out of
+        _remove_partial_save(Path(manager.directory), step)
         if not no_space(e):
             raise
         raise OSError(errno.ENOSPC, f"no space left on the device while saving checkpoint {step} in "
-                      f"{manager.directory} ({free_space(manager.directory)} free there); free some space and run "
+                      f"{manager.directory} ({free} free there); free some space and run "
                       f"the same command again: it resumes from the last complete checkpoint") from None
+
+
+def _remove_partial_save(directory: Path, step: int) -> None:
+    """A save that failed leaves orbax's temporary folder (`<step>.orbax-checkpoint-tmp…`): removed (process 0),
+    so the directory holds complete checkpoints only; a re-run resumes from the last of them."""
+    if not io_utils.writes():
+        return
+    for tmp in directory.glob(f"{int(step)}.orbax-checkpoint-tmp*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.info("removed %s, the checkpoint whose save failed", tmp)
 
 
 def _set_aside(model_dir: Path, step: int) -> Path:

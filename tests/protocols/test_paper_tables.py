@@ -83,6 +83,8 @@ def test_a_result_is_shown_only_while_its_recipe_and_what_it_starts_from_hold(tm
         (d / "dynamic").mkdir(parents=True, exist_ok=True)
         (d / "dynamic" / "dynamic.json").write_text("{}")
         (d / "recipe.json").write_text(json.dumps(rec))
+        (d / "run_seconds.json").write_text(json.dumps(  # what a run records: its result's digest
+            {"seconds": 1.0, "results_digest": rp.file_digest(d / "dynamic" / "dynamic.json")}))
 
     def rec(name):
         needs = {n: out / "systems" / n for n in systems[name].get("needs", [])}
@@ -95,6 +97,9 @@ def test_a_result_is_shown_only_while_its_recipe_and_what_it_starts_from_hold(tm
     assert current("A") and not current("B")  # B's recipe is another
     finished("B", rec("B"))
     assert current("B")
+    (out / "systems" / "B" / "dynamic" / "dynamic.json").write_text('{"GA_5": 0.999}')  # edited: not shown
+    assert not current("B")
+    finished("B", rec("B"))
     (out / "systems" / "A" / "dynamic" / "dynamic.json").write_text('{"P": 1}')  # A ran again
     assert not current("B")
 
@@ -221,3 +226,36 @@ def test_two_systems_at_a_time_and_a_system_waits_for_the_one_it_starts_from(tmp
     assert "D" not in starts and rec["status"]["D"] == {"status": "skipped", "why": "['B'] failed"}
     assert list(rec["status"]) == ["B", "C", "D"]
     assert list(json.loads((tmp_path / "out" / "reproduce_status.json").read_text())) == ["B", "C", "D"]
+
+
+def test_a_reused_system_result_is_checked_against_its_digest(tmp_path, monkeypatch, caplog):
+    """A system whose recipe holds is reused only while its dynamic.json is the file its run wrote: an edited one
+    is run again (named in a warning; the system's own run keeps the edited file as dynamic.json.prev-<n>)."""
+    import json
+    import logging
+
+    runs = []
+
+    class Done:
+        returncode = 0
+
+    def fake_run(argv, stdout=None, stderr=None, env=None):  # the system's process: writes its result
+        model_dir = Path(next(a for a in argv if a.startswith("--gin.MODEL_DIR=")).split("=", 1)[1].strip("'"))
+        (model_dir / "dynamic").mkdir(parents=True, exist_ok=True)
+        rp.write_text(model_dir / "dynamic" / "dynamic.json", json.dumps({"GA_5": 0.5}), keep_previous=True)
+        runs.append(argv)
+        return Done()
+
+    monkeypatch.setattr(rp.subprocess, "run", fake_run)
+    (tmp_path / "x.gin").write_text("A = 1\n")
+    model_dir = tmp_path / "out" / "systems" / "X"
+    args = ("X", [f"--gin_file={tmp_path / 'x.gin'}"], model_dir, ())
+    assert rp.run_system(*args)["status"] == "ran" and len(runs) == 1
+    assert rp.run_system(*args)["status"] == "reused" and len(runs) == 1
+    (model_dir / "dynamic" / "dynamic.json").write_text(json.dumps({"GA_5": 0.999}))  # edited, recipe unchanged
+    with caplog.at_level(logging.WARNING, logger="gr_jax.protocols.paper_tables"):
+        assert rp.run_system(*args)["status"] == "ran" and len(runs) == 2
+    assert "dynamic.json is not the result its run wrote" in caplog.text
+    assert json.loads((model_dir / "dynamic" / "dynamic.json").read_text()) == {"GA_5": 0.5}
+    assert (model_dir / "dynamic" / "dynamic.json.prev-1").is_file()
+    assert rp.run_system(*args)["status"] == "reused"

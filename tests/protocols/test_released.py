@@ -103,6 +103,19 @@ def test_a_tiny_glen_release_end_to_end(tmp_path, capsys, caplog):
     assert "GLEN: reused" in caplog.text
     assert json.loads((tmp_path / "out" / "released_glen.json").read_text())["rows"] == table
 
+    # a stored evaluation edited while its recipe still matches: its content digest tells, so it is evaluated
+    # again (the file named, the edited one kept aside), never printed as ours
+    done = model_dir / "released" / "evaluation_0.json"
+    held = json.loads(done.read_text())
+    held["evaluation"]["metrics"] = {k: 0.999 for k in held["evaluation"]["metrics"]}
+    done.write_text(json.dumps(held))
+    caplog.clear()
+    assert cmd.main(flags) == 1
+    assert str(done) in caplog.text and "evaluating again" in caplog.text
+    assert json.loads((tmp_path / "out" / "released_glen.json").read_text())["rows"] == table
+    assert "0.9990" not in capsys.readouterr().out
+    assert [p.name for p in done.parent.glob("evaluation_0.json.prev-*")] == ["evaluation_0.json.prev-1"]
+
     # a released file changed: imported again, the earlier import kept aside
     text = (rdir / "glen" / "docids.tsv").read_text().splitlines()
     (rdir / "glen" / "docids.tsv").write_text("\n".join(text[:1] + text[2:] + text[1:2]) + "\n")

@@ -38,6 +38,7 @@ import numpy as np
 
 from gr_jax.methods.api import (Count, DocidScheme, Fraction, DocidTable, DocidTokenSpace, FitContext, GenerativeRetriever,
                                 initial, share_encoder, t5)
+from gr_jax.methods.api import refusal_text
 from gr_jax.methods.nci.model import Adaptor, PawaCache, target_log_probs
 
 START, END = 0, 1
@@ -290,10 +291,9 @@ def _read(path: str, stamp: tuple) -> dict:
         with torch.serialization.safe_globals([argparse.Namespace, collections.OrderedDict, collections.defaultdict]):
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        text = str(e)
-        name = text.split("Unsupported global: GLOBAL ", 1)[-1].split(" ", 1)[0] if "GLOBAL " in text else None
-        raise ValueError(f"{path}: refused: it pickles {f'the class {name}' if name else 'a class outside the allowlist'}"
-                         f", which NCI's checkpoint does not need (allowed: {', '.join(NCI_ALLOWED)})") from None
+        what = refusal_text(path, [argparse.Namespace, collections.OrderedDict, collections.defaultdict], str(e))
+        raise ValueError(f"{path}: refused: it pickles {what}, which NCI's checkpoint does not need (allowed: "
+                         f"{', '.join(NCI_ALLOWED)})") from None
     except Exception as e:  # torch raises many types for a corrupt file
         raise ValueError(f"{path}: cannot read as NCI's checkpoint ({type(e).__name__}: {e})") from None
     state = obj.get("state_dict", obj) if isinstance(obj, dict) else None

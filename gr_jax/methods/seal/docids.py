@@ -265,7 +265,10 @@ def _spell(vocab) -> dict:
         if name in ("title_end", "query_start"):
             if len(ids) != 1:
                 raise UserError(f"SealDocids(marker_ids='spelled'): {text!r} is {len(ids)} tokens in this vocabulary, "
-                                f"SEAL's released checkpoints read it as one (BART's vocabulary); use marker_ids='new'")
+                                f"but SEAL's released checkpoints read it as one token of BART's vocabulary: the "
+                                f"vocabulary is not the released checkpoint's (check its dict.txt / vocab.json "
+                                f"against the checkpoint). marker_ids='new' is for a model trained here, not for "
+                                f"a released checkpoint")
             out[name] = ids[0]
         else:
             out[name] = list(ids)

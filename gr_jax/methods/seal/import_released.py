@@ -45,7 +45,8 @@ def _imported(checkpoint_dir: Path, model_dir: Path, network: Path, args_line: s
         vocab_dir = RunDir(model_dir).vocabulary
         if vocab_dir.exists():
             raise UserError(f"{vocab_dir}: exists; import into a new MODEL_DIR")
-        bart_tokenizer.write_library_tokenizer(checkpoint_dir, vocab_dir)
+        rows = None if network.is_dir() else bart_convert.fairseq_embedding_rows(network)
+        bart_tokenizer.write_library_tokenizer(checkpoint_dir, vocab_dir, embedding_rows=rows)
         try:
             out = import_checkpoint(model_dir=str(model_dir), initial_checkpoint_path=str(network),
                                     feature_lengths=gin_checks.macro("TASK_FEATURE_LENGTHS"),

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.methods.api import (
+    one_of,
     Capabilities,
     Count,
     DecoderOnlyRetriever,
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 VIEWS = ("body", "title", "query")
 DOCUMENT_SCORES = ("intersective", "best_key")
 SCORERS = ("device", "host")
+Scorer = one_of(*SCORERS)  # checked when gin binds it, before a command does any work
 
 
 def mark(tokens_BxL: np.ndarray, marker) -> np.ndarray:
@@ -107,7 +109,7 @@ class SealSearch:
     fully_score: Count = 1500  # candidates of SEAL's first pass that are scored fully
     # where the intersective scoring runs: 'device' (`device_ranker`, a batch of queries in one program) or
     # 'host' (`ranker.rank_documents`, numpy, one query at a time; the oracle the device scoring is tested against)
-    scorer: str = "device"
+    scorer: Scorer = "device"
     scorer_batch: Count = 16  # queries per device scoring call (its memory grows with it)
 
     def __post_init__(self):

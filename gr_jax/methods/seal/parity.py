@@ -21,13 +21,12 @@ deviation in `ranker` shows as documents in one ranking only; their count is rep
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
-from gr_jax.methods.api import SubstringIndex
+from gr_jax.methods.api import SubstringIndex, read_json
 from gr_jax.methods.seal.device_ranker import DeviceScorer
 from gr_jax.methods.seal.ranker import Key, best_unigrams, occurrences, rank_documents, type_scores, weight
 
@@ -144,7 +143,7 @@ def _read(folder, names) -> list[dict]:
     if missing:
         raise ValueError(f"{folder}: no {', '.join(missing)}; not a SEAL parity fixture folder "
                          f"(tools/seal_fm_fixtures.py, tools/seal_scoring_fixtures.py write them)")
-    return [json.loads((folder / n).read_text()) for n in names]
+    return [read_json(folder / n, "SEAL parity fixture") for n in names]
 
 
 def check_fixture(folder) -> dict:
