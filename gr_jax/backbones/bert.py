@@ -180,6 +180,19 @@ class SentenceEncoder:
         """Normalised sentence embeddings [B, D] (differentiable in params)."""
         return l2_normalise(mean_pool(self.network.apply({"params": params}, ids_BxL, mask_BxL), mask_BxL))
 
+    def encode_run_tokens(self, params, tokens_BxL, pad_id: int = 0, eos_id: int = 1):
+        """Normalised vectors [B, D] of a run's input tokens in this encoder's own WordPiece ids (VOCABULARY =
+        'all-MiniLM-L6-v2': EOS-terminated, PAD-padded), read as the encoder was trained: [CLS] tokens [SEP]
+        (the end token becomes [SEP]), mean pooling over the present positions."""
+        tokens = jnp.asarray(tokens_BxL)
+        B = tokens.shape[0]
+        cls_id, sep_id = self.tokenizer.token_to_id("[CLS]"), self.tokenizer.token_to_id("[SEP]")
+        present = tokens != pad_id
+        ids = jnp.concatenate([jnp.full((B, 1), cls_id, tokens.dtype),
+                               jnp.where(tokens == eos_id, sep_id, jnp.where(present, tokens, 0))], axis=1)
+        mask = jnp.concatenate([jnp.ones((B, 1), bool), present], axis=1)
+        return self.encode(params, ids, mask)
+
     def tokenize(self, texts: Sequence[str], pad_to: int = 32, max_length: Optional[int] = None,
                  width: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
         """ids and mask [N, L]: each text truncated to `max_length` tokens (default and at most the model's, [SEP]

@@ -32,7 +32,7 @@ from gr_jax.docids.atomic import first_seen_codes
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext, added_field
 from gr_jax.docids.embed import Embedder, TfidfSvdEmbedder
 from gr_jax.docids.lexical import FieldDocids
-from gr_jax.docids.numeric import checked_embeddings
+from gr_jax.docids.numeric import RQDocids, checked_embeddings
 from gr_jax.docids.pseudo_query import read_queries_file
 from gr_jax.docids.quantize import ProductQuantizer, ResidualQuantizer, exact_search, kmeans
 

@@ -24,8 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from gr_jax.methods.api import (EOS_ID, PAD_ID, Bert, Capabilities, Positive, l2_normalise,
-                                load_sentence_encoder, mean_pool)
+from gr_jax.methods.api import EOS_ID, PAD_ID, Capabilities, Positive, l2_normalise, load_sentence_encoder
 from gr_jax.methods.docvec.docids import DOC_ID, VECTOR
 
 
@@ -60,8 +59,6 @@ class DocvecRetriever:
         self.temperature = float(temperature)
         self.spec = spec
         self.encoder = _encoder(spec)
-        self.cls_id, self.sep_id = self.encoder.tokenizer.token_to_id("[CLS]"), \
-            self.encoder.tokenizer.token_to_id("[SEP]")
         self._codes = self._vectors = self._rows = self._tie_key = None
         self._score = jax.jit(self._scores)
 
@@ -110,14 +107,7 @@ class DocvecRetriever:
     # -- the network --------------------------------------------------------------------------------------
     def encode(self, encoder_params, tokens_BxL) -> jax.Array:
         """Normalised query vectors [B, D] of the run's input tokens (EOS-terminated, PAD-padded)."""
-        tokens = jnp.asarray(tokens_BxL)
-        B = tokens.shape[0]
-        present = tokens != PAD_ID
-        ids = jnp.concatenate([jnp.full((B, 1), self.cls_id, tokens.dtype),
-                               jnp.where(tokens == EOS_ID, self.sep_id, jnp.where(present, tokens, 0))], axis=1)
-        mask = jnp.concatenate([jnp.ones((B, 1), bool), present], axis=1)
-        hidden = Bert(self.encoder.config).apply({"params": encoder_params}, ids, mask)
-        return l2_normalise(mean_pool(hidden, mask))
+        return self.encoder.encode_run_tokens(encoder_params, tokens_BxL, PAD_ID, EOS_ID)
 
     def loss_fn(self, params, batch, dropout_rng=None):
         """Cross-entropy of the target code (optional per-row `weights`); metrics loss and docid_accuracy."""
