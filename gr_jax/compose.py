@@ -195,7 +195,8 @@ def prepare(model_dir: str, batch_size: Count, feature_lengths: dict, task: str,
             return Start(model, params, setup.index, initial_checkpoint_path)
 
         setup.iterator = objs.iterator(ObjectiveInputs(dataset, train_split, scheme, table, vocab, lengths,
-                                                       batch_size, seed, setup.document_tokens, start))
+                                                       batch_size, seed, setup.document_tokens, start,
+                                                       embeddings, emb))
         setup.refresh_period = objs.refresh_period
     return setup
 

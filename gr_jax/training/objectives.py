@@ -127,7 +127,8 @@ class ObjectiveInputs:
     `doc_tokens()` gives the corpus tokenized to TASK_FEATURE_LENGTHS['documents'] (else 'inputs'), computed once
     for every user. `start()` gives what training starts from, for data made by the model itself (LTRGR's rank
     data): a `Start` (the model object, its initial parameters, the docid index, INITIAL_CHECKPOINT_PATH);
-    computed only when called."""
+    computed only when called. `embeddings` / `embedder`: the document vectors the docid scheme was built from and
+    their embedder (a dense teacher: RIPOR's rank data)."""
 
     dataset: Dataset
     train_split: str
@@ -139,6 +140,10 @@ class ObjectiveInputs:
     seed: int
     doc_tokens: Callable[[], np.ndarray]  # the corpus tokenized to lengths['documents'], by row
     start: Optional[Callable[[], "Start"]] = None
+    # the corpus's vectors [N, D] by row and the fitted embedder that made them, when the docid scheme
+    # `needs_embeddings` (RIPOR's rank data: the dense teacher's scores); else None
+    embeddings: Optional[np.ndarray] = None
+    embedder: Any = None
 
 
 @dataclasses.dataclass
