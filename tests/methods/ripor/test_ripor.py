@@ -1,0 +1,82 @@
+"""RIPOR (gr_jax/methods/ripor): a hand-worked 3-document, M = 2 case of the centroid initialisation and of the
+prefix-oriented ranking loss; the codebooks carried by the docid table; the rank data's teacher examples by hand.
+(The untrained model against exact dense retrieval over the reconstructions, by an oracle that shares no code:
+test_oracle.py.)"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gr_jax.data.readers import Corpus
+from gr_jax.docids.base import FitContext
+from gr_jax.methods.ripor.docids import RiporDocids, pack_codebooks, unpack_codebooks
+from gr_jax.methods.ripor.model import docid_scores, prefix_rank_loss
+from gr_jax.methods.ripor.objectives import teacher_examples
+
+# M = 2 positions, K = 2 codes, D = 2: level 0's centroids e1, e2; level 1's 0.5·e1, 0.5·e2
+BOOKS = np.array([[[1.0, 0.0], [0.0, 1.0]], [[0.5, 0.0], [0.0, 0.5]]], np.float32)
+CODES = np.array([[0, 0], [0, 1], [1, 0]], np.int32)  # documents d0, d1, d2
+Q = np.array([[1.0, 2.0]], np.float32)
+
+
+def _initial_params():
+    """The parameters as `RiporRetriever.init_params` makes them, without its MiniLM: code embeddings (output and
+    input) at the centroids, the residual layers' output at zero, so h_l = q."""
+    M, K, D = BOOKS.shape
+    return {"codes": jnp.asarray(BOOKS), "inputs": jnp.asarray(BOOKS),
+            "decoder": {"w1": jnp.ones((M, 2 * D, 3)), "b1": jnp.zeros((M, 3)), "w2": jnp.zeros((M, 3, D)),
+                        "b2": jnp.zeros((M, D))}}
+
+
+def test_centroid_initialisation_scores_the_reconstruction_by_hand():
+    params = _initial_params()
+    q = jnp.repeat(jnp.asarray(Q), 3, axis=0)
+    scores = np.asarray(docid_scores(params, q, jnp.asarray(CODES)))
+    # by hand, q = (1, 2): d0 = e1 + .5 e1 = (1.5, 0) → 1.5; d1 = e1 + .5 e2 = (1, .5) → 2.0; d2 = e2 + .5 e1 =
+    # (.5, 1) → 2.5; after the first position alone: d0, d1 → <q, e1> = 1, d2 → <q, e2> = 2
+    np.testing.assert_allclose(scores[:, 1], [1.5, 2.0, 2.5], rtol=1e-6)
+    np.testing.assert_allclose(scores[:, 0], [1.0, 1.0, 2.0], rtol=1e-6)
+
+
+def test_prefix_rank_loss_by_hand():
+    params = _initial_params()
+    q = jnp.asarray(Q)
+    pos = docid_scores(params, q, jnp.asarray(CODES[2:3]))  # d2: prefix 2.0, whole 2.5
+    neg = docid_scores(params, q, jnp.asarray(CODES[0:1]))  # d0: prefix 1.0, whole 1.5
+    # teacher margin 0.4; prefix length 1 at factor 0.75: (1 − 0.3)² = 0.49;
+    # the whole docid at factor 1: (1 − 0.4)² = 0.36
+    loss = prefix_rank_loss(pos, neg, jnp.asarray([0.4]), [1, 2], [0.75, 1.0])
+    assert float(loss[0]) == pytest.approx(0.85, rel=1e-5)  # float32 sums of values of order 1
+
+
+def test_the_table_carries_the_quantisers_codebooks_exactly():
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(12, 4)).astype(np.float32)
+    corpus = Corpus([f"d{i}" for i in range(12)], [f"text {i}" for i in range(12)])
+    scheme = RiporDocids(levels=2, k=3).fit(corpus, FitContext(embeddings=vectors))
+    table = scheme.assign(corpus, embeddings=vectors)
+    np.testing.assert_array_equal(unpack_codebooks(table.constants), scheme.q.codebooks)
+    assert table.sequences.shape == (12, 2) and table.space.length == 2 and table.space.size == 3
+    later = scheme.assign(corpus, rows=[3], embeddings=vectors[3:4] + 1e-3)  # a new document: the stored quantiser
+    np.testing.assert_array_equal(later.sequences[0], scheme.q.encode(vectors[3:4] + 1e-3)[0])
+    assert later.constants == table.constants  # one codebook: the tables concatenate
+    with pytest.raises(ValueError, match="RiporDocids"):
+        unpack_codebooks({"other": 1})
+    assert unpack_codebooks(pack_codebooks(BOOKS)).tolist() == BOOKS.tolist()
+
+
+def test_teacher_examples_by_hand():
+    """Two documents per query by the teacher's cosine; the positive is the teacher's best (not the judged one),
+    the judged document joins the candidates, ties by document id."""
+    docs = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], np.float32)
+    queries = np.array([[1.0, 0.0]], np.float32)  # scores 1.0, 0.0, 0.6
+    qi, pos, neg, margin = teacher_examples(queries, docs, [[1]], ["a", "b", "c"], candidates=1, negatives=4,
+                                            seed=0)
+    # candidates: the top 1 (row 0) plus the judged row 1 → positive row 0, every negative row 1, margin 1.0
+    assert qi.tolist() == [0] * 4 and pos.tolist() == [0] * 4 and neg.tolist() == [1] * 4
+    np.testing.assert_allclose(margin, 1.0)
+    tied = np.array([[1.0, 0.0], [1.0, 0.0]], np.float32)
+    _, pos, _, _ = teacher_examples(queries, tied, [[]], ["z", "y"], candidates=2, negatives=1, seed=0)
+    assert pos.tolist() == [1]  # equal scores: document id "y" before "z", whatever the rows
