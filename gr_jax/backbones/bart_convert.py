@@ -27,6 +27,7 @@ import collections
 import json
 import logging
 import os
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -259,7 +260,9 @@ def _load_fairseq_state(path: Path, mmap: bool = False) -> Mapping:
         raise CheckpointError(f"{path}: no such fairseq checkpoint file")
     try:
         with torch.serialization.safe_globals(fairseq_allowed()):
-            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
+            # memory-mapping needs torch's zip format; a legacy checkpoint is read whole
+            state = torch.load(str(path), map_location="cpu", weights_only=True,
+                               mmap=mmap and zipfile.is_zipfile(path))
     except pickle.UnpicklingError as e:
         text = str(e)
         hint = "; install omegaconf to read a checkpoint whose cfg is an omegaconf DictConfig" \

@@ -116,6 +116,9 @@ def read_fairseq_dictionary(path: Path) -> list[tuple[str, bool]]:
         except ValueError:
             raise CheckpointError(f"{path}:{n}: the count {field!r} of {word!r} is not an integer; expected "
                                   f"{FAIRSEQ_LINE}") from None
+        if word in SPECIALS and not overwrite:
+            raise CheckpointError(f"{path}:{n}: {word!r} is one of fairseq's special symbols, which the dictionary "
+                                  f"holds already; fairseq refuses it unless its line ends with '#fairseq:overwrite'")
         if word in seen and not overwrite:
             raise CheckpointError(f"{path}:{n}: {word!r} is already on line {seen[word]}; fairseq refuses a repeated "
                                   f"token unless its line ends with '#fairseq:overwrite'")
@@ -138,7 +141,8 @@ def write_library_tokenizer(src: str | os.PathLike, out_dir: str | os.PathLike, 
     if vocab_size is not None and size > vocab_size:
         raise CheckpointError(f"{src}: the tokenizer has {size} ids but the network only {vocab_size}; they do not "
                               f"belong together")
-    if embedding_rows is not None and layout(src) == "fairseq" and size != embedding_rows:
+    # fairseq's BART has 4 specials + the entries + <mask>; a model fine-tuned with another task may drop <mask>
+    if embedding_rows is not None and layout(src) == "fairseq" and embedding_rows not in (size, size - 1):
         raise CheckpointError(f"{Path(src) / 'dict.txt'}: {size - len(SPECIALS) - 1} entries give {size} ids (4 "
                               f"specials, the entries, <mask>) but the checkpoint's embedding has {embedding_rows} "
                               f"rows: this dict.txt is not the checkpoint's (cut off, or another model's); use the "

@@ -365,8 +365,12 @@ def save_scheme(scheme: DocidScheme, path: str | os.PathLike, built_from: Option
     meta, arrays = scheme.state()
     with atomic_dir(path) as tmp:
         (tmp / "scheme.json").write_text(json.dumps({"name": scheme.name, "built_from": built_from or {}, **meta,
+                                                     "state_format": STATE_FORMAT,
                                                      "content_digest": _state_digest(meta, arrays)}, indent=1))
         np.savez(tmp / "scheme.npz", **arrays)
+
+
+STATE_FORMAT = 2  # states written with a content digest (a state of this format without one was edited)
 
 
 def _state_digest(meta: dict, arrays: dict) -> str:
@@ -397,6 +401,10 @@ def load_scheme_state(scheme: DocidScheme, path: str | os.PathLike,
                          f"MODEL_DIR for another docid scheme")
     stored = meta.pop("built_from", None)
     recorded = meta.pop("content_digest", None)
+    written_with_digest = meta.pop("state_format", None) is not None
+    if recorded is None and written_with_digest:
+        raise ValueError(f"{path}: the saved docid scheme lost its content digest (edited); delete {path} to rebuild "
+                         f"the docids, or use a new MODEL_DIR")
     if recorded is None:
         log.warning("%s: written before content digests were recorded: its state is checked by what it was built "
                     "from only", path)

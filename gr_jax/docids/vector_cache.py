@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from gr_jax.data.readers import fingerprint
-from gr_jax.runtime import io_utils
+from gr_jax.runtime import io_utils, locks
 from gr_jax.runtime.io_utils import FileFormatError
 
 log = logging.getLogger(__name__)
@@ -116,5 +116,8 @@ def document_vectors(embedder, texts: Sequence[str], cache_dir: Optional[str | P
         raise ValueError(f"{type(embedder).__name__}.embed gave an array of shape {vectors.shape} for {len(texts)} "
                          f"texts")
     if write and io_utils.writes():
+        new_dir, new_file = not path.parent.exists(), not path.exists()
         _write(path, vectors, record)
+        if new_file:  # removed again if the command is refused before it is accepted (nothing left half-made)
+            locks.provisional(path.parent if new_dir else path)
     return vectors

@@ -212,8 +212,12 @@ def _result_intact(model_dir: Path) -> str:
     """"" when the system's dynamic.json is the file its run wrote (the digest recorded in run_seconds.json
     then); else why not."""
     made, result = model_dir / "run_seconds.json", model_dir / "dynamic" / "dynamic.json"
-    recorded = read_json(made, "run record").get("results_digest") if made.is_file() else None
-    if recorded is None:
+    try:
+        held = read_json(made, "run record") if made.is_file() else {}
+    except (OSError, ValueError) as e:  # cut off or not JSON: never trusted, never fatal
+        return f"{made} cannot be read ({e})"
+    recorded = held.get("results_digest") if isinstance(held, dict) else None
+    if not isinstance(recorded, str):
         return f"{made} records no digest of {result} (written before digests were recorded)"
     if recorded != file_digest(result, "system result"):
         return f"{result} is not the result its run wrote (its digest differs: edited or damaged)"
@@ -242,7 +246,7 @@ def run_system(name: str, argv: Sequence[str], model_dir: Path, search_paths: Se
             if not why:
                 log.info("%s: reused (%s)", name, model_dir)
                 made = model_dir / "run_seconds.json"  # the time of the run that made the reused result
-                return {"status": "reused", "seconds": read_json(made, "run record")["seconds"]}
+                return {"status": "reused", "seconds": read_json(made, "run record").get("seconds")}
             # the recipe holds, the content does not: run again (it resumes; the result it rewrites keeps this
             # one as dynamic.json.prev-<n>)
             log.warning("%s: not reused: %s; running it again", name, why)

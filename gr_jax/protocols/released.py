@@ -162,7 +162,7 @@ def commands(release: Release, system: str, paths: dict, model_dir: Path, files:
 
 def evaluation_digest(evaluation) -> str:
     """The content digest a stored evaluation records and is checked against before reuse."""
-    return json_digest(evaluation)
+    return json_digest(json.loads(json_text(evaluation)))  # as the file holds it (NaN → null, numpy → Python)
 
 
 def recipe(argv: Sequence[str], digests: dict, search_paths: Sequence[str]) -> dict:
@@ -225,7 +225,12 @@ def run_release_system(release: Release, system: str, release_dir: Path, output_
         erec = {"import": rec, **recipe(argv, {}, search_paths)}
         done = model_dir / "released" / f"evaluation_{i}.json"
         if done.is_file():
-            held = read_json(done, "released evaluation")
+            try:
+                held = read_json(done, "released evaluation")
+            except (OSError, ValueError) as e:  # cut off or not JSON: evaluated again, never fatal
+                log.warning("%s: %s cannot be read (%s); evaluating again", system, done, e)
+                held = {}
+            held = held if isinstance(held, dict) else {}
             if held.get("recipe") == erec and held.get("digest") == evaluation_digest(held.get("evaluation")):
                 metrics.append(held["evaluation"])
                 continue

@@ -107,7 +107,8 @@ def read_records(path: str | os.PathLike, what: str) -> tuple[dict, list]:
     that says to delete it to build it again."""
     path = Path(path)
     fix = "delete it to build it again"
-    lines = [line for line in read_text(path, what).splitlines() if line.strip()]
+    # "\n" only: str.splitlines would also split a row at U+2028, U+2029 or \x85 inside its text
+    lines = [line.rstrip("\r") for line in read_text(path, what).split("\n") if line.strip()]
     parsed = []
     for n, line in enumerate(lines, 1):
         try:

@@ -110,3 +110,21 @@ def test_inference_reads_but_never_writes(tmp_path):
     document_vectors(emb, TEXTS, tmp_path)  # training writes it
     document_vectors(emb, TEXTS, tmp_path, write=False)
     assert emb.embedded == 6  # the second read-only call reused the file
+
+
+def test_a_new_vectors_file_is_provisional_until_the_run_is_accepted(tmp_path):
+    """A command refused after it encoded the corpus (a docid scheme built from another corpus, a bad setting
+    checked later) leaves nothing in MODEL_DIR: the new vectors folder is removed with what else it wrote."""
+    import os
+
+    from gr_jax.runtime import locks
+
+    cache = tmp_path / "run" / "vectors"
+    document_vectors(Counting(), TEXTS, cache)
+    assert cache.is_dir()
+    locks._remove_provisional(os.path.realpath(tmp_path))  # what a refusal does (runtime/locks.py)
+    assert not cache.exists()
+    document_vectors(Counting(), TEXTS, cache)
+    locks.accept()  # an accepted run keeps it
+    locks._remove_provisional(os.path.realpath(tmp_path))
+    assert len(list(cache.glob("*.npz"))) == 1

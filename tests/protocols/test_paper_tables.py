@@ -259,3 +259,6 @@ def test_a_reused_system_result_is_checked_against_its_digest(tmp_path, monkeypa
     assert json.loads((model_dir / "dynamic" / "dynamic.json").read_text()) == {"GA_5": 0.5}
     assert (model_dir / "dynamic" / "dynamic.json.prev-1").is_file()
     assert rp.run_system(*args)["status"] == "reused"
+    for damaged in ('{"seconds": 1', "[]", '{"seconds": 1}'):  # cut off, not a record, no digest: run again
+        (model_dir / "run_seconds.json").write_text(damaged)
+        assert rp.run_system(*args)["status"] == "ran"

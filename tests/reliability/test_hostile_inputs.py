@@ -57,6 +57,8 @@ def test_dict_txt_is_read_as_fairseq_reads_it(tmp_path):
     # fairseq's overwrite flag: the later entry's index wins, every line is an entry
     over, _, size = bart_tokenizer.bart_vocab(_fairseq_tokenizer(tmp_path / "over", ["0 1", "1 1", "0 1 #fairseq:overwrite"]))
     assert over["a"] == 6 and size == 4 + 3 + 1
+    with pytest.raises(CheckpointError, match=r"dict.txt:2: '<unk>' is one of fairseq's special symbols"):
+        bart_tokenizer.bart_vocab(_fairseq_tokenizer(tmp_path / "special", ["0 1", "<unk> 5"]))
 
 
 def test_a_cut_dict_txt_is_refused_against_the_checkpoints_embedding(tmp_path):
@@ -69,6 +71,9 @@ def test_a_cut_dict_txt_is_refused_against_the_checkpoints_embedding(tmp_path):
     bart_tokenizer.write_library_tokenizer(_fairseq_tokenizer(tmp_path / "whole", DICT), tmp_path / "vocab",
                                            embedding_rows=rows)
     assert (tmp_path / "vocab" / "tokenizer.json").is_file()
+    # a model fine-tuned with another fairseq task may have dropped <mask>: one row fewer is its dictionary too
+    bart_tokenizer.write_library_tokenizer(_fairseq_tokenizer(tmp_path / "whole", DICT), tmp_path / "vocab2",
+                                           embedding_rows=rows - 1)
 
 
 @pytest.mark.parametrize("header", ["ID\tTEXT\tTITLE", " id \t Text\ttitle ", "Id\ttext"])
@@ -192,6 +197,17 @@ def test_a_checkpoint_that_pickles_os_system_is_refused_naming_it(tmp_path):
     nci = evil.rename(tmp_path / "NCI_NQ.ckpt")
     with pytest.raises(ValueError, match=rf"the global {name}\b"):
         nci_released._read(str(nci), (0,))
+
+
+def test_the_embedding_rows_of_a_legacy_format_fairseq_checkpoint(tmp_path):
+    torch = require("torch")
+    from gr_jax.backbones import bart_convert
+
+    for zipped in (True, False):
+        path = tmp_path / f"checkpoint_{zipped}.pt"
+        torch.save({"model": {"encoder.embed_tokens.weight": torch.zeros(10, 4)}}, path,
+                   _use_new_zipfile_serialization=zipped)
+        assert bart_convert.fairseq_embedding_rows(path) == 10
 
 
 def test_a_cut_seal_fixture_names_the_file_and_line(tmp_path):
@@ -327,4 +343,8 @@ def test_an_edited_docid_scheme_state_is_refused_naming_it(tmp_path):
     assert edited != meta  # the recipe (built_from) still matches; only the content changed
     (tmp_path / "docid_scheme" / "scheme.json").write_text(json.dumps(edited))
     with pytest.raises(ValueError, match=r"docid_scheme: the saved docid scheme is not the state that was written"):
+        load_scheme_state(AtomicDocids(), tmp_path / "docid_scheme", built)
+    stripped = {k: v for k, v in meta.items() if k != "content_digest"}  # the digest itself removed
+    (tmp_path / "docid_scheme" / "scheme.json").write_text(json.dumps(stripped))
+    with pytest.raises(ValueError, match=r"lost its content digest"):
         load_scheme_state(AtomicDocids(), tmp_path / "docid_scheme", built)

