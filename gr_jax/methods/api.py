@@ -10,7 +10,7 @@ What a method extends or implements, how an experiment file binds it, and which 
 | objective | `objective(model, params, batch, rng) -> (loss, {name: (sum, count)})` | `GenerativeRetriever.objective = @my_objective` | nci, genret, glen, seal (LTRGR) |
 | training data | an `ObjectivesConfig`: `iterator(ObjectiveInputs)`, `refresh_period`, `on_refresh`, `examples` (data the starting model makes itself: `ObjectiveInputs.start`) | `prepare.objectives_config = @MyData()` | seal, ultron, genret |
 | model contract | a `GenerativeRetriever` / `DecoderOnlyRetriever` subclass or any `Retriever`; `Capabilities` declared, never probed; a planner also implements `Planner`; `TracedSearch` for t5x | `prepare.model_fn = @MyRetriever` | glen, pag, nci, genret, seal, fewshot |
-| head | a `TextHead` / `CodebookHead` (or its subclass) over the docid token space | the model's `head` | nci (PAWA), genret |
+| head | a `TextHead` / `CodebookHead` / `InputCodebookHead` (untied input tables) or a subclass, over the docid token space | the model's `head` | nci (PAWA), genret, ripor |
 | decoding constraint | an object with `Constraint`'s members (`TrieIndex`, `SubstringIndex` exist; a docid table's `index_kind` picks one) | the model's `rank` | seal (any n-gram of any document) |
 | ranker | `ranker(docs_BxNxP, valid_BxNxP, beam_scores_BxN) -> (query, document row, score)`; `flat_slots`, `group_starts` | `GenerativeRetriever.ranker = @MyRanker()` | glen, mdgr, seal |
 | decoding hooks | `bonus_fn(level, child_node_ids, query_state)` + `query_state_fn`; a flat search (`beam_search.beam_search_flat`, `Candidates`) | `GenerativeRetriever.bonus_fn` | pag |
@@ -44,7 +44,7 @@ from gr_jax.training.objectives import ObjectiveInputs, ObjectivesConfig, exampl
 from gr_jax.retriever.batching import map_padded
 from gr_jax.retriever.contract import Capabilities, Planner, Retriever, TracedSearch
 from gr_jax.retriever.decoder_only import DecoderOnlyRetriever
-from gr_jax.retriever.heads import CodebookHead, TextHead
+from gr_jax.retriever.heads import CodebookHead, InputCodebookHead, TextHead
 from gr_jax.retriever.model import GenerativeRetriever
 from gr_jax.retriever.search import Searcher, share_encoder
 

@@ -17,6 +17,10 @@ decoder position; Llama: positions after the prompt).
 `project`, used by the search in the score modes "renormalized" and "raw"): the text head can — a token's logit
 is one column of the output projection —, the codebook head's step reads its position's table from the cache,
 so it keeps full logits (its V is a codebook's size).
+
+* `InputCodebookHead` — a `CodebookHead` whose fed-back codes have input tables of their own (`code_inputs`,
+  untied from the output codebooks), with optionally a learned start vector and raw logits (GenRET's and
+  RIPOR's released layouts: `methods/genret`, `methods/ripor`).
 """
 
 from __future__ import annotations
@@ -119,6 +123,68 @@ class CodebookHead:
         x_BxD = jnp.where(index == 0, start, prev.astype(start.dtype))
         hidden, cache = _apply(network, params, cache, x_BxD, method="decode_step_embedded")
         table_VxD = table[jnp.clip(index, 0, self.length - 1)]
+        logits = jnp.dot(self._scale(network, hidden).astype(jnp.float32), table_VxD.T)
+        return logits, cache
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class InputCodebookHead(CodebookHead):
+    """A codebook head whose input code embeddings (`code_inputs` [T·K, D]: table t − 1 embeds the code chosen
+    at position t − 1, read at position t) are separate from the output codebooks (`codebook` [T·K, D],
+    E_t = rows t·K … t·K + K − 1).
+
+    `start`: what the decoder reads at position 0 — "text", the network's embedding of the start token, or
+    "learned", a vector of its own (`start` [D]). `raw_logits`: h_t · E_tᵀ without the T5 v1.0 head's
+    d_model^-0.5 (the default scales, as every codebook head here does)."""
+
+    start: str = "text"
+    raw_logits: bool = False
+
+    def __post_init__(self):
+        if self.start not in ("text", "learned"):
+            raise ValueError(f"{type(self).__name__}.start = {self.start!r}: 'text' (the start token's embedding) "
+                             f"or 'learned' (a vector of its own)")
+
+    def init_params(self, config: t5.T5Config, key) -> dict:
+        out_key, in_key = jax.random.split(key)
+        shape = (self.length * self.codes, config.d_model)
+        out = {"codebook": self.init_std * jax.random.normal(out_key, shape, jnp.float32),
+               "code_inputs": self.init_std * jax.random.normal(in_key, shape, jnp.float32)}
+        if self.start == "learned":
+            out["start"] = self.init_std * jax.random.normal(jax.random.fold_in(key, 2), (config.d_model,),
+                                                             jnp.float32)
+        return out
+
+    def _inputs(self, params):
+        return params["head"]["code_inputs"].reshape(self.length, self.codes, -1)
+
+    def _scale(self, network, hidden):
+        return hidden if self.raw_logits else super()._scale(network, hidden)
+
+    def _start(self, network, params, tokens):
+        """The position-0 input [B, ..., D] for start tokens of shape [B, ...]."""
+        text = _apply(network, params, tokens, method="embed")
+        if self.start == "text":
+            return text
+        return jnp.broadcast_to(params["head"]["start"].astype(text.dtype), text.shape)
+
+    def embed(self, network, params, decoder_input_tokens_BxT):
+        """[start, c_0, …, c_{T-2}] → the start input (`start`), then each code's input embedding."""
+        T = decoder_input_tokens_BxT.shape[1]
+        start = self._start(network, params, decoder_input_tokens_BxT[:, :1])
+        prev_pos = jnp.clip(jnp.arange(1, T) - 1, 0, self.length - 1)
+        codes = jnp.clip(decoder_input_tokens_BxT[:, 1:], 0, self.codes - 1)
+        rest = self._inputs(params)[prev_pos[None, :], codes]
+        return jnp.concatenate([start, rest.astype(start.dtype)], axis=1)
+
+    def step(self, network, params, cache, tokens_B):
+        index = cache.step_index
+        start = self._start(network, params, tokens_B)
+        prev = self._inputs(params)[jnp.clip(index - 1, 0, self.length - 1), jnp.clip(tokens_B, 0, self.codes - 1)]
+        x_BxD = jnp.where(index == 0, start, prev.astype(start.dtype))
+        hidden, cache = _apply(network, params, cache, x_BxD, method="decode_step_embedded")
+        table_VxD = self._table(params)[jnp.clip(index, 0, self.length - 1)]
         logits = jnp.dot(self._scale(network, hidden).astype(jnp.float32), table_VxD.T)
         return logits, cache
 
