@@ -7,6 +7,7 @@
     python tools/check_parity.py --method seal --fixture tests/fixtures/seal_parity   # or minder, ltrgr
     python tools/check_parity.py --method genret --fixture tests/fixtures/genret_parity
     python tools/check_parity.py --method nci --fixture tests/fixtures/nci_parity
+    python tools/check_parity.py --method ripor --fixture tests/fixtures/ripor_parity/m8_relu [--mutate]
     python tools/check_parity.py --arch llama --hf_dir path/to/hf_llama   # or --gguf FILE, --smollm2, --demo
     python tools/check_parity.py --backbone bart --hf_dir path/to/hf_bart [--fairseq checkpoint_best.pt]  # or --demo
 
@@ -90,13 +91,25 @@ def main(argv=None) -> int:
     parser.add_argument("--decoder_length", type=cli.count, default=8)
     parser.add_argument("--greedy_steps", type=cli.count, default=5)
     parser.add_argument("--seed", type=cli.natural, default=0)
-    parser.add_argument("--tolerance", type=cli.positive, default=1e-4)
+    parser.add_argument("--tolerance", type=cli.positive, default=None,
+                        help="default: the method's parity module's (`within`), else 1e-4")
+    parser.add_argument("--mutate", action="store_true",
+                        help="--method M: swap two rows of each fixture tensor in turn and list the mutations "
+                             "the check did not catch (exit 1 if any); for methods whose parity module has "
+                             "`mutations`")
+    parser.add_argument("--mutate_sample", type=cli.natural, default=0,
+                        help="--mutate: that many tensors, drawn with --seed (0: every tensor)")
     args = parser.parse_args(argv)
+    if args.tolerance is None and args.method == "t5":
+        args.tolerance = 1e-4
     setup_logging()
     kwargs = dict(batch=args.batch, encoder_length=args.encoder_length, decoder_length=args.decoder_length,
                   greedy_steps=args.greedy_steps, seed=args.seed)
     if (args.method != "t5") != bool(args.fixture):
         parser.error(f"--fixture goes with --method {' / '.join(METHODS_WITH_PARITY)} (and those need --fixture)")
+    if args.mutate and (args.method == "t5" or not hasattr(importlib.import_module(PARITY_MODULES[args.method]),
+                                                             "mutations")):
+        parser.error(f"--mutate: the parity module of --method {args.method} has no mutation sweep")
     if (args.gguf or args.smollm2) and args.arch != "llama":
         parser.error("--gguf / --smollm2 go with --arch llama")
     ok = True
@@ -107,9 +120,17 @@ def main(argv=None) -> int:
             ok = _bart(args)
         elif args.method != "t5":  # the method's own checker: check_fixture(folder) -> dict, within(dict, tol)
             checker = importlib.import_module(PARITY_MODULES[args.method])
-            result = getattr(checker, "CHECKS", {}).get(args.method, checker.check_fixture)(args.fixture)
-            result["within_tolerance"] = ok = checker.within(result, args.tolerance)
-            sys.stdout.write(json.dumps(result) + "\n")
+            tol = {} if args.tolerance is None else {"tolerance": args.tolerance}
+            if args.mutate:
+                caught = checker.mutations(args.fixture, sample=args.mutate_sample, seed=args.seed, **tol)
+                missed = sorted(name for name, seen in caught.items() if not seen)
+                ok = not missed
+                sys.stdout.write(json.dumps({"method": args.method, "fixture": args.fixture, "mutations": len(caught),
+                                             "caught": len(caught) - len(missed), "missed": missed}) + "\n")
+            else:
+                result = getattr(checker, "CHECKS", {}).get(args.method, checker.check_fixture)(args.fixture)
+                result["within_tolerance"] = ok = checker.within(result, **tol)
+                sys.stdout.write(json.dumps(result) + "\n")
         elif args.demo:
             with tempfile.TemporaryDirectory() as tmp:
                 for version in ("1.0", "1.1"):

@@ -87,6 +87,34 @@ def prefix_rank_loss(scores_pos_BxM, scores_neg_BxM, margin_B, lengths, factors)
     return out
 
 
+def prefix_schedule(M: int, prefix_lengths, prefix_factors) -> tuple[list, list]:
+    """The prefix lengths below M with their factors, then the full length M at factor 1."""
+    lengths = [int(L) for L in prefix_lengths if int(L) < M] + [M]
+    factors = [float(f) for L, f in zip(prefix_lengths, prefix_factors) if int(L) < M] + [1.0]
+    return lengths, factors
+
+
+def rank_objective(pos_BxM, neg_BxM, batch, prefix_lengths, prefix_factors):
+    """(loss, metrics) of the ranking phase from the prefix scores of the positive and the negative docids: the
+    batch's `margin` (integers of MARGIN_UNIT) and optional per-row `weights`; metrics loss and pair_accuracy
+    (the positive's full score above the negative's)."""
+    lengths, factors = prefix_schedule(pos_BxM.shape[1], prefix_lengths, prefix_factors)
+    margin = batch["margin"][:, 0].astype(jnp.float32) * MARGIN_UNIT
+    per_row = prefix_rank_loss(pos_BxM, neg_BxM, margin, lengths, factors)
+    weights = batch.get("weights")
+    w = jnp.ones(pos_BxM.shape[0], jnp.float32) if weights is None else weights.astype(jnp.float32)
+    ordered = ((pos_BxM[:, -1] > neg_BxM[:, -1]) * w).sum()
+    metrics = {"loss": ((per_row * w).sum(), w.sum()), "pair_accuracy": (ordered, w.sum())}
+    return (per_row * w).sum() / jnp.maximum(w.sum(), 1.0), metrics
+
+
+def check_prefixes(owner: str, prefix_lengths, prefix_factors) -> tuple[tuple, tuple]:
+    if len(prefix_lengths) != len(prefix_factors) or any(int(L) < 1 for L in prefix_lengths):
+        raise ValueError(f"{owner}.prefix_lengths {prefix_lengths} and prefix_factors {prefix_factors} must pair "
+                         f"up, each length ≥ 1")
+    return tuple(int(L) for L in prefix_lengths), tuple(float(f) for f in prefix_factors)
+
+
 @gin.configurable
 class RiporRetriever:
     """`config`: the run's network config; its `pretrained_encoder` names the query encoder. `temperature`: of the
@@ -107,10 +135,7 @@ class RiporRetriever:
                              f"{score_mode!r}")
         self.config, self.head, self.score_mode, self.spec = config, head, score_mode, spec
         self.temperature, self.hidden = float(temperature), int(hidden)
-        if len(prefix_lengths) != len(prefix_factors) or any(int(L) < 1 for L in prefix_lengths):
-            raise ValueError(f"RiporRetriever.prefix_lengths {prefix_lengths} and prefix_factors {prefix_factors} "
-                             f"must pair up, each length ≥ 1")
-        self.prefix_lengths, self.prefix_factors = tuple(int(L) for L in prefix_lengths), tuple(prefix_factors)
+        self.prefix_lengths, self.prefix_factors = check_prefixes("RiporRetriever", prefix_lengths, prefix_factors)
         self.encoder = _encoder(spec)
         self._books = None
         self._searchers: dict = {}
@@ -179,17 +204,9 @@ class RiporRetriever:
 
     def _rank_loss(self, params, q, targets, batch):
         M = params["codes"].shape[0]
-        lengths = [L for L in self.prefix_lengths if L < M] + [M]
-        factors = [f for L, f in zip(self.prefix_lengths, self.prefix_factors) if L < M] + [1.0]
         pos = docid_scores(params, q, targets)
         neg = docid_scores(params, q, batch["negatives"][:, :M].astype(jnp.int32))
-        margin = batch["margin"][:, 0].astype(jnp.float32) * MARGIN_UNIT
-        per_row = prefix_rank_loss(pos, neg, margin, lengths, factors)
-        weights = batch.get("weights")
-        w = jnp.ones(q.shape[0], jnp.float32) if weights is None else weights.astype(jnp.float32)
-        ordered = ((pos[:, -1] > neg[:, -1]) * w).sum()
-        metrics = {"loss": ((per_row * w).sum(), w.sum()), "pair_accuracy": (ordered, w.sum())}
-        return (per_row * w).sum() / jnp.maximum(w.sum(), 1.0), metrics
+        return rank_objective(pos, neg, batch, self.prefix_lengths, self.prefix_factors)
 
     # -- ranking ------------------------------------------------------------------------------------------
     def _cache(self, params, query_tokens_BxL, depth: int):

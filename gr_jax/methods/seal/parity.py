@@ -182,7 +182,7 @@ def check_index(fm: dict) -> dict:
     return {"ngrams_equal": equal, "ngrams_across_documents": crossing, "ngrams_differing": differ}
 
 
-def within(result: dict, tolerance: float) -> bool:
+def within(result: dict, tolerance: float = 1e-4) -> bool:
     """Every compared document within tolerance of SEAL's score, the order SEAL's on its own settings, the index
     equal on every n-gram."""
     s = result["scoring"]
