@@ -27,7 +27,7 @@ runtime's writing, provenance and validation helpers.
 # ruff: noqa: F401 (every name here is exported)
 
 # --- docid schemes ---------------------------------------------------------------------------------------
-from gr_jax.data.vocab import EOS_ID, PAD_ID, DocidTokenSpace
+from gr_jax.data.vocab import EOS_ID, PAD_ID, DocidTokenSpace, load_vocabulary
 from gr_jax.docids.atomic import first_seen_codes
 from gr_jax.docids.base import DocidScheme, DocidTable, FitContext, added_field
 from gr_jax.docids.embed import Embedder, TfidfSvdEmbedder
@@ -58,7 +58,7 @@ from gr_jax.index.substring import DeviceSubstrings, SubstringIndex
 from gr_jax.index.trie import TrieIndex
 
 # --- backbones and LM tools ------------------------------------------------------------------------------
-from gr_jax.backbones import bart, bart_convert, bart_tokenizer, llama, lm_generate, t5, t5_convert
+from gr_jax.backbones import bart, bart_convert, bart_tokenizer, llama, lm_generate, seq2seq, t5, t5_convert
 from gr_jax.backbones.bert import Bert, SentenceEncoder, l2_normalise, load_sentence_encoder, mean_pool
 from gr_jax.backbones.lm import LMContext, PseudoQueryGenerator, clean_text
 from gr_jax.backbones.lm import batches as lm_batches
