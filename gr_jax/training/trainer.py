@@ -806,6 +806,10 @@ class _Scalars:
             self.bar = progress_bar(total=total, initial=initial, desc=name, unit="step", mininterval=1.0)
 
     def add(self, sums) -> None:
+        if self.acc and set(sums) != set(self.acc):  # a training whose phases report other metrics (RIPOR's)
+            zero = lambda pair: jax.tree_util.tree_map(jnp.zeros_like, pair)  # noqa: E731
+            self.acc = {**{k: zero(v) for k, v in sums.items()}, **self.acc}
+            sums = {**{k: zero(v) for k, v in self.acc.items()}, **sums}
         self.acc = sums if not self.acc else _accumulate(self.acc, sums)
         self.since += 1
 

@@ -141,3 +141,32 @@ def test_fit_takes_a_loop_config_and_hooks_which_act_in_order_at_their_points(tm
     trainer.fit(_Model(), {"w": jnp.zeros(3, jnp.float32)}, _Batches(), optax.sgd(0.1), run_dir=tmp_path,
                 loop=loop, meta={"toy": 1}, hooks=[Record("a")])
     assert calls == [("a", "check", 3), ("a", "start", 3, 3), ("a", "end", 3)]
+
+
+class _TwoPhaseModel(_Model):
+    """A batch with "later" reports metric "b", others "a" (a training whose phases log other metrics, as RIPOR's
+    ranking batches carry negatives)."""
+
+    def loss_fn(self, params, batch, dropout_rng=None):
+        loss, metrics = super().loss_fn(params, batch)
+        name = "b" if "later" in batch else "a"
+        return loss, {**metrics, name: (batch["x"][0, 0], jnp.float32(1.0))}
+
+
+class _TwoPhaseBatches(_Batches):
+    def __next__(self):
+        later = self.step >= 2
+        batch = super().__next__()
+        return {**batch, "later": np.ones(2, np.int32)} if later else batch
+
+
+def test_a_log_period_across_phases_with_other_metrics_logs_both(tmp_path):
+    import json
+
+    loop = trainer.LoopConfig(4, 2, log_period=4, checkpoint_period=4, progress=False)
+    trainer.fit(_TwoPhaseModel(), {"w": jnp.zeros(3, jnp.float32)}, _TwoPhaseBatches(), optax.sgd(0.1),
+                run_dir=tmp_path,
+                loop=loop, meta={"toy": 2})
+    (line,) = [json.loads(x) for x in (tmp_path / "train_metrics.jsonl").read_text().splitlines()]
+    # steps read x = 0, 1 (phase a) and 2, 3 (phase b): each metric is the mean over its own steps
+    assert line["a"] == 0.5 and line["b"] == 2.5
