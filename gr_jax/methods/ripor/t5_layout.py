@@ -17,13 +17,15 @@ logits). Parity with RIPOR's code: `parity.py` (tools/ripor_fixtures.py writes t
 
 from __future__ import annotations
 
-from typing import Sequence
+from pathlib import Path
+from typing import Optional, Sequence
 
 import gin
 import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.methods.api import CodebookHead, GenerativeRetriever, InputCodebookHead, t5
+from gr_jax.methods.ripor.dense import START_FILE
 from gr_jax.methods.ripor.docids import unpack_codebooks
 from gr_jax.methods.ripor.model import check_prefixes, rank_objective
 
@@ -31,10 +33,13 @@ from gr_jax.methods.ripor.model import check_prefixes, rank_objective
 @gin.configurable
 class RiporT5Retriever(GenerativeRetriever):
     """`prefix_lengths` / `prefix_factors`: the ranking phase's prefix lengths below M and the factor of the
-    teacher's margin at each (the full length has factor 1); RIPOR's M = 8 run: [4] and [0.5 / 0.75]."""
+    teacher's margin at each (the full length has factor 1); RIPOR's M = 8 run: [4] and [0.5 / 0.75].
+    `dense_checkpoint`: the dense phase's T5 directory (`dense.train_dense`; the run's INITIAL_CHECKPOINT_PATH),
+    whose trained start vector the model starts from."""
 
     def __init__(self, config, head=None, score_mode: str = "raw", *, prefix_lengths: Sequence[int] = (4,),
-                 prefix_factors: Sequence[float] = (0.5 / 0.75,), **kwargs):
+                 prefix_factors: Sequence[float] = (0.5 / 0.75,), dense_checkpoint: Optional[str] = None,
+                 **kwargs):
         if not isinstance(head, CodebookHead):
             raise ValueError("RiporT5Retriever needs codebook docids (prepare.docid_scheme = @RiporDocids())")
         if score_mode != "raw":
@@ -46,6 +51,7 @@ class RiporT5Retriever(GenerativeRetriever):
         self.prefix_lengths, self.prefix_factors = check_prefixes("RiporT5Retriever", prefix_lengths,
                                                                   prefix_factors)
         self._books = None
+        self.dense_checkpoint = dense_checkpoint
 
     def describe(self) -> str:
         return (f"RiporT5Retriever(prefix_lengths={self.prefix_lengths}, prefix_factors={self.prefix_factors}, "
@@ -64,12 +70,20 @@ class RiporT5Retriever(GenerativeRetriever):
         self._books = books
 
     def init_params(self, seed: int = 0) -> dict:
-        """The network's random init, the start vector at its start token's embedding, and both code tables at
-        the RQ centroids (before `use_docids`: random tables)."""
+        """The network's random init (INITIAL_CHECKPOINT_PATH's replaces it), the start vector from
+        `dense_checkpoint` (else at the start token's embedding), and both code tables at the RQ centroids (before
+        `use_docids`: random tables)."""
         params = super().init_params(seed)
         head = dict(params["head"])
-        head["start"] = jnp.asarray(params["network"]["embedding"][self.config.decoder_start_token_id],
-                                    jnp.float32)
+        if self.dense_checkpoint and (Path(self.dense_checkpoint) / START_FILE).is_file():
+            start = np.load(Path(self.dense_checkpoint) / START_FILE, allow_pickle=False).reshape(-1)
+            if start.shape != (self.config.d_model,):
+                raise ValueError(f"{Path(self.dense_checkpoint) / START_FILE}: a start vector of {start.shape} for "
+                                 f"a T5 of d_model {self.config.d_model}")
+            head["start"] = jnp.asarray(start, jnp.float32)
+        else:
+            head["start"] = jnp.asarray(params["network"]["embedding"][self.config.decoder_start_token_id],
+                                        jnp.float32)
         if self._books is not None:
             flat = np.ascontiguousarray(self._books.reshape(-1, self._books.shape[-1]))
             head["codebook"], head["code_inputs"] = jnp.array(flat), jnp.array(flat)

@@ -125,3 +125,25 @@ def test_the_search_scores_every_docid_as_teacher_forcing_does_with_trained_laye
                                        jnp.asarray(np.stack([code_of[int(r)] for r in mine]))))[:, -1]
         # float32 sums of three logits of order 1, in another order of operations: relative 1e-5
         np.testing.assert_allclose(scores[q_rows == b], want, rtol=1e-5, atol=1e-6)
+
+
+def test_pags_sequential_docids_on_the_same_vectors_are_ripors_codes():
+    """experiments/pydoc/pag_ripor_minilm.gin runs PAG on RIPOR's docids: PagDocids with RiporDocids' quantiser
+    settings gives every document RIPOR's codes, as PAG's tokens base + K·level + code."""
+    from gr_jax.backbones.bert import sentence_encoder_path
+    from gr_jax.data.vocab import load_vocabulary
+    from gr_jax.methods.pag.docids import PagDocids
+
+    vocab = load_vocabulary(sentence_encoder_path())  # the set docids' TF-IDF ids read a vocabulary
+    rng = np.random.default_rng(1)
+    vectors = rng.normal(size=(40, 6)).astype(np.float32)
+    corpus = Corpus([f"d{i}" for i in range(40)], [f"text {i} word{i % 7}" for i in range(40)])
+    ripor = RiporDocids(levels=3, k=4).fit(corpus, FitContext(embeddings=vectors)).assign(corpus, embeddings=vectors)
+    pag = PagDocids(levels=3, k=4, base=100, set_size=2).fit(corpus, FitContext(embeddings=vectors, vocab=vocab))
+    tokens = pag.assign(corpus, embeddings=vectors).sequences
+    np.testing.assert_array_equal(tokens - 100 - 4 * np.arange(3)[None, :], ripor.sequences[:, :3])
+    later = vectors[:2] + 0.05  # documents added later: both coded by their stored quantisers, still the same
+    np.testing.assert_array_equal(
+        pag.assign(corpus, rows=[0, 1], embeddings=later).sequences - 100 - 4 * np.arange(3)[None, :],
+        RiporDocids(levels=3, k=4).fit(corpus, FitContext(embeddings=vectors)).assign(
+            corpus, rows=[0, 1], embeddings=later).sequences)
