@@ -638,13 +638,18 @@ class Decoder(nn.Module):
             return None
         return self.cross_relpos_bias(positions, jnp.arange(memory_length))
 
-    def __call__(self, x_BxTxD: Array, encoded_BxLxD: Array, encoder_mask_BxL: Array, deterministic: bool) -> Array:
-        """Teacher-forced pass over the whole decoder input (causal self-attention)."""
+    def __call__(self, x_BxTxD: Array, encoded_BxLxD: Array, encoder_mask_BxL: Array, deterministic: bool,
+                 decoder_mask_BxT: Optional[Array] = None) -> Array:
+        """Teacher-forced pass over the whole decoder input (causal self-attention). `decoder_mask_BxT`: the keys
+        a position may read besides the causal rule (HF's `decoder_attention_mask`: False hides a key, e.g. a padded
+        target position, from every query; None: every earlier position)."""
         T = x_BxTxD.shape[1]
         positions = jnp.arange(T)
         bias = self.relpos_bias(positions, positions)
         cross_bias = self._cross_bias(positions, encoded_BxLxD.shape[1])
         causal = (positions[None, :] <= positions[:, None])[None, None]
+        if decoder_mask_BxT is not None:
+            causal = causal & decoder_mask_BxT.astype(bool)[:, None, None, :]
         cross_mask = encoder_mask_BxL[:, None, None, :]
         x = self.dropout(x_BxTxD, deterministic=deterministic)
         if self._scanned():
@@ -782,10 +787,11 @@ class T5(nn.Module):
         return self.decoder(self.embed(decoder_input_tokens), encoded, encoder_mask.astype(bool), deterministic)
 
     def decode_hidden_embedded(self, encoded: Array, encoder_mask: Array, x_BxTxD: Array,
-                               deterministic: bool = True) -> Array:
-        """Decoder over given input embeddings (docid heads with their own token tables)."""
+                               deterministic: bool = True, decoder_mask: Optional[Array] = None) -> Array:
+        """Decoder over given input embeddings (docid heads with their own token tables); `decoder_mask` [B, T]:
+        keys hidden besides the causal rule (`Decoder.__call__`)."""
         return self.decoder(x_BxTxD.astype(self.config.compute_dtype), encoded, encoder_mask.astype(bool),
-                            deterministic)
+                            deterministic, decoder_mask)
 
     def decode(self, encoded: Array, encoder_mask: Array, decoder_input_tokens: Array,
                deterministic: bool = True) -> Array:

@@ -94,15 +94,18 @@ class GenerativeRetriever:
                 "head": self.head.init_params(self.config, head_key)}
 
     # -- training -----------------------------------------------------------------------------------------
-    def _hidden(self, params, inputs_BxL, decoder_inputs_BxT, dropout_rng=None):
+    def _hidden(self, params, inputs_BxL, decoder_inputs_BxT, dropout_rng=None, decoder_mask_BxT=None):
+        """Decoder states of teacher forcing; `decoder_mask_BxT` (T5): decoder keys hidden besides the causal rule
+        (a method that trains as HF's `decoder_attention_mask` does, e.g. NCI's padded targets)."""
         deterministic = dropout_rng is None
         rngs = {} if deterministic else {"dropout": dropout_rng}
         mask = inputs_BxL != self.config.pad_token_id
         variables = {"params": params["network"]}
         encoded = self.network.apply(variables, inputs_BxL, mask, deterministic, method="encode", rngs=rngs)
         x = self.head.embed(self.network, params, decoder_inputs_BxT)
+        extra = {} if decoder_mask_BxT is None else {"decoder_mask": decoder_mask_BxT}
         return self.network.apply(variables, encoded, mask, x, deterministic,
-                                  method="decode_hidden_embedded", rngs=rngs)
+                                  method="decode_hidden_embedded", rngs=rngs, **extra)
 
     def token_log_probs(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
         """log p(target token) per position [B, T], and the argmax hit per position."""

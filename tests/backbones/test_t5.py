@@ -256,3 +256,26 @@ def test_the_cross_attention_position_bias_of_transformers_3():
     np.testing.assert_array_equal(hf[key], params["decoder"]["cross_relpos_bias"]["rel_embedding"])
     back = t5_convert.params_from_hf(hf, t5_convert.config_from_hf(t5_convert.config_to_hf(config)))
     np.testing.assert_array_equal(back["decoder"]["cross_relpos_bias"]["rel_embedding"], hf[key])
+
+
+def test_a_decoder_mask_hides_keys_besides_the_causal_rule():
+    """HF's decoder_attention_mask: a hidden key changes the later positions that read it, never the earlier ones,
+    and the states of the positions before it equal a pass over the sequence cut there."""
+    config = t5.get_config("tiny")
+    model = t5.T5(config)
+    params = t5.init_params(config, seed=0)
+    enc = jnp.asarray([[5, 6, 7, 1]], jnp.int32)
+    emask = enc != 0
+    x = jax.random.normal(jax.random.PRNGKey(1), (1, 5, config.d_model))
+    encoded = model.apply({"params": params}, enc, emask, method="encode")
+    run = lambda x, m=None: np.asarray(model.apply({"params": params}, encoded, emask, x, True, m,  # noqa: E731
+                                                   method="decode_hidden_embedded"))
+    plain = run(x)
+    np.testing.assert_array_equal(run(x, jnp.ones((1, 5), bool)), plain)  # all visible: the causal pass
+    hidden = run(x, jnp.asarray([[1, 1, 1, 0, 0]], bool))
+    np.testing.assert_array_equal(hidden[:, :3], plain[:, :3])  # earlier positions never read later keys
+    assert not np.allclose(hidden[:, 3:], plain[:, 3:])
+    # key 3 hidden: position 4 no longer reads what position 3 holds (it does in the plain causal pass)
+    x3 = x.at[:, 3].add(1.0)
+    np.testing.assert_array_equal(run(x3, jnp.asarray([[1, 1, 1, 0, 0]], bool))[:, 4], hidden[:, 4])
+    assert not np.allclose(run(x3)[:, 4], plain[:, 4])
