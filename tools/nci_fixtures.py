@@ -1,7 +1,13 @@
-"""Writes the NCI parity fixture (tests/fixtures/nci_parity/) from NCI's own code.
+"""Writes an NCI parity fixture (tests/fixtures/nci_parity/<shape>/) from NCI's own code; every size is a flag.
 
     git clone https://github.com/solidsea98/Neural-Corpus-Indexer-NCI NCI && \\
-        python tools/nci_fixtures.py --nci_repo NCI --out tests/fixtures/nci_parity
+        python tools/nci_fixtures.py --nci_repo NCI --out tests/fixtures/nci_parity/v10_d32
+    python tools/nci_fixtures.py --nci_repo NCI --out tests/fixtures/nci_parity/v7_d24_padded --codes 7 \\
+        --d_model 24 --d_kv 6 --encoder_layers 3 --decoder_layers 2 --batch 4 --short_docids 2 --code_length 5 \\
+        --query_length 9 --seed 1
+
+(`--short_docids`: rows whose docid is two codes and the end token, padded after it; transformers 3.4's T5 has no
+gated feed-forward, so every shape is ReLU.)
 
 It runs the T5 with the PAWA decoder that NCI vendors (NCI_model/transformers/modeling_t5.py, transformers 3.4.0
 modified), built as NCI_model/main_models.py builds it for train.sh (decode_embedding 2, adaptor_efficient,
@@ -15,7 +21,7 @@ edited. The decoder batch is never exactly 2 rows (modeling_t5.py:709 embeds onl
 
 Folder: weights.safetensors (their state dict), config.json (their T5Config's fields), inputs.npz, outputs.npz,
 meta.json. `methods/nci/parity.py` checks ours against it
-(`python tools/check_parity.py --method nci --fixture tests/fixtures/nci_parity`).
+(`python tools/check_parity.py --method nci --fixture tests/fixtures/nci_parity/v10_d32`).
 """
 
 from __future__ import annotations
@@ -33,9 +39,9 @@ import numpy as np
 
 from gr_jax.runtime import cli
 
+# the default shape (tests/fixtures/nci_parity/v10_d32): d_model, codes V, docid codes L, batch B, vocabulary,
+# adaptor layers; every size is a flag
 D, V, L, B, VOCAB, ADAPTOR_LAYERS = 32, 10, 4, 3, 64, 2
-T = L + 1  # max_output_length: L codes + the end token
-VD = V * T + 2
 
 
 def _load_vendored(repo: Path):
@@ -57,19 +63,31 @@ def _commit(repo: Path) -> str:
         return "unknown (not a git working tree)"
 
 
+DEFAULTS = dict(d_model=D, codes=V, code_length=L, batch=B, vocab=VOCAB, adaptor_layers=ADAPTOR_LAYERS,
+                encoder_layers=2, decoder_layers=2, d_ff=64, heads=4, d_kv=8, short_docids=1, query_length=7)
+
+
 class _Node:  # their TreeBuilder's node (main_models.py)
     def __init__(self, token):
         self.token_id, self.children = token, {}
 
 
-def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = None) -> dict:
+def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = None, sizes=None) -> dict:
     import torch
     from safetensors.numpy import save_file
 
+    z = sizes if sizes is not None else argparse.Namespace(**DEFAULTS)
+    D, V, L, B, VOCAB, ADAPTOR_LAYERS = z.d_model, z.codes, z.code_length, z.batch, z.vocab, z.adaptor_layers
+    T = L + 1  # max_output_length: L codes + the end token
+    VD = V * T + 2
+    if B < 3 or B == 2 or z.short_docids > B - 1 or z.query_length < 4:
+        raise ValueError("--batch ≥ 3 (their decoder embeds only row 0 of a 2-row batch), --short_docids < --batch, "
+                         "--query_length ≥ 4")
     T5Config, T5 = _load_vendored(repo)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    settings = dict(vocab_size=VOCAB, num_layers=2, num_decoder_layers=2, d_ff=64, d_model=D, num_heads=4, d_kv=8,
+    settings = dict(vocab_size=VOCAB, num_layers=z.encoder_layers, num_decoder_layers=z.decoder_layers, d_ff=z.d_ff,
+                    d_model=D, num_heads=z.heads, d_kv=z.d_kv,
                     decoder_start_token_id=0, output_past=True, dropout_rate=0.1, decode_embedding=2,
                     hierarchic_decode=0, decode_vocab_size=VD, output_vocab_size=V, tie_word_embeddings=0,
                     tie_decode_embedding=1, contrastive=0, Rdrop=0.15, Rdrop_only_decoder=0, Rdrop_loss="KL",
@@ -87,12 +105,15 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = Non
     labels = np.zeros((B, T), np.int64)
     labels[:, :L - 1] = codes + 2 + np.arange(L - 1) * V
     labels[:, L - 1] = 1
-    labels[2, 2:] = [1, 0, 0]
-    src = rng.integers(2, VOCAB, (B, 7))
+    for row in range(2, 2 + z.short_docids):  # docids of two codes: the end token, then padding
+        labels[row, 2] = 1
+        labels[row, 3:] = 0
+    Q = z.query_length
+    src = rng.integers(2, VOCAB, (B, Q))
     src[:, -1] = 1
-    aug = rng.integers(2, VOCAB, (B, 7))
+    aug = rng.integers(2, VOCAB, (B, Q))
     aug[:, -1] = 1
-    src[1, 5:] = [1, 0]  # one padded query
+    src[1, Q - 2:] = [1, 0]  # one padded query
     lm = np.where(labels == 0, -100, labels)
 
     def no_dropout(m):
@@ -133,6 +154,8 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = Non
              eval_logits=ev.logits.numpy(), beams=seqs.numpy().reshape(B, B, -1),
              beam_scores=np.asarray(scores, np.float64).reshape(B, B))
     meta = {"codes": V, "positions": T, "adaptor_layers": ADAPTOR_LAYERS, "batch": B, "seed": seed,
+            "sizes": vars(z), "command": "python tools/nci_fixtures.py --nci_repo NCI " + " ".join(
+                f"--{k} {v}" for k, v in sorted(vars(z).items()) if DEFAULTS.get(k) != v),
             "nci_commit": commit or _commit(repo), "torch": torch.__version__,
             "adapted": "NCI_model/transformers loaded as a package without running its __init__ (which imports every "
                        "model of transformers 3.4 and needs sacremoses); USE_TF=0, USE_FLAX=0; no file edited",
@@ -149,13 +172,20 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=cli.natural, default=0)
     parser.add_argument("--commit", help="the commit of --nci_repo when it is not a git working tree (an export)")
+    for name, default in DEFAULTS.items():
+        parser.add_argument(f"--{name}", type=cli.natural if name == "short_docids" else cli.count, default=default)
     args = parser.parse_args(argv)
     repo = Path(args.nci_repo)
     if not (repo / "NCI_model" / "transformers" / "modeling_t5.py").is_file():
         sys.stderr.write(f"error: {repo}: no NCI_model/transformers/modeling_t5.py; give a working tree of "
                          f"github.com/solidsea98/Neural-Corpus-Indexer-NCI\n")
         return 2
-    meta = write_fixture(repo, Path(args.out), args.seed, args.commit)
+    sizes = argparse.Namespace(**{k: getattr(args, k) for k in DEFAULTS})
+    try:
+        meta = write_fixture(repo, Path(args.out), args.seed, args.commit, sizes)
+    except ValueError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
     sys.stdout.write(json.dumps(meta) + "\n")
     return 0
 

@@ -130,7 +130,7 @@ def nci_release(folder: Path) -> list[str]:
     from gr_jax.data.sources import load_dataset
     from gr_jax.data.vocab import train_sentencepiece
 
-    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "nci_parity"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "nci_parity" / "v10_d32"
     ds = load_dataset("demo", demo_docs=DOCS)
     (folder / "t5-large").mkdir(parents=True)
     train_sentencepiece(list(ds.corpus.texts), folder / "t5-large" / "spiece.model", 64)

@@ -176,7 +176,7 @@ def test_a_tiny_nci_release_runs_their_weights(tmp_path):
     assert [r["metric"] for r in rows] == ["Hit@1", "Hit@10", "MRR@100"] and all(r["ours"] is not None for r in rows)
     run = trec.read_run(tmp_path / "out" / "released" / "NCI" / "runs" / "dev.step0.run")
 
-    fixture = Path(helpers.__file__).resolve().parents[1] / "fixtures" / "nci_parity"
+    fixture = Path(helpers.__file__).resolve().parents[1] / "fixtures" / "nci_parity" / "v10_d32"
     model, params = nci_parity.fixture_model(*nci_parity._read(fixture)[:3])
     ds = readers.read_nq320k_nci(rdir / "nq320k")
     table = nci.NciDocids(codes=10, positions=5).fit(ds.corpus, FitContext(extras=ds.extras)).assign(ds.corpus)

@@ -1,9 +1,9 @@
 """Parity of `methods.nci.released` (NCI's released model) with NCI's own PyTorch code, on a fixture folder that
-`tools/nci_fixtures.py` writes from it (tests/fixtures/nci_parity/).
+`tools/nci_fixtures.py` writes from it (tests/fixtures/nci_parity/<shape>/: one folder per shape).
 
 Their state dict is read by `params_from_nci` into a `NciReleasedRetriever` (a T5 with the cross-attention position
 bias, `NciFlatHead`). Compared: the training-mode logits over [queries; augmented queries] (dropout off, the training
-mask) at the real target positions, the cross-entropy, their "Contrast" term and the loss of `nci_objective(consistency="contrast")`; the
+mask) at every target position (the padded ones too), the cross-entropy, their "Contrast" term and the loss of `nci_objective(consistency="contrast")`; the
 evaluation-mode logits; the prefix-tree beam search (beams in order, scores with the length penalty 0.8). Logits are
 compared where their mask allows a token (elsewhere both are −1e9 + a logit); differences relative to the
 reference's magnitude (`_rel_diff`), identity checks end in `_identical`.
@@ -70,10 +70,9 @@ def check_fixture(fixture_dir, search: bool = True) -> dict:
     logits, _ = jax.jit(model.logits_and_states)(params, both_in, both_t, key)  # compiled whole: faster here
     allowed = np.asarray(outputs["train_logits"]) > -1e8
     out["train_mask_identical"] = bool(np.array_equal(np.asarray(logits) > -1e8, allowed))
-    # their decoder also masks the padded target positions as keys (decoder_attention_mask); a real position never
-    # attends to a later one, so only the states at padded positions differ — in nothing but the Contrast term
-    real = allowed & (np.asarray(both_t) != 0)[..., None]
-    out["train_logits_rel_diff"] = rel_diff(logits, outputs["train_logits"], real)
+    # every position, the padded ones included: their training hides the padded targets as decoder keys, and so does
+    # ours (`NciReleasedRetriever.decoder_padding_mask`)
+    out["train_logits_rel_diff"] = rel_diff(logits, outputs["train_logits"], allowed)
     objective = jax.jit(lambda p, b, k: nci_model.nci_objective(model, p, b, k, consistency="contrast"))
     loss, metrics = objective(params, {"inputs": queries, "targets": labels, "augmented_inputs": augmented}, key)
     ce_sum, tokens = metrics["loss"]

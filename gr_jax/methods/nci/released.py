@@ -117,15 +117,21 @@ class NciFlatHead:
 @gin.configurable
 class NciReleasedRetriever(GenerativeRetriever):
     """NCI's released model (module docstring): a `NciFlatHead` on a T5 with the cross-attention position bias;
-    beams scored as theirs (length penalty 0.8)."""
+    beams scored as theirs (length penalty 0.8). `decoder_padding_mask` (default True, as their training runs):
+    in training, the padded target positions (label 0) are hidden from the decoder's self-attention as keys (their
+    `decoder_attention_mask = labels != 0`, main_models.py); False keeps them visible, which leaves the real
+    positions' logits as they are and changes the states of the padded positions, which their Contrast term reads
+    (by ~1e-6 to ~1e-4 of the loss, depending on the shape)."""
 
     def __init__(self, config, head=None, score_mode: str = "log_softmax", length_penalty: float = 0.8,
-                 flat: NciFlatHead | None = None, **kwargs):
+                 flat: NciFlatHead | None = None, decoder_padding_mask: bool = True, **kwargs):
         flat = flat if flat is not None else (head if isinstance(head, NciFlatHead) else NciFlatHead())
         super().__init__(config, flat, score_mode, length_penalty, **kwargs)
+        self.decoder_padding_mask = bool(decoder_padding_mask)
 
     def describe(self) -> str:
-        return f"NciReleasedRetriever(score_mode={self.score_mode!r}, length_penalty={self.length_penalty})"
+        return (f"NciReleasedRetriever(score_mode={self.score_mode!r}, length_penalty={self.length_penalty}, "
+                f"decoder_padding_mask={self.decoder_padding_mask})")
 
     def logits_and_states(self, params, inputs_BxL, targets_BxT, dropout_rng=None):
         """Teacher forcing → (masked logits [B, T, Vd], scaled decoder states [B, T, D]); with a dropout key the
@@ -135,7 +141,8 @@ class NciReleasedRetriever(GenerativeRetriever):
         if training:
             net_rng, ad_rng = jax.random.split(dropout_rng)
         decoder_inputs = t5.shift_right(targets_BxT, START)
-        hidden = self._hidden(params, inputs_BxL, decoder_inputs, net_rng)
+        keys = targets_BxT != 0 if training and self.decoder_padding_mask else None  # their decoder_attention_mask
+        hidden = self._hidden(params, inputs_BxL, decoder_inputs, net_rng, keys)
         g = self.head.adapted(params, self.head.embed(self.network, params, decoder_inputs), ad_rng)
         logits, s = self.head.pawa_logits(self.config, params, hidden, g)
         return logits + self.head.mask(targets_BxT.shape[1], training)[None], s

@@ -1,6 +1,7 @@
-"""NCI as its authors released it: the fixture tests/fixtures/nci_parity/ (written by tools/nci_fixtures.py from
-NCI's vendored modeling_t5.py) is matched by `methods/nci/released.py`; a swapped weight is caught; the consistency
-flag changes the loss as it should; their docids and checkpoint keys are read or refused by name."""
+"""NCI as its authors released it: the fixtures tests/fixtures/nci_parity/<shape>/ (written by tools/nci_fixtures.py
+from NCI's vendored modeling_t5.py) are matched by `methods/nci/released.py` on every stored shape, their decoder
+mask over padded targets included; a swapped weight is caught; the consistency flag changes the loss as it should;
+their docids and checkpoint keys are read or refused by name."""
 
 import shutil
 
@@ -13,22 +14,51 @@ from gr_jax.methods.nci import model as nci_model
 from gr_jax.methods.nci import parity, released
 from tests.conftest import REPO, tool
 
-FIXTURE = REPO / "tests" / "fixtures" / "nci_parity"
-# float32 here and in their run: logits, losses and beam scores agree to ~4e-7 of their magnitude (their Contrast
-# term to 4e-6: it also reads the padded positions, whose decoder keys their mask hides); 1e-5 leaves room for
-# another BLAS, a swapped weight moves them by more than 1e-2
+FIXTURES = REPO / "tests" / "fixtures" / "nci_parity"
+SHAPES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+FIXTURE = FIXTURES / "v10_d32"  # the shape the single-fixture tests below edit
+# float32 here and in their run: logits (padded positions included), losses and beam scores agree to ~7e-7 of their
+# magnitude on every stored shape; 1e-5 leaves room for another BLAS, a swapped weight moves them by more than 1e-2
 TOLERANCE = 1e-5
 
 
-def test_ours_matches_ncis_own_code():
-    result = parity.check_fixture(FIXTURE, search=False)
+def test_two_shapes_with_padded_targets_are_stored():
+    metas = [__import__("json").loads((FIXTURES / s / "meta.json").read_text()) for s in SHAPES]
+    assert len(SHAPES) >= 2 and len({tuple(sorted(m["sizes"].items())) for m in metas}) == len(SHAPES)
+    labels = [np.load(FIXTURES / s / "inputs.npz")["labels"] for s in SHAPES]
+    assert all((lab == 0).any() for lab in labels) and max(int((lab == 0).sum()) for lab in labels) >= 6
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_ours_matches_ncis_own_code(shape):
+    result = parity.check_fixture(FIXTURES / shape, search=False)
     assert parity.within(result, TOLERANCE), result
     assert result["train_mask_identical"] and {"train_contrast_rel_diff", "eval_logits_rel_diff"} <= set(result)
 
 
-@pytest.mark.slow  # compiles a beam search (the default tier's time)
-def test_ours_searches_like_ncis_own_generate():
-    result = parity.check_fixture(FIXTURE)
+def test_without_their_decoder_mask_the_contrast_term_leaves_the_tolerance():
+    """`decoder_padding_mask=False` (padded targets visible as decoder keys): the real positions' logits are
+    unchanged, the Contrast term (which reads the padded rows' states) and the loss move past 1e-5 on the padded
+    shape."""
+    settings, meta, tensors, inputs, outputs = parity._read(FIXTURES / "v7_d24_padded")
+    model, params = parity.fixture_model(settings, meta, tensors)
+    visible = released.NciReleasedRetriever(model.config, model.head, decoder_padding_mask=False)
+    batch = {"inputs": jnp.asarray(inputs["queries"], jnp.int32), "targets": jnp.asarray(inputs["labels"], jnp.int32),
+             "augmented_inputs": jnp.asarray(inputs["augmented"], jnp.int32)}
+    key = jax.random.PRNGKey(0)
+    terms = {}
+    for name, m in (("masked", model), ("visible", visible)):
+        _, metrics = nci_model.nci_objective(m, params, batch, key, consistency="contrast")
+        terms[name] = float(metrics["consistency_contrast"][0] / metrics["consistency_contrast"][1])
+    theirs = float(outputs["train_contrast"]) / 0.15
+    assert abs(terms["masked"] - theirs) <= TOLERANCE * abs(theirs)
+    assert abs(terms["visible"] - theirs) > TOLERANCE * abs(theirs)
+
+
+@pytest.mark.slow  # compiles a beam search per shape (the default tier's time)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_ours_searches_like_ncis_own_generate(shape):
+    result = parity.check_fixture(FIXTURES / shape)
     assert parity.within(result, TOLERANCE), result
     assert result["beams_identical"]
 
