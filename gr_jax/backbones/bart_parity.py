@@ -93,12 +93,18 @@ def check_parity(hf_dir: str | os.PathLike, fairseq_checkpoint: str | os.PathLik
                  encoder_length: int = 24, decoder_length: int = 8, greedy_steps: int = 6,
                  seed: int = 0) -> dict[str, Any]:
     """transformers on `hf_dir` against gr_jax on `hf_dir` converted in memory (or on `fairseq_checkpoint`, the
-    same weights in fairseq's format), over one random padded batch."""
+    same weights in fairseq's format, against transformers without `final_logits_bias`, which fairseq's BART does
+    not have), over one random padded batch."""
     import torch
 
     config, params = (bart_convert.load_hf(hf_dir) if fairseq_checkpoint is None
                       else bart_convert.load_fairseq(fairseq_checkpoint))
     torch_model = load_torch_bart(hf_dir)
+    removed_bias = 0.0
+    if fairseq_checkpoint is not None:  # fairseq's BART has no logits bias: compare against HF's logits without it
+        removed_bias = float(torch_model.final_logits_bias.abs().max())
+        with torch.no_grad():
+            torch_model.final_logits_bias.zero_()
     ids, mask = random_batch(config, batch, encoder_length, seed)
     dec, _ = random_batch(config, batch, decoder_length, seed + 1)
     dec[:, 0] = config.decoder_start_token_id
@@ -116,6 +122,8 @@ def check_parity(hf_dir: str | os.PathLike, fairseq_checkpoint: str | os.PathLik
     return {
         "hf_dir": str(Path(hf_dir)),
         "fairseq_checkpoint": None if fairseq_checkpoint is None else str(fairseq_checkpoint),
+        # with --fairseq, the HF directory's final_logits_bias (largest |entry|) left out of its logits
+        "hf_final_logits_bias_removed": removed_bias,
         "batch": batch, "encoder_length": encoder_length, "decoder_length": decoder_length,
         "max_abs_diff_encoder": float(np.max(np.abs(encoded - ref.encoder_last_hidden_state.numpy())
                                              * mask[..., None])),

@@ -169,6 +169,20 @@ def test_fairseq_checkpoint_reads_as_the_hf_one(unbiased_hf_dir, tmp_path, as_cf
 
 
 @pytest.mark.torch
+def test_fairseq_mode_compares_against_hf_logits_without_their_bias(hf_dir, unbiased_hf_dir, tmp_path):
+    """The HF directory beside a fairseq checkpoint may carry a non-zero final_logits_bias (fairseq has none): the
+    comparison leaves it out and says how large it was, instead of failing by the bias's size."""
+    from gr_jax.backbones import t5_convert
+
+    bias = bart_parity.load_torch_bart(hf_dir).final_logits_bias
+    assert float(bias.abs().max()) > 1e-3  # the fixture's bias is real
+    path = _fairseq_file(tmp_path / "checkpoint_best.pt", t5_convert.read_hf_tensors(unbiased_hf_dir), SETTINGS)
+    result = bart_parity.check_parity(hf_dir, fairseq_checkpoint=path)
+    assert result["relative_diff_logits"] < REL and result["greedy_identical"], result
+    assert result["hf_final_logits_bias_removed"] == pytest.approx(float(bias.abs().max()))
+
+
+@pytest.mark.torch
 def test_fairseq_refuses_other_classes_and_unmapped_keys(hf_dir, unbiased_hf_dir, tmp_path):
     import torch
 
