@@ -18,7 +18,7 @@ What a method extends or implements, how an experiment file binds it, and which 
 | embedder | an `Embedder` (`trains_on_queries` to be fine-tuned on D0 and its queries first) | `prepare.embedder`, `run_dynamic.embedder` | dpr |
 | trainer hooks | a training loop through `trainer.fit` (checkpoints, exact resume, the NaN guard) | — | dpr, pag (planner alignment) |
 | command | a `Command` in `methods/<name>/command.py` (`python -m gr_jax.methods.<name>.command`) | `runs/<name>.gin` | pag, fewshot, seal |
-| parity | `parity.py` checking against the authors' outputs | `tools/check_parity.py --method <name>` | glen, pag, seal |
+| parity | `parity.py` checking against the authors' outputs (`mutations`: `sweep`, for `--mutate`) | `tools/check_parity.py --method <name>` | glen, pag, seal, ripor |
 
 The rest of this module is the building blocks methods use: backbones, data and evaluation pieces, the
 runtime's writing, provenance and validation helpers.
@@ -78,6 +78,7 @@ from gr_jax.baselines.dense import DenseIndex
 from gr_jax.compose import import_checkpoint, restore
 from gr_jax.evaluation import drift
 from gr_jax.evaluation.metrics import evaluate
+from gr_jax.evaluation.mutations import swapped, sweep
 from gr_jax.evaluation.report import markdown_table
 from gr_jax.evaluation.retrieval import evaluation_settings, retrieve
 

@@ -1,0 +1,43 @@
+"""Mutation testing of a parity check (`tools/check_parity.py --mutate`): swap two rows of one parameter tensor of
+a fixture, run the same comparison, and see whether it fails. A check that passes a mutated tensor cannot see that
+tensor. A method's parity module builds on this (`methods/<name>/parity.py`: `mutations(folder, ...)`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping, Optional
+
+import numpy as np
+
+
+def swapped(value) -> np.ndarray:
+    """Row 0 swapped with the first row that differs from it (rows: along the first axis longer than 1; elements,
+    for a vector; a scalar negated). Row 0 and the next rows are ones a fixture reads (an embedding's pad and eos,
+    the first relative-position buckets); an error when every row is the same, where no swap changes anything."""
+    out = np.array(value, copy=True)
+    if out.size == 1:
+        return -out
+    rows = out.reshape((-1,) + out.shape[next(i for i, n in enumerate(out.shape) if n > 1) + 1:])
+    flat = rows.reshape(rows.shape[0], -1)
+    differ = np.flatnonzero(np.any(flat != flat[0], axis=1))
+    if not differ.size:
+        raise ValueError("every row of the tensor is the same: swapping two changes nothing")
+    j = int(differ[0])
+    rows[[0, j]] = rows[[j, 0]]
+    return rows.reshape(out.shape)
+
+
+def chosen(names: Iterable[str], sample: int = 0, seed: int = 0) -> list[str]:
+    """The sorted names, or `sample` of them drawn with `seed` (0: all)."""
+    names = sorted(names)
+    if sample and sample < len(names):
+        names = sorted(np.random.default_rng(seed).choice(names, size=sample, replace=False).tolist())
+    return names
+
+
+def sweep(tensors: Mapping[str, np.ndarray], passes: Callable[[dict], bool], names: Optional[Iterable[str]] = None,
+          sample: int = 0, seed: int = 0) -> dict[str, bool]:
+    """{tensor name: whether `passes(tensors with that tensor's two rows swapped)` is False (the mutation caught)},
+    for every tensor (or `names`, or a `sample` of them drawn with `seed`)."""
+    return {name: not passes({**tensors, name: swapped(tensors[name])})
+            for name in chosen(tensors if names is None else names, sample, seed)}
