@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.methods.api import TrieIndex, load_npz, read_json, t5_convert
+from gr_jax.methods.api import TrieIndex, load_npz, read_json, sweep, t5_convert
 from gr_jax.methods.ripor.docids import pack_codebooks
 from gr_jax.methods.ripor.objectives import MARGIN_UNIT
 from gr_jax.methods.ripor.t5_layout import RiporT5Retriever
@@ -139,34 +139,10 @@ def within(result: dict, tolerance: float = 1e-5) -> bool:
         all(v for k, v in result.items() if k.endswith("_identical"))
 
 
-def swapped(value: np.ndarray) -> np.ndarray:
-    """Row 0 swapped with the first row that differs from it (rows: along the first axis longer than 1; elements,
-    for a vector; a scalar negated). Row 0 and the next rows are ones a fixture reads (an embedding's pad and eos,
-    the first relative-position buckets); an error when every row is the same, where no swap changes anything."""
-    out = np.array(value, copy=True)
-    if out.size == 1:
-        return -out
-    rows = out.reshape((-1,) + out.shape[next(i for i, n in enumerate(out.shape) if n > 1) + 1:])
-    flat = rows.reshape(rows.shape[0], -1)
-    differ = np.flatnonzero(np.any(flat != flat[0], axis=1))
-    if not differ.size:
-        raise ValueError("every row of the tensor is the same: swapping two changes nothing")
-    j = int(differ[0])
-    rows[[0, j]] = rows[[j, 0]]
-    return rows.reshape(out.shape)
-
-
 def mutations(fixture_dir, tolerance: float = 1e-5, names=None, sample: int = 0, seed: int = 0,
               search: bool = False) -> dict:
     """{tensor name: whether the comparison caught two of its rows swapped}, for every tensor of the fixture (or
     `names`, or `sample` of them drawn with `seed` from the sorted names)."""
     fx = Fixture(fixture_dir)
-    names = sorted(fx.tensors if names is None else names)
-    if sample:
-        rng = np.random.default_rng(seed)
-        names = sorted(rng.choice(names, size=min(sample, len(names)), replace=False).tolist())
-    caught = {}
-    for name in names:
-        mutated = {**fx.tensors, name: swapped(fx.tensors[name])}
-        caught[name] = not within(fx.compare(mutated, search=search), tolerance)
-    return caught
+    return sweep(fx.tensors, lambda tensors: within(fx.compare(tensors, search=search), tolerance), names, sample,
+                 seed)
