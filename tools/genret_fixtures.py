@@ -27,13 +27,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from gr_jax.runtime import cli
+from gr_jax.runtime.provenance import git_commit
 
 T, K, B, N, VOCAB, D = 3, 8, 6, 24, 64, 32
 
@@ -48,14 +48,6 @@ def _import_run(repo: Path):
         return importlib.import_module("run"), transformers.__version__
     finally:
         sys.path.remove(str(repo))
-
-
-def _commit(repo: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git working tree)"
 
 
 def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = None) -> dict:
@@ -141,7 +133,7 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = Non
     np.savez(out / "inputs.npz", query=query, doc=doc, prefix=prefix, kmeans_docs=km_docs, kmeans_prefix=km_prefix)
     np.savez(out / "outputs.npz", **outputs)
     meta = {"positions": T, "codes": K, "batch": B, "kmeans_documents": N, "seed": seed,
-            "genret_commit": commit or _commit(repo), "torch": torch.__version__, "transformers": tf_version,
+            "genret_commit": commit or git_commit(repo), "torch": torch.__version__, "transformers": tf_version,
             "adapted": "run.py line 12 imports transformers.generation_utils, which transformers 4.4x moved to "
                        "transformers.generation: the old name is an alias of the new module; Model.base_model_prefix "
                        "set and use_cache=False for transformers 5's generate (run.py unchanged)",

@@ -30,7 +30,6 @@ import argparse
 import importlib
 import json
 import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -38,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from gr_jax.runtime import cli
+from gr_jax.runtime.provenance import git_commit
 
 # the default shape (tests/fixtures/nci_parity/v10_d32): d_model, codes V, docid codes L, batch B, vocabulary,
 # adaptor layers; every size is a flag
@@ -53,14 +53,6 @@ def _load_vendored(repo: Path):
     config = importlib.import_module(f"{pkg.__name__}.configuration_t5")
     model = importlib.import_module(f"{pkg.__name__}.modeling_t5")
     return config.T5Config, model.T5ForConditionalGeneration
-
-
-def _commit(repo: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git working tree)"
 
 
 DEFAULTS = dict(d_model=D, codes=V, code_length=L, batch=B, vocab=VOCAB, adaptor_layers=ADAPTOR_LAYERS,
@@ -156,7 +148,7 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = Non
     meta = {"codes": V, "positions": T, "adaptor_layers": ADAPTOR_LAYERS, "batch": B, "seed": seed,
             "sizes": vars(z), "command": "python tools/nci_fixtures.py --nci_repo NCI " + " ".join(
                 f"--{k} {v}" for k, v in sorted(vars(z).items()) if DEFAULTS.get(k) != v),
-            "nci_commit": commit or _commit(repo), "torch": torch.__version__,
+            "nci_commit": commit or git_commit(repo), "torch": torch.__version__,
             "adapted": "NCI_model/transformers loaded as a package without running its __init__ (which imports every "
                        "model of transformers 3.4 and needs sacremoses); USE_TF=0, USE_FLAX=0; no file edited",
             "settings": "train.sh's: decode_embedding 2, adaptor_efficient, tie_decode_embedding, Rdrop 0.15 "

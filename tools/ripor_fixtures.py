@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import types
@@ -49,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from gr_jax.runtime import cli
+from gr_jax.runtime.provenance import git_commit
 
 FACTORS = {8: {4: 0.5 / 0.75}, 16: {4: 0.5 / 0.875, 8: 0.75 / 0.875}, 32: {4: 0.5, 8: 0.75, 16: 0.875}}  # theirs
 
@@ -70,14 +70,6 @@ def _load_theirs(repo: Path):
     theirs.T5Stack = StackWithEmbeddings
     theirs.T5ForDocIDGeneration._tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight"}
     return theirs
-
-
-def _commit(repo: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git working tree)"
 
 
 def _docids(rng, n: int, M: int, K: int) -> np.ndarray:
@@ -237,9 +229,10 @@ def write_fixture(repo: Path, out: Path, args) -> dict:
     np.savez(out / "inputs.npz", query_ids=ids, query_mask=mask, docids=docids, pos_rows=pos_rows,
              neg_rows=neg_rows, teacher_pos=teacher_pos, teacher_neg=teacher_neg, centroids=centroids)
     np.savez(out / "outputs.npz", **outputs)
-    meta = {"ripor_commit": _commit(repo), "seed": args.seed, "levels": M, "codes": K, "d_model": D,
+    meta = {"ripor_commit": git_commit(repo), "seed": args.seed, "levels": M, "codes": K, "d_model": D,
             "encoder_layers": args.encoder_layers, "decoder_layers": 12, "heads": 12, "d_kv": args.d_kv,
-            "feed_forward": args.feed_forward, "init_factor": args.init_factor, "vocab": args.vocab, "docs": len(docids), "queries": B,
+            "feed_forward": args.feed_forward, "init_factor": args.init_factor, "vocab": args.vocab,
+            "docs": len(docids), "queries": B,
             "query_lengths": lengths.tolist(), "beams": args.beams,
             "prefix_factors": {str(L): f for L, f in FACTORS[M].items()},
             "torch": torch.__version__, "transformers": __import__("transformers").__version__,

@@ -162,3 +162,15 @@ def changed_arrays(held: Mapping[str, str], recorded: Mapping[str, str]) -> list
     """The key paths whose digest differs between two `array_digests` records (missing on either side
     included), sorted."""
     return sorted(k for k in set(held) | set(recorded) if held.get(k) != recorded.get(k))
+
+
+def git_commit(repo) -> str:
+    """The HEAD commit of the git working tree `repo` (a reference code a fixture tool ran), or a note saying it is
+    not one."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git working tree)"

@@ -2,11 +2,11 @@
 `tools/nci_fixtures.py` writes from it (tests/fixtures/nci_parity/<shape>/: one folder per shape).
 
 Their state dict is read by `params_from_nci` into a `NciReleasedRetriever` (a T5 with the cross-attention position
-bias, `NciFlatHead`). Compared: the training-mode logits over [queries; augmented queries] (dropout off, the training
-mask) at every target position (the padded ones too), the cross-entropy, their "Contrast" term and the loss of `nci_objective(consistency="contrast")`; the
-evaluation-mode logits; the prefix-tree beam search (beams in order, scores with the length penalty 0.8). Logits are
-compared where their mask allows a token (elsewhere both are −1e9 + a logit); differences relative to the
-reference's magnitude (`_rel_diff`), identity checks end in `_identical`.
+bias, `NciFlatHead`). Compared: the training-mode logits over [queries; augmented queries] (dropout off, the
+training mask) at every target position (the padded ones too), the cross-entropy, their "Contrast" term and the loss
+of `nci_objective(consistency="contrast")`; the evaluation-mode logits; the prefix-tree beam search (beams in order,
+scores with the length penalty 0.8). Logits are compared where their mask allows a token (elsewhere both are −1e9 +
+a logit); differences relative to the reference's magnitude (`_rel_diff`), identity checks end in `_identical`.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
     python -m gr_jax.methods.ripor.command --gin_file=experiments/msmarco/ripor_dense.gin \\
         --gin.OUTPUT_DIR="'runs/ripor_dense'" --gin.INITIAL_CHECKPOINT_PATH="'T5_DIR'" --gin.DATA_DIR="'D'"
 
-then `python -m gr_jax.train --gin_file=experiments/msmarco/ripor.gin --gin.INITIAL_CHECKPOINT_PATH="'runs/ripor_dense/t5'"
-...` (the experiment file's header).
+then `python -m gr_jax.train --gin_file=experiments/msmarco/ripor.gin
+--gin.INITIAL_CHECKPOINT_PATH="'runs/ripor_dense/t5'" ...` (the experiment file's header).
 """
 
 from __future__ import annotations
