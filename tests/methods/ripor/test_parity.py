@@ -69,13 +69,13 @@ def test_a_check_too_loose_to_see_a_mutation_exits_1(capsys):
     assert all(not n.startswith("list_") for n in report["missed"])
 
 
-@pytest.mark.slow  # every tensor of every shape: ~1 minute a shape
+@pytest.mark.slow  # a seeded sample of 40 tensors a shape (~15 s); the full sweep's counts: docs/results.md
 @pytest.mark.parametrize("shape", SHAPES)
-def test_every_single_tensor_mutation_is_caught(shape, capsys):
-    code, out, _ = run_tool("check_parity", ["--method", "ripor", "--fixture", str(FIXTURES / shape), "--mutate"],
-                            capsys)
+def test_a_sample_of_single_tensor_mutations_is_caught(shape, capsys):
+    code, out, _ = run_tool("check_parity", ["--method", "ripor", "--fixture", str(FIXTURES / shape), "--mutate",
+                                             "--mutate_sample", "40", "--seed", "75"], capsys)
     report = json.loads(out.strip().splitlines()[-1])
-    assert code == 0 and report["missed"] == [] and report["mutations"] > 150, report
+    assert code == 0 and report["missed"] == [] and report["mutations"] == 40, report
 
 
 def test_the_fixture_tool_refuses_a_folder_without_their_code(tmp_path, capsys):
