@@ -5,7 +5,7 @@
     python tools/check_parity.py --method glen --fixture tests/fixtures/glen_parity
     python tools/check_parity.py --method pag --fixture tests/fixtures/pag_parity
     python tools/check_parity.py --method seal --fixture tests/fixtures/seal_parity   # or minder, ltrgr
-    python tools/check_parity.py --method genret --fixture tests/fixtures/genret_parity
+    python tools/check_parity.py --method genret --fixture tests/fixtures/genret_parity/t3_k8_relu
     python tools/check_parity.py --method nci --fixture tests/fixtures/nci_parity/v10_d32
     python tools/check_parity.py --method ripor --fixture tests/fixtures/ripor_parity/m8_relu [--mutate]
     python tools/check_parity.py --arch llama --hf_dir path/to/hf_llama   # or --gguf FILE, --smollm2, --demo

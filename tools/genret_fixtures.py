@@ -1,7 +1,11 @@
-"""Writes the GenRET parity fixture (tests/fixtures/genret_parity/) from GenRET's own code.
+"""Writes a GenRET parity fixture (tests/fixtures/genret_parity/<shape>/) from GenRET's own code; every size is a
+flag.
 
     git clone https://github.com/sunnweiwei/GenRet && python tools/genret_fixtures.py --genret_repo GenRet \\
-        --out tests/fixtures/genret_parity
+        --out tests/fixtures/genret_parity/t3_k8_relu
+    python tools/genret_fixtures.py --genret_repo GenRet --out tests/fixtures/genret_parity/t4_k6_gated \\
+        --positions 4 --codes 6 --d_model 48 --heads 6 --d_kv 8 --d_ff 96 --feed_forward gated-gelu \\
+        --encoder_layers 3 --decoder_layers 2 --batch 5 --kmeans_documents 20 --query_max 16 --seed 1
 
 It imports the authors' run.py from that working tree and runs, on a tiny random T5 (eval mode: no dropout),
 their `Model` forward (docid logits of every position, the decoder states), their Sinkhorn assignment
@@ -19,7 +23,8 @@ transformers gave it. Their constrained k-means
 Folder: model/ (the T5 as an HF directory), head.npz (their `centroids.<i>.weight` [K, D] and
 `code_embedding.<i>.weight` [K, D]), inputs.npz, outputs.npz (per position t: `t{t}/...`), meta.json (sizes, their
 commit, the versions, the adaptation). Needs the [torch] extra. `methods/genret/parity.py` checks ours against it
-(`python tools/check_parity.py --method genret --fixture tests/fixtures/genret_parity`).
+(`python tools/check_parity.py --method genret --fixture tests/fixtures/genret_parity/t3_k8_relu`; t3_k8_relu was
+written with transformers 5.24.0: with 5.25.0 the tool rewrites it within 3e-7 of each array's magnitude).
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ import numpy as np
 from gr_jax.runtime import cli
 from gr_jax.runtime.provenance import git_commit
 
-T, K, B, N, VOCAB, D = 3, 8, 6, 24, 64, 32
+# the default shape (tests/fixtures/genret_parity/t3_k8_relu); every size is a flag
+DEFAULTS = dict(positions=3, codes=8, batch=6, kmeans_documents=24, vocab=64, d_model=32, d_kv=8, d_ff=64,
+                encoder_layers=2, decoder_layers=2, heads=4, query_max=9, doc_max=16)
 
 
 def _import_run(repo: Path):
@@ -50,7 +57,8 @@ def _import_run(repo: Path):
         sys.path.remove(str(repo))
 
 
-def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = None) -> dict:
+def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = None, sizes=None,
+                  feed_forward: str = "relu") -> dict:
     import torch
     from safetensors.numpy import save_file
     from transformers import T5Config, T5ForConditionalGeneration
@@ -58,9 +66,14 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = Non
     run, tf_version = _import_run(repo)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    cfg = T5Config(vocab_size=VOCAB, d_model=D, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+    z = sizes if sizes is not None else argparse.Namespace(**DEFAULTS)
+    T, K, B, N, VOCAB, D = z.positions, z.codes, z.batch, z.kmeans_documents, z.vocab, z.d_model
+    if K < 3 or z.query_max < 4 or z.doc_max < 7:
+        raise ValueError("--codes ≥ 3 (the searched docids use codes ≥ 2), --query_max ≥ 4, --doc_max ≥ 7")
+    cfg = T5Config(vocab_size=VOCAB, d_model=D, d_kv=z.d_kv, d_ff=z.d_ff, num_layers=z.encoder_layers,
+                   num_decoder_layers=z.decoder_layers, num_heads=z.heads,
                    relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.1,
-                   feed_forward_proj="relu", tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0,
+                   feed_forward_proj=feed_forward, tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0,
                    eos_token_id=1)
     t5 = T5ForConditionalGeneration(cfg).eval()
     master = run.Model(model=t5, code_length=T, use_constraint=True, sk_epsilon=1, zero_inp=False, code_number=K)
@@ -73,7 +86,7 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = Non
         width = max(map(len, rows))
         return np.array([r + [0] * (width - len(r)) for r in rows], np.int64)
 
-    query, doc = texts(B, 3, 9), texts(B, 6, 16)
+    query, doc = texts(B, 3, z.query_max), texts(B, 6, z.doc_max)
     prefix = rng.integers(0, K, size=(B, T - 1))
     km_docs = texts(N, 4, 16)
     km_prefix = rng.integers(0, 2, size=(N, T - 1))
@@ -133,6 +146,11 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = Non
     np.savez(out / "inputs.npz", query=query, doc=doc, prefix=prefix, kmeans_docs=km_docs, kmeans_prefix=km_prefix)
     np.savez(out / "outputs.npz", **outputs)
     meta = {"positions": T, "codes": K, "batch": B, "kmeans_documents": N, "seed": seed,
+            "sizes": {**vars(z), "feed_forward": feed_forward},
+            "command": "python tools/genret_fixtures.py --genret_repo GenRet " + " ".join(
+                [f"--{k} {v}" for k, v in sorted(vars(z).items()) if DEFAULTS.get(k) != v]
+                + ([f"--feed_forward {feed_forward}"] if feed_forward != "relu" else [])
+                + ([f"--seed {seed}"] if seed else [])),
             "genret_commit": commit or git_commit(repo), "torch": torch.__version__, "transformers": tf_version,
             "adapted": "run.py line 12 imports transformers.generation_utils, which transformers 4.4x moved to "
                        "transformers.generation: the old name is an alias of the new module; Model.base_model_prefix "
@@ -149,12 +167,20 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=cli.natural, default=0)
     parser.add_argument("--commit", help="the commit of --genret_repo when it is not a git working tree (an export)")
+    parser.add_argument("--feed_forward", choices=("relu", "gated-gelu"), default="relu")
+    for name, default in DEFAULTS.items():
+        parser.add_argument(f"--{name}", type=cli.count, default=default)
     args = parser.parse_args(argv)
     repo = Path(args.genret_repo)
     if not (repo / "run.py").is_file():
         sys.stderr.write(f"error: {repo}: no run.py; give a working tree of github.com/sunnweiwei/GenRet\n")
         return 2
-    meta = write_fixture(repo, Path(args.out), args.seed, args.commit)
+    sizes = argparse.Namespace(**{k: getattr(args, k) for k in DEFAULTS})
+    try:
+        meta = write_fixture(repo, Path(args.out), args.seed, args.commit, sizes, args.feed_forward)
+    except ValueError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
     sys.stdout.write(json.dumps(meta) + "\n")
     return 0
 

@@ -1,5 +1,5 @@
 """Parity of `methods.genret` with GenRET's own PyTorch code (sunnweiwei/GenRet, run.py), on a fixture folder
-that `tools/genret_fixtures.py` writes from it (tests/fixtures/genret_parity/).
+that `tools/genret_fixtures.py` writes from it (tests/fixtures/genret_parity/<shape>/: one folder per shape).
 
 Ours runs with the settings that reproduce the released code: `GenretHead(start="learned", raw_logits=True)`,
 `genret_losses(sinkhorn="released", mask_duplicates=False)`. Their tables map onto ours as: `centroids.<i>` → E_i

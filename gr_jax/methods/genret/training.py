@@ -24,7 +24,7 @@ In the in-batch terms a column holding the same document as the row's own (a doc
 The batches of position t > 0 are prefix groups (`GenretBatches`), as GenRET's released code builds them.
 
 Differences from GenRET's released code (sunnweiwei/GenRet @ a1d80e1, run.py), and the flag that reproduces theirs.
-On the same weights and inputs (checked against their code: `methods/genret/parity.py`, tests/fixtures/genret_parity):
+On the same weights and inputs (checked against their code: `methods/genret/parity.py`, tests/fixtures/genret_parity/<shape>):
 * the start input: theirs a learned vector (row 0 of its first code-input table) — `GenretHead.start = 'learned'`
   (ours: the start token's text embedding);
 * the code logits: theirs the raw h_t · E_tᵀ — `GenretHead.raw_logits = True` (ours: the T5 v1.0 head's d_model^-0.5,

@@ -1,4 +1,4 @@
-"""GenRET against its authors' code: the fixture tests/fixtures/genret_parity/ (written by tools/genret_fixtures.py
+"""GenRET against its authors' code: the fixtures tests/fixtures/genret_parity/<shape>/ (written by tools/genret_fixtures.py
 from sunnweiwei/GenRet's run.py) is matched by ours with the released code's settings; a swapped weight is caught;
 each flag that reproduces the released code changes what it should."""
 
@@ -11,23 +11,34 @@ import pytest
 from gr_jax.methods.genret import parity, training
 from tests.conftest import REPO, tool
 
-FIXTURE = REPO / "tests" / "fixtures" / "genret_parity"
-# float32 here and in their run: the logits and losses agree to ~5e-7 of their magnitude; 1e-5 leaves room for
-# another BLAS's summation order, and a swapped weight moves them by more than 1e-2
+FIXTURES = REPO / "tests" / "fixtures" / "genret_parity"
+SHAPES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+FIXTURE = FIXTURES / "t3_k8_relu"  # the shape the single-fixture tests below edit
+# float32 here and in their run: the logits and losses agree to ~6e-7 of their magnitude (the gated shape's small
+# contrastive loss to 8e-6); 1e-5 leaves room for another BLAS's summation order, and a swapped weight moves them by
+# more than 1e-2
 TOLERANCE = 1e-5
 
 
-def test_ours_matches_genrets_own_code():
-    result = parity.check_fixture(FIXTURE, search=False)
+def test_two_shapes_are_stored():
+    metas = [__import__("json").loads((FIXTURES / s / "meta.json").read_text()) for s in SHAPES]
+    assert len(SHAPES) >= 2 and len({(m["positions"], m["codes"]) for m in metas}) == len(SHAPES)
+    assert any(m.get("sizes", {}).get("feed_forward") == "gated-gelu" for m in metas)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_ours_matches_genrets_own_code(shape):
+    result = parity.check_fixture(FIXTURES / shape, search=False)
     assert parity.within(result, TOLERANCE), result
     assert result["balanced_codes_identical"]
     assert {"query_logits_rel_diff", "loss_rec_rel_diff", "kmeans_normed_rel_diff", "sinkhorn_plan_rel_diff",
             "loss_code_rel_diff"} <= set(result)
 
 
-@pytest.mark.slow  # compiles a beam search (the default tier's time)
-def test_ours_searches_like_genrets_own_inference():
-    result = parity.check_fixture(FIXTURE)
+@pytest.mark.slow  # compiles a beam search per shape (the default tier's time)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_ours_searches_like_genrets_own_inference(shape):
+    result = parity.check_fixture(FIXTURES / shape)
     assert parity.within(result, TOLERANCE), result
     assert result["search_rankings_identical"] and result["search_scores_rel_diff"] <= TOLERANCE
 
