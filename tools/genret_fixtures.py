@@ -23,8 +23,8 @@ transformers gave it. Their constrained k-means
 Folder: model/ (the T5 as an HF directory), head.npz (their `centroids.<i>.weight` [K, D] and
 `code_embedding.<i>.weight` [K, D]), inputs.npz, outputs.npz (per position t: `t{t}/...`), meta.json (sizes, their
 commit, the versions, the adaptation). Needs the [torch] extra. `methods/genret/parity.py` checks ours against it
-(`python tools/check_parity.py --method genret --fixture tests/fixtures/genret_parity/t3_k8_relu`; t3_k8_relu was
-written with transformers 5.24.0: with 5.25.0 the tool rewrites it within 3e-7 of each array's magnitude).
+(`python tools/check_parity.py --method genret --fixture tests/fixtures/genret_parity/t3_k8_relu [--mutate]`). The
+layer norms are drawn 1 ± 0.1 (`--norm_spread`): at HF's ones a swap of two entries changes nothing.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _import_run(repo: Path):
 
 
 def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = None, sizes=None,
-                  feed_forward: str = "relu") -> dict:
+                  feed_forward: str = "relu", norm_spread: float = 0.1) -> dict:
     import torch
     from safetensors.numpy import save_file
     from transformers import T5Config, T5ForConditionalGeneration
@@ -76,6 +76,10 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = Non
                    feed_forward_proj=feed_forward, tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0,
                    eos_token_id=1)
     t5 = T5ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # HF's init sets every norm to ones, where a swap of two entries changes nothing
+        for name, param in t5.named_parameters():
+            if "layer_norm" in name and norm_spread:
+                param.copy_(1.0 + norm_spread * torch.randn_like(param))
     master = run.Model(model=t5, code_length=T, use_constraint=True, sk_epsilon=1, zero_inp=False, code_number=K)
     with torch.no_grad():  # their codebooks start U(±1/√D) (then k-means); scale them up so the logits spread
         for c in master.centroids:
@@ -146,10 +150,11 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = Non
     np.savez(out / "inputs.npz", query=query, doc=doc, prefix=prefix, kmeans_docs=km_docs, kmeans_prefix=km_prefix)
     np.savez(out / "outputs.npz", **outputs)
     meta = {"positions": T, "codes": K, "batch": B, "kmeans_documents": N, "seed": seed,
-            "sizes": {**vars(z), "feed_forward": feed_forward},
+            "sizes": {**vars(z), "feed_forward": feed_forward, "norm_spread": norm_spread},
             "command": "python tools/genret_fixtures.py --genret_repo GenRet " + " ".join(
                 [f"--{k} {v}" for k, v in sorted(vars(z).items()) if DEFAULTS.get(k) != v]
                 + ([f"--feed_forward {feed_forward}"] if feed_forward != "relu" else [])
+                + ([f"--norm_spread {norm_spread}"] if norm_spread != 0.1 else [])
                 + ([f"--seed {seed}"] if seed else [])),
             "genret_commit": commit or git_commit(repo), "torch": torch.__version__, "transformers": tf_version,
             "adapted": "run.py line 12 imports transformers.generation_utils, which transformers 4.4x moved to "
@@ -168,6 +173,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=cli.natural, default=0)
     parser.add_argument("--commit", help="the commit of --genret_repo when it is not a git working tree (an export)")
     parser.add_argument("--feed_forward", choices=("relu", "gated-gelu"), default="relu")
+    parser.add_argument("--norm_spread", type=float, default=0.1,
+                        help="layer norms drawn 1 ± this (0: HF's ones, where --mutate cannot swap entries)")
     for name, default in DEFAULTS.items():
         parser.add_argument(f"--{name}", type=cli.count, default=default)
     args = parser.parse_args(argv)
@@ -177,7 +184,8 @@ def main(argv=None) -> int:
         return 2
     sizes = argparse.Namespace(**{k: getattr(args, k) for k in DEFAULTS})
     try:
-        meta = write_fixture(repo, Path(args.out), args.seed, args.commit, sizes, args.feed_forward)
+        meta = write_fixture(repo, Path(args.out), args.seed, args.commit, sizes, args.feed_forward,
+                             args.norm_spread)
     except ValueError as e:
         sys.stderr.write(f"error: {e}\n")
         return 2

@@ -38,6 +38,14 @@ def chosen(names: Iterable[str], sample: int = 0, seed: int = 0) -> list[str]:
 def sweep(tensors: Mapping[str, np.ndarray], passes: Callable[[dict], bool], names: Optional[Iterable[str]] = None,
           sample: int = 0, seed: int = 0) -> dict[str, bool]:
     """{tensor name: whether `passes(tensors with that tensor's two rows swapped)` is False (the mutation caught)},
-    for every tensor (or `names`, or a `sample` of them drawn with `seed`)."""
-    return {name: not passes({**tensors, name: swapped(tensors[name])})
-            for name in chosen(tensors if names is None else names, sample, seed)}
+    for every tensor (or `names`, or a `sample` of them drawn with `seed`). A tensor whose rows are all the same
+    (a norm left at its initial ones) cannot be mutated and counts as missed: the fixture must vary it."""
+    out = {}
+    for name in chosen(tensors if names is None else names, sample, seed):
+        try:
+            mutated = swapped(tensors[name])
+        except ValueError:
+            out[name] = False
+            continue
+        out[name] = not passes({**tensors, name: mutated})
+    return out

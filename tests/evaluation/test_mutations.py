@@ -27,6 +27,8 @@ def test_a_sweep_reports_what_the_check_sees():
         return all(np.array_equal(t[k], reference[k]) for k in ("seen", "also_seen"))
 
     assert sweep(tensors, passes) == {"also_seen": True, "seen": True, "unseen": False}
+    # a tensor of identical rows cannot be mutated: missed, never a silent pass
+    assert sweep({**tensors, "ones": np.ones(3)}, lambda t: False, names=["ones"]) == {"ones": False}
     assert sweep(tensors, passes, names=["unseen"]) == {"unseen": False}
     picked = chosen(tensors, sample=2, seed=5)
     assert len(picked) == 2 and picked == sorted(picked) and picked == chosen(tensors, sample=2, seed=5)

@@ -43,6 +43,18 @@ def test_ours_searches_like_genrets_own_inference(shape):
     assert result["search_rankings_identical"] and result["search_scores_rel_diff"] <= TOLERANCE
 
 
+@pytest.mark.slow  # a seeded sample of 20 tensors a shape; the full sweep's counts: docs/results.md
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_sample_of_single_tensor_mutations_is_caught(shape, capsys):
+    from tests.conftest import run_tool
+
+    code, out, _ = run_tool("check_parity", ["--method", "genret", "--fixture", str(FIXTURES / shape), "--mutate",
+                                             "--mutate_sample", "20", "--seed", "76", "--tolerance",
+                                             str(TOLERANCE)], capsys)
+    report = __import__("json").loads(out.strip().splitlines()[-1])
+    assert code == 0 and report["missed"] == [] and report["mutations"] == 20, report
+
+
 def _copy_with(tmp_path, change):
     from safetensors.numpy import load_file, save_file
 
