@@ -7,7 +7,9 @@
         --query_length 9 --seed 1
 
 (`--short_docids`: rows whose docid is two codes and the end token, padded after it; transformers 3.4's T5 has no
-gated feed-forward, so every shape is ReLU.)
+gated feed-forward, so every shape is ReLU; `--norm_spread`: noise added to every tensor their init leaves constant,
+the norms' ones and the attention biases' zeros, where a swap of two entries (`check_parity --mutate`) would change
+nothing.)
 
 It runs the T5 with the PAWA decoder that NCI vendors (NCI_model/transformers/modeling_t5.py, transformers 3.4.0
 modified), built as NCI_model/main_models.py builds it for train.sh (decode_embedding 2, adaptor_efficient,
@@ -56,7 +58,8 @@ def _load_vendored(repo: Path):
 
 
 DEFAULTS = dict(d_model=D, codes=V, code_length=L, batch=B, vocab=VOCAB, adaptor_layers=ADAPTOR_LAYERS,
-                encoder_layers=2, decoder_layers=2, d_ff=64, heads=4, d_kv=8, short_docids=1, query_length=7)
+                encoder_layers=2, decoder_layers=2, d_ff=64, heads=4, d_kv=8, short_docids=1, query_length=7,
+                norm_spread=0.1)
 
 
 class _Node:  # their TreeBuilder's node (main_models.py)
@@ -91,6 +94,9 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, commit: str | None = Non
         for name, p in model.named_parameters():
             if "relative_attention_bias" in name:
                 p.normal_(0.0, 1.0)
+            elif z.norm_spread and p.numel() > 1 and bool((p == p.flatten()[0]).all()):
+                # norms at ones, biases at zeros: a swap of two entries of a constant tensor changes nothing
+                p.add_(z.norm_spread * torch.randn_like(p))
     # docids of L − 1 codes and one of two (then the end token, padding), shorter than T − 1 as NQ320k's are: their
     # generate (max_length = T) scores the end token of every docid only then
     codes = rng.integers(0, V, (B, L - 1))
@@ -165,7 +171,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=cli.natural, default=0)
     parser.add_argument("--commit", help="the commit of --nci_repo when it is not a git working tree (an export)")
     for name, default in DEFAULTS.items():
-        parser.add_argument(f"--{name}", type=cli.natural if name == "short_docids" else cli.count, default=default)
+        kind = float if name == "norm_spread" else cli.natural if name == "short_docids" else cli.count
+        parser.add_argument(f"--{name}", type=kind, default=default)
     args = parser.parse_args(argv)
     repo = Path(args.nci_repo)
     if not (repo / "NCI_model" / "transformers" / "modeling_t5.py").is_file():

@@ -36,14 +36,17 @@ def chosen(names: Iterable[str], sample: int = 0, seed: int = 0) -> list[str]:
 
 
 def sweep(tensors: Mapping[str, np.ndarray], passes: Callable[[dict], bool], names: Optional[Iterable[str]] = None,
-          sample: int = 0, seed: int = 0) -> dict[str, bool]:
+          sample: int = 0, seed: int = 0,
+          mutate: Optional[Callable[[str, np.ndarray], np.ndarray]] = None) -> dict[str, bool]:
     """{tensor name: whether `passes(tensors with that tensor's two rows swapped)` is False (the mutation caught)},
-    for every tensor (or `names`, or a `sample` of them drawn with `seed`). A tensor whose rows are all the same
-    (a norm left at its initial ones) cannot be mutated and counts as missed: the fixture must vary it."""
+    for every tensor (or `names`, or a `sample` of them drawn with `seed`). `mutate(name, value)`: the mutation of a
+    tensor where two rows of the whole would change nothing the model computes (a method's parity module says which
+    part is read; default `swapped`). A tensor whose rows are all the same (a norm left at its initial ones) cannot
+    be mutated and counts as missed: the fixture must vary it."""
     out = {}
     for name in chosen(tensors if names is None else names, sample, seed):
         try:
-            mutated = swapped(tensors[name])
+            mutated = mutate(name, tensors[name]) if mutate is not None else swapped(tensors[name])
         except ValueError:
             out[name] = False
             continue

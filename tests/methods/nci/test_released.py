@@ -63,6 +63,24 @@ def test_ours_searches_like_ncis_own_generate(shape):
     assert result["beams_identical"]
 
 
+@pytest.mark.slow  # a seeded sample of 20 parameters a shape; the full sweep's counts: docs/results.md
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_sample_of_single_tensor_mutations_is_caught(shape, capsys):
+    from tests.conftest import run_tool
+
+    code, out, _ = run_tool("check_parity", ["--method", "nci", "--fixture", str(FIXTURES / shape), "--mutate",
+                                             "--mutate_sample", "20", "--seed", "76", "--tolerance",
+                                             str(TOLERANCE)], capsys)
+    report = __import__("json").loads(out.strip().splitlines()[-1])
+    assert code == 0 and report["missed"] == [] and report["mutations"] == 20, report
+
+
+def test_a_tied_table_is_mutated_with_its_copies():
+    caught = parity.mutations(FIXTURE, TOLERANCE, names=["decode_embeddings.weight",
+                                                         "adaptor.layers.0.multihead_attn.in_proj_weight"])
+    assert caught == {"decode_embeddings.weight": True, "adaptor.layers.0.multihead_attn.in_proj_weight": True}
+
+
 def _with(tmp_path, change):
     from safetensors.numpy import load_file, save_file
 
