@@ -285,6 +285,17 @@ def run_tool(name: str, argv, capsys) -> tuple[int, str, str]:
     return rc, out, err
 
 
+def mutation_report(method: str, fixture, capsys, sample: int, seed: int, tolerance=None) -> tuple[int, dict]:
+    """`python tools/check_parity.py --method METHOD --fixture FIXTURE --mutate --mutate_sample SAMPLE --seed SEED
+    [--tolerance T]` in-process → (exit code, its JSON report)."""
+    import json
+
+    argv = ["--method", method, "--fixture", str(fixture), "--mutate", "--mutate_sample", str(sample), "--seed",
+            str(seed)] + ([] if tolerance is None else ["--tolerance", str(tolerance)])
+    code, out, _ = run_tool("check_parity", argv, capsys)
+    return code, json.loads(out.strip().splitlines()[-1])
+
+
 def sweep(argnames: str, cases, default) -> list:
     """The cases of a parametrized sweep for `pytest.mark.parametrize(argnames, ...)`: those in `default` run in the
     default tier (a few representatives, each value of each argument at least once where it matters), the others

@@ -66,12 +66,9 @@ def test_ours_searches_like_ncis_own_generate(shape):
 @pytest.mark.slow  # a seeded sample of 20 parameters a shape; the full sweep's counts: docs/results.md
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_sample_of_single_tensor_mutations_is_caught(shape, capsys):
-    from tests.conftest import run_tool
+    from tests.conftest import mutation_report
 
-    code, out, _ = run_tool("check_parity", ["--method", "nci", "--fixture", str(FIXTURES / shape), "--mutate",
-                                             "--mutate_sample", "20", "--seed", "76", "--tolerance",
-                                             str(TOLERANCE)], capsys)
-    report = __import__("json").loads(out.strip().splitlines()[-1])
+    code, report = mutation_report("nci", FIXTURES / shape, capsys, 20, 76, TOLERANCE)
     assert code == 0 and report["missed"] == [] and report["mutations"] == 20, report
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from gr_jax.methods.ripor import parity
 from gr_jax.evaluation.mutations import swapped
-from tests.conftest import REPO, run_tool
+from tests.conftest import REPO, mutation_report
 
 FIXTURES = REPO / "tests" / "fixtures" / "ripor_parity"
 SHAPES = sorted((p.name for p in FIXTURES.iterdir() if p.is_dir()), key=lambda n: (n != "m8_relu", n))
@@ -60,10 +60,7 @@ def test_mutations_of_each_kind_are_caught():
 
 
 def test_a_check_too_loose_to_see_a_mutation_exits_1(capsys):
-    code, out, _ = run_tool("check_parity", ["--method", "ripor", "--fixture", str(FIXTURES / SHAPES[0]),
-                                             "--mutate", "--mutate_sample", "6", "--seed", "3",
-                                             "--tolerance", "1e9"], capsys)
-    report = json.loads(out.strip().splitlines()[-1])
+    code, report = mutation_report("ripor", FIXTURES / SHAPES[0], capsys, 6, 3, tolerance=1e9)
     assert code == 1 and report["missed"] and report["mutations"] == 6
     # what a tolerance of 1e9 still sees: the code tables, through the identical assignment
     assert all(not n.startswith("list_") for n in report["missed"])
@@ -72,9 +69,7 @@ def test_a_check_too_loose_to_see_a_mutation_exits_1(capsys):
 @pytest.mark.slow  # a seeded sample of 40 tensors a shape (~15 s); the full sweep's counts: docs/results.md
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_sample_of_single_tensor_mutations_is_caught(shape, capsys):
-    code, out, _ = run_tool("check_parity", ["--method", "ripor", "--fixture", str(FIXTURES / shape), "--mutate",
-                                             "--mutate_sample", "40", "--seed", "75"], capsys)
-    report = json.loads(out.strip().splitlines()[-1])
+    code, report = mutation_report("ripor", FIXTURES / shape, capsys, 40, 75)
     assert code == 0 and report["missed"] == [] and report["mutations"] == 40, report
 
 
