@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=cli.natural, default=0)
     parser.add_argument("--commit", help="the commit of --genret_repo when it is not a git working tree (an export)")
     parser.add_argument("--feed_forward", choices=("relu", "gated-gelu"), default="relu")
-    parser.add_argument("--norm_spread", type=float, default=0.1,
+    parser.add_argument("--norm_spread", type=cli.nonnegative, default=0.1,
                         help="layer norms drawn 1 ± this (0: HF's ones, where --mutate cannot swap entries)")
     for name, default in DEFAULTS.items():
         parser.add_argument(f"--{name}", type=cli.count, default=default)

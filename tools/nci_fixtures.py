@@ -171,7 +171,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=cli.natural, default=0)
     parser.add_argument("--commit", help="the commit of --nci_repo when it is not a git working tree (an export)")
     for name, default in DEFAULTS.items():
-        kind = float if name == "norm_spread" else cli.natural if name == "short_docids" else cli.count
+        kind = cli.nonnegative if name == "norm_spread" else cli.natural if name == "short_docids" else cli.count
         parser.add_argument(f"--{name}", type=kind, default=default)
     args = parser.parse_args(argv)
     repo = Path(args.nci_repo)

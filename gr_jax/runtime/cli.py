@@ -54,6 +54,11 @@ def positive(text: str) -> float:
     return _number(float, text, 0, True, "a number > 0")
 
 
+def nonnegative(text: str) -> float:
+    """A finite number ≥ 0 (0 often means "off": the help says)."""
+    return _number(float, text, 0, False, "a number ≥ 0")
+
+
 def name_list(choices=None, what: str = "name", parse=None):
     """An argparse type for a comma-separated list: at least one name, no empty one between commas, each one of
     `choices` (when given) or accepted by `parse` (its ValueError becomes the usage error); the names in order."""

@@ -640,5 +640,13 @@ def test_tools_validate_their_numeric_arguments(capsys):
     bare = [f"{p.name}: {line.strip()}" for p in sorted((ROOT / "tools").glob("*.py"))
             for line in p.read_text().splitlines() if "add_argument" in line and ("type=int" in line or "type=float" in line)]
     assert not bare, bare
+    import argparse
+
+    from gr_jax.runtime import cli
+
+    assert cli.nonnegative("0") == 0.0 and cli.nonnegative("0.25") == 0.25
+    for text in ("-0.1", "nan", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cli.nonnegative(text)
     rc, _, err = run_tool("bench_train", ["--batch", "0"], capsys)
     assert rc == 2 and "--batch: '0': must be an integer ≥ 1" in err and "Traceback" not in err
