@@ -45,21 +45,6 @@ def rel_diff(ours, theirs) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if a.size else 0.0
 
 
-def fixture_model(fixture: Path, head_tensors: dict, meta: dict):
-    """(GenretRetriever with the released code's settings, params from the fixture's tensors)."""
-    config, net = t5_convert.load_hf(fixture / "model")
-    T, K = int(meta["positions"]), int(meta["codes"])
-    head = genret.GenretHead(length=T, codes=K, start="learned", raw_logits=True)
-    model = genret.GenretRetriever(config, head)
-    book = np.concatenate([head_tensors[f"centroids.{i}.weight"] for i in range(T)], 0)
-    inputs = np.zeros_like(book)  # table T − 1 is never read
-    for i in range(1, T):
-        inputs[(i - 1) * K:i * K] = head_tensors[f"code_embedding.{i}.weight"]
-    head_params = {"codebook": book, "code_inputs": inputs, "start": head_tensors["code_embedding.0.weight"][0]}
-    params = {"network": net, "head": head_params}
-    return model, jax.tree_util.tree_map(jnp.asarray, params)
-
-
 _LOSSES = jax.jit(training.genret_losses, static_argnames=("t", "sinkhorn", "mask_duplicates"))
 
 

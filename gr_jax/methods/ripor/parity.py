@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.methods.api import TrieIndex, load_npz, read_json, sweep, t5_convert
+from gr_jax.methods.api import CodebookHead, TrieIndex, load_npz, read_json, sweep, t5_convert
 from gr_jax.methods.ripor.docids import pack_codebooks
 from gr_jax.methods.ripor.objectives import MARGIN_UNIT
 from gr_jax.methods.ripor.t5_layout import RiporT5Retriever
@@ -63,8 +63,6 @@ class Fixture:
         M, K = int(self.meta["levels"]), int(self.meta["codes"])
         net_tensors = {k: v for k, v in self.tensors.items() if not k.startswith(THEIR_HEAD)}
         self.config = t5_convert.config_from_hf(hf_config, net_tensors, source=str(self.folder / "config.json"))
-        from gr_jax.methods.api import CodebookHead
-
         factors = self.meta["prefix_factors"]
         self.model = RiporT5Retriever(self.config, CodebookHead(length=M, codes=K),
                                       prefix_lengths=[int(L) for L in sorted(factors, key=int)],

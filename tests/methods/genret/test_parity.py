@@ -85,8 +85,8 @@ def test_a_swapped_weight_is_caught(tmp_path):
 
 @pytest.mark.slow  # over 5 s: the default tier keeps within 10 minutes
 def test_each_released_code_flag_changes_what_it_should():
-    meta, head, _, _ = parity._read(FIXTURE)
-    model, params = parity.fixture_model(FIXTURE, head, meta)
+    fx = parity.Fixture(FIXTURE)
+    model, params = fx.model, fx.params(fx.tensors)
     tokens = jnp.asarray(np.arange(2, 12)[None, :], jnp.int32)
     codes = jnp.zeros((1, model.head.length), jnp.int32)
     h, raw = model.positions(params, tokens, codes)
