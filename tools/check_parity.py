@@ -10,6 +10,7 @@
     python tools/check_parity.py --method ripor --fixture tests/fixtures/ripor_parity/m8_relu [--mutate]
     python tools/check_parity.py --arch llama --hf_dir path/to/hf_llama   # or --gguf FILE, --smollm2, --demo
     python tools/check_parity.py --backbone bart --hf_dir path/to/hf_bart [--fairseq checkpoint_best.pt]  # or --demo
+    python tools/check_parity.py --arch bart --hf_dir tests/fixtures/bart_parity/d32_l2 --mutate   # or t5, llama
 
 T5 (default): max |Δ| of encoder states (non-padded positions) and decoder logits on a random padded batch,
 and whether a few greedy decoding steps give identical tokens; needs the [torch] extra.
@@ -37,6 +38,8 @@ BART (`--backbone bart`, alias of `--arch`): the relative max |Δ| of the logits
 transformers' BartForConditionalGeneration, and identical greedy tokens; with `--fairseq FILE`, ours reads that
 fairseq checkpoint (the same weights as --hf_dir in fairseq's format, e.g. SEAL's released checkpoint beside its
 HF conversion). `--demo`: a tiny random HF BART, and the same weights written as a fairseq checkpoint.
+A backbone with `--mutate` (`--hf_dir`, e.g. a fixture of tools/backbone_fixtures.py): the logits and the gradient of
+every parameter against transformers' (`evaluation/gradient_parity.py`), then each tensor with two rows swapped.
 Prints one JSON line (differences in keys ending in `_diff`, identity checks in keys ending in `_identical`).
 Exit status 1 when a difference exceeds --tolerance or an identity check fails; 2 on unreadable input.
 """
@@ -107,14 +110,18 @@ def main(argv=None) -> int:
                   greedy_steps=args.greedy_steps, seed=args.seed)
     if (args.method != "t5") != bool(args.fixture):
         parser.error(f"--fixture goes with --method {' / '.join(METHODS_WITH_PARITY)} (and those need --fixture)")
-    if args.mutate and (args.method == "t5" or not hasattr(importlib.import_module(PARITY_MODULES[args.method]),
-                                                             "mutations")):
+    if args.mutate and args.method == "t5" and not args.hf_dir:
+        parser.error("--mutate: a backbone's sweep reads --hf_dir (tools/backbone_fixtures.py writes one)")
+    if args.mutate and args.method != "t5" and not hasattr(importlib.import_module(PARITY_MODULES[args.method]),
+                                                           "mutations"):
         parser.error(f"--mutate: the parity module of --method {args.method} has no mutation sweep")
     if (args.gguf or args.smollm2) and args.arch != "llama":
         parser.error("--gguf / --smollm2 go with --arch llama")
     ok = True
     try:
-        if args.arch == "llama":
+        if args.mutate and args.method == "t5":
+            ok = _backbone_mutations(args)
+        elif args.arch == "llama":
             ok = _llama(args)
         elif args.arch == "bart":
             ok = _bart(args)
@@ -145,6 +152,22 @@ def main(argv=None) -> int:
         logging.error("%s", e)
         return 2
     return 0 if ok else 1
+
+
+def _backbone_mutations(args) -> bool:
+    """--arch A --hf_dir DIR --mutate: the logits and every parameter's gradient against transformers'
+    (`evaluation/gradient_parity.py`), first on the weights as they are, then with two rows of each tensor swapped."""
+    from gr_jax.evaluation import gradient_parity
+
+    tol = {} if args.tolerance is None else {"tolerance": args.tolerance}
+    sizes = dict(batch=args.batch, seed=args.seed)
+    baseline = gradient_parity.check(args.arch, args.hf_dir, **sizes)
+    baseline["within_tolerance"] = gradient_parity.within(baseline, **tol)
+    caught = gradient_parity.mutations(args.arch, args.hf_dir, sample=args.mutate_sample, **sizes, **tol)
+    missed = sorted(name for name, seen in caught.items() if not seen)
+    sys.stdout.write(json.dumps({**baseline, "mutations": len(caught), "caught": len(caught) - len(missed),
+                                 "missed": missed, "inert": gradient_parity.inert(args.hf_dir)}) + "\n")
+    return baseline["within_tolerance"] and not missed
 
 
 def _llama(args) -> bool:

@@ -106,7 +106,7 @@ def check_parity(hf_dir: str | os.PathLike, gr_jax_checkpoint: str | os.PathLike
 
 def write_random_hf_t5(out_dir: str | os.PathLike, version: str = "1.0", seed: int = 0, vocab_size: int = 512,
                        d_model: int = 64, num_layers: int = 2, num_heads: int = 4, d_kv: int = 16,
-                       d_ff: int = 128) -> Path:
+                       d_ff: int = 128, num_decoder_layers: int | None = None) -> Path:
     """A tiny randomly initialised HF T5 written with `save_pretrained` (v1.0 tied, or v1.1 untied head)."""
     import torch
     import transformers
@@ -116,7 +116,8 @@ def write_random_hf_t5(out_dir: str | os.PathLike, version: str = "1.0", seed: i
     torch.manual_seed(seed)
     v11 = version == "1.1"
     cfg = transformers.T5Config(vocab_size=vocab_size, d_model=d_model, d_kv=d_kv, d_ff=d_ff, num_layers=num_layers,
-                                num_heads=num_heads, feed_forward_proj="gated-gelu" if v11 else "relu",
+                                num_decoder_layers=num_decoder_layers, num_heads=num_heads,
+                                feed_forward_proj="gated-gelu" if v11 else "relu",
                                 tie_word_embeddings=not v11, decoder_start_token_id=0)
     model = transformers.T5ForConditionalGeneration(cfg).eval()
     if v11:
