@@ -2,7 +2,7 @@
 
     python tools/check_parity.py --hf_dir path/to/hf_t5 [--batch 4]
     python tools/check_parity.py --demo          # writes a tiny random HF T5 first, then checks it
-    python tools/check_parity.py --method glen --fixture tests/fixtures/glen_parity
+    python tools/check_parity.py --method glen --fixture tests/fixtures/glen_parity/peer_v512_d64
     python tools/check_parity.py --method pag --fixture tests/fixtures/pag_parity
     python tools/check_parity.py --method seal --fixture tests/fixtures/seal_parity   # or minder, ltrgr
     python tools/check_parity.py --method genret --fixture tests/fixtures/genret_parity/t3_k8_relu
@@ -16,7 +16,7 @@ T5 (default): max |Δ| of encoder states (non-padded positions) and decoder logi
 and whether a few greedy decoding steps give identical tokens; needs the [torch] extra.
 A method (`--method NAME`): the method's package's `parity.check_fixture(folder)` against a fixture folder of
 its authors' outputs. GLEN: a fixture folder of GLEN's own outputs (model/, inputs.npz, outputs.npz, ranking.json, glen_docid.tsv,
-meta.json; tests/fixtures/glen_parity/README.md) — step logits, docids, final beams and collision-free
+meta.json; tests/fixtures/glen_parity/peer_v512_d64/README.md; tools/glen_fixtures.py writes more) — step logits, docids, final beams and collision-free
 rankings (`gr_jax/methods/glen/parity.py`); needs no torch.
 PAG: a fixture folder of PAG's own outputs (model/, inputs.npz, outputs.npz, decoding.json, the two
 docid_to_tokenids.json files, lex_run.json, meta.json; tests/fixtures/pag_parity/REFERENCE.md) — lexical

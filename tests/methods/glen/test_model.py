@@ -23,7 +23,7 @@ from gr_jax.data.vocab import DocidTokenSpace
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[3]
-FIXTURE = ROOT / "tests" / "fixtures" / "glen_parity"
+FIXTURE = ROOT / "tests" / "fixtures" / "glen_parity" / "peer_v512_d64"
 
 
 def tok(piece):
@@ -61,15 +61,17 @@ def test_the_check_fails_on_a_changed_ranking_or_shifted_logits_and_the_tool_say
     (fx / "ranking.json").write_text(json.dumps(ranking))
     with np.load(fx / "outputs.npz") as z:
         out = {k: z[k] for k in z.files}
-    out["query_step_logits"] = out["query_step_logits"] + 1e-3  # 10× the tolerance
+    shift = 1e-3 * np.abs(out["query_step_logits"]).max()  # 1e-3 of the magnitude: 100× the tolerance
+    out["query_step_logits"] = out["query_step_logits"] + shift
+    expected = shift / np.abs(out["query_step_logits"]).max()  # the check's differences are relative
     np.savez(fx / "outputs.npz", **out)
     res = subprocess.run([sys.executable, "tools/check_parity.py", "--method", "glen", "--fixture", str(fx)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 1, res.stderr
     line = json.loads(res.stdout.strip().splitlines()[-1])
     assert line["rankings_identical"] is False and line["docids_identical"] is True
-    assert line["query_step_logits_diff"] == pytest.approx(1e-3, rel=0.01)
-    assert line["doc_step_logits_diff"] < 1e-4  # only what was changed is reported as different
+    assert line["query_step_logits_diff"] == pytest.approx(expected, rel=0.01)
+    assert line["doc_step_logits_diff"] < 1e-5  # only what was changed is reported as different
     assert line["within_tolerance"] is False
 
 
@@ -299,7 +301,7 @@ def test_masked_special_ids_are_unk_and_t5s_sentinels():
     import json
     from pathlib import Path
 
-    meta = json.loads((Path(__file__).resolve().parents[2] / "fixtures" / "glen_parity" / "meta.json").read_text())
+    meta = json.loads((Path(__file__).resolve().parents[2] / "fixtures" / "glen_parity" / "peer_v512_d64" / "meta.json").read_text())
     assert sorted(masked_special_ids(unk_id=2, first_sentinel=496, sentinels=16)) == \
         sorted(meta["token_layout"]["masked_token_ids"])
 

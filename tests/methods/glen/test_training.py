@@ -142,7 +142,7 @@ def _fixture_glen():
     from gr_jax.methods.glen import parity as glen_parity
 
     model, params, inputs, _ = glen_parity.fixture_model(Path(__file__).resolve().parents[2] / "fixtures"
-                                                         / "glen_parity")
+                                                         / "glen_parity" / "peer_v512_d64")
     return model, params, inputs
 
 
