@@ -3,7 +3,7 @@
     python tools/check_parity.py --hf_dir path/to/hf_t5 [--batch 4]
     python tools/check_parity.py --demo          # writes a tiny random HF T5 first, then checks it
     python tools/check_parity.py --method glen --fixture tests/fixtures/glen_parity/peer_v512_d64
-    python tools/check_parity.py --method pag --fixture tests/fixtures/pag_parity
+    python tools/check_parity.py --method pag --fixture tests/fixtures/pag_parity/peer_v320_d64
     python tools/check_parity.py --method seal --fixture tests/fixtures/seal_parity   # or minder, ltrgr
     python tools/check_parity.py --method genret --fixture tests/fixtures/genret_parity/t3_k8_relu
     python tools/check_parity.py --method nci --fixture tests/fixtures/nci_parity/v10_d32
@@ -19,7 +19,7 @@ its authors' outputs. GLEN: a fixture folder of GLEN's own outputs (model/, inpu
 meta.json; tests/fixtures/glen_parity/peer_v512_d64/README.md; tools/glen_fixtures.py writes more) — step logits, docids, final beams and collision-free
 rankings (`gr_jax/methods/glen/parity.py`); needs no torch.
 PAG: a fixture folder of PAG's own outputs (model/, inputs.npz, outputs.npz, decoding.json, the two
-docid_to_tokenids.json files, lex_run.json, meta.json; tests/fixtures/pag_parity/REFERENCE.md) — lexical
+docid_to_tokenids.json files, lex_run.json, meta.json; tests/fixtures/pag_parity/peer_v320_d64/README.md; tools/pag_fixtures.py writes more) — lexical
 representations, set docids, s_lex, planning set, raw step logits, final beams and rankings with and without the
 look-ahead bonus (`gr_jax/methods/pag/parity.py`); needs no torch.
 GenRET: a fixture folder written from GenRET's run.py by tools/genret_fixtures.py (model/, head.safetensors,

@@ -22,7 +22,7 @@ from gr_jax.retriever.model import GenerativeRetriever
 from tests.retriever.test_retriever import CONFIG, _tables
 from tests.conftest import sweep
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "pag_parity"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "pag_parity" / "peer_v320_d64"
 
 
 def traced_rank(model, params, q, index, num_beams):

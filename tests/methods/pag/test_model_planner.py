@@ -14,7 +14,7 @@ from gr_jax.methods.pag import parity as pag_parity
 from gr_jax.methods.pag import model_planner
 from tests.conftest import sweep
 
-FIXTURE = pag_parity.Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "pag_parity"
+FIXTURE = pag_parity.Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "pag_parity" / "peer_v320_d64"
 
 
 def test_postings_by_hand():

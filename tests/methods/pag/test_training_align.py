@@ -13,7 +13,7 @@ from gr_jax.data.readers import QuerySet
 from gr_jax.methods.pag import parity as pag_parity
 from gr_jax.methods.pag import training_align as pag_align
 
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "pag_parity"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "pag_parity" / "peer_v320_d64"
 
 
 def _oracle(zt, zs, tau, k):
