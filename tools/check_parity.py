@@ -4,7 +4,7 @@
     python tools/check_parity.py --demo          # writes a tiny random HF T5 first, then checks it
     python tools/check_parity.py --method glen --fixture tests/fixtures/glen_parity/peer_v512_d64
     python tools/check_parity.py --method pag --fixture tests/fixtures/pag_parity/peer_v320_d64
-    python tools/check_parity.py --method seal --fixture tests/fixtures/seal_parity   # or minder, ltrgr
+    python tools/check_parity.py --method seal --fixture tests/fixtures/seal_parity/d300_v204   # or minder, ltrgr
     python tools/check_parity.py --method genret --fixture tests/fixtures/genret_parity/t3_k8_relu
     python tools/check_parity.py --method nci --fixture tests/fixtures/nci_parity/v10_d32
     python tools/check_parity.py --method ripor --fixture tests/fixtures/ripor_parity/m8_relu [--mutate]

@@ -4,7 +4,7 @@ The tool builds SEAL's ``seal.index.FMIndex`` over a small deterministic corpus
 of token ids and records, for several hundred n-gram queries, what SEAL's index
 answers: the occurrence count, the allowed next tokens with their counts, and
 the documents that contain the n-gram. The output is one JSON file (by default
-``tests/fixtures/seal_parity/fm_index.json``) that holds the corpus, the queries, the
+``tests/fixtures/seal_parity/<shape>/fm_index.json``) that holds the corpus, the queries, the
 answers and SEAL's layout conventions, so a test can compare our substring
 index against SEAL without SEAL being installed.
 
@@ -13,7 +13,7 @@ following SEAL's own README (sdsl-lite, swig, ``pip install -e .``), then put
 the SEAL checkout on ``PYTHONPATH`` and run::
 
     PYTHONPATH=path/to/SEAL python tools/seal_fm_fixtures.py \
-        --out tests/fixtures/seal_parity/fm_index.json --seed 1
+        --out tests/fixtures/seal_parity/d300_v204/fm_index.json --seed 1
 
 ``seal/__init__.py`` imports SEAL's retrieval/beam-search code (fairseq-era
 transformers, more_itertools, ...). When that fails, the tool imports only
@@ -54,9 +54,10 @@ import numpy as np
 
 
 from gr_jax.runtime import cli  # the argument validators every tool uses
+from gr_jax.runtime.io_utils import write_text
 LOG = logging.getLogger("seal_fm_fixtures")
 
-DEFAULT_OUT = os.path.join("tests", "fixtures", "seal_parity", "fm_index.json")
+DEFAULT_OUT = os.path.join("tests", "fixtures", "seal_parity", "d300_v204", "fm_index.json")
 FORMAT_VERSION = 1
 
 
@@ -449,12 +450,7 @@ def main(argv=None):
         "corpus": docs,
         "queries": entries,
     }
-    out_dir = os.path.dirname(args.out)
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(fixture, f, separators=(",", ":"))
-        f.write("\n")
+    write_text(args.out, json.dumps(fixture, separators=(",", ":")) + "\n")
     LOG.info("wrote %s (%d bytes)", args.out, os.path.getsize(args.out))
     return 0
 

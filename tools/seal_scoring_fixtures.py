@@ -1,4 +1,4 @@
-"""Writes tests/fixtures/seal_parity/scoring.json: SEAL's own document scoring, run by SEAL's code, on a small token-id corpus.
+"""Writes tests/fixtures/seal_parity/<shape>/scoring.json: SEAL's own document scoring, run by SEAL's code, on a small token-id corpus.
 
 What it calls (facebookresearch/SEAL, written against commit fdaf30795982958706882d790f81d2d3545d2406):
 - `seal.index.FMIndex` (seal/index.py over the compiled seal/cpp_modules): `initialize(docs, in_memory=True)`
@@ -30,7 +30,7 @@ SEAL counted for the document, in its order, unigram bonuses last), "best": [tok
 Run (SEAL installed as its README says: sdsl-lite, swig, `pip install -e .` in a SEAL checkout; plus torch,
 tqdm and more_itertools, which seal/keys.py imports):
 
-    PYTHONPATH=path/to/SEAL python tools/seal_scoring_fixtures.py [--out tests/fixtures/seal_parity/scoring.json] [--seed 0]
+    PYTHONPATH=path/to/SEAL python tools/seal_scoring_fixtures.py [--out tests/fixtures/seal_parity/d300_v204/scoring.json] [--seed 0] [--vocab_size 204 --n_docs 300 --max_len 60]
 
 SEAL's package `__init__` also imports seal/retrieval.py and seal/beam_search.py, which need transformers 4.13
 (`transformers.generation_utils`, gone from current transformers) — not fairseq. When `import seal` fails, the
@@ -59,7 +59,7 @@ variants, --n_queries the number of queries, --no_all_ngrams drops "all_ngrams".
 
     PYTHONPATH=path/to/SEAL python tools/seal_scoring_fixtures.py --keys_from path/to/MINDER/seal \
         --keys_repo liyongqi67/MINDER --keys_commit COMMIT --query_start 45056 --duplicate_keys 0.3 \
-        --variants nq_defaults,no_unigram_scores --out tests/fixtures/seal_parity/minder_scoring.json
+        --variants nq_defaults,no_unigram_scores --out tests/fixtures/seal_parity/d300_v204/minder_scoring.json
 
 (MINDER's seal/cpp_modules sources are SEAL's; a checkout's `seal` directory works as DIR without building it.)
 """
@@ -84,6 +84,7 @@ from pathlib import Path
 
 
 from gr_jax.runtime import cli  # the argument validators every tool uses
+from gr_jax.runtime.io_utils import write_text
 
 
 def _probability(text: str) -> float:
@@ -101,6 +102,17 @@ TITLE_EOS = 3               # stands for BART's " @@" (49314), SEAL's title deli
 CONTENT = list(range(4, VOCAB_SIZE))
 N_DOCS = 300
 N_QUERIES = 50
+MAX_LEN = 60                 # content tokens of a document at most (flags --vocab_size, --n_docs, --max_len)
+
+
+def set_shape(vocab_size: int, n_docs: int, max_len: int) -> None:
+    """The corpus's shape (module defaults: the stored fixture's). The ids 0..3 stay special."""
+    global VOCAB_SIZE, CONTENT, N_DOCS, MAX_LEN
+    if vocab_size < 16 or max_len < 4:
+        raise ValueError("--vocab_size ≥ 16 (ids 0..3 are special, the frequent unigrams are ids 4..15), "
+                         "--max_len ≥ 4")
+    VOCAB_SIZE, N_DOCS, MAX_LEN = vocab_size, n_docs, max_len
+    CONTENT = list(range(4, VOCAB_SIZE))
 
 # SEALSearcher.DEFAULTS (seal/retrieval.py), mapped to aggregate_evidence's keywords exactly as
 # SEALSearcher.retrieve_from_keys passes them (max_occurrences_2 and single_key_add_unigrams are not passed).
@@ -212,7 +224,7 @@ def make_corpus(rng: random.Random, query_start: int | None = None):
     cum = list(accumulate(1.0 / (r + 1) ** 1.1 for r in range(len(CONTENT))))
     docs, titles, bodies, pseudo = [], [], [], []
     for _ in range(N_DOCS):
-        n = rng.randint(3, 60)
+        n = rng.randint(3, MAX_LEN)
         content = rng.choices(CONTENT, cum_weights=cum, k=n)
         t = rng.randint(1, min(3, n - 1))
         titles.append(content[:t])
@@ -429,7 +441,7 @@ def build(FMIndex, keys, seed: int, detail_docs: int, query_start: int | None = 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="tests/fixtures/seal_parity/scoring.json", help="the JSON to write")
+    parser.add_argument("--out", default="tests/fixtures/seal_parity/d300_v204/scoring.json", help="the JSON to write")
     parser.add_argument("--seed", type=cli.natural, default=0, help="seeds the corpus, the queries and their scores")
     parser.add_argument("--seal_dir", default=None,
                         help="SEAL's `seal` package directory, loaded by path (default: `seal` on sys.path)")
@@ -449,7 +461,14 @@ def main(argv=None) -> int:
                         help=f"comma-separated subset of {','.join(VARIANTS)} (default: all)")
     parser.add_argument("--n_queries", type=cli.count, default=N_QUERIES, help="how many queries")
     parser.add_argument("--no_all_ngrams", action="store_true", help="leave out each output's all_ngrams")
+    parser.add_argument("--vocab_size", type=cli.count, default=VOCAB_SIZE, help="ids 0..VOCAB_SIZE-1 (4.. content)")
+    parser.add_argument("--n_docs", type=cli.count, default=N_DOCS)
+    parser.add_argument("--max_len", type=cli.count, default=MAX_LEN, help="content tokens of a document at most")
     args = parser.parse_args(argv)
+    try:
+        set_shape(args.vocab_size, args.n_docs, args.max_len)
+    except ValueError as exc:
+        parser.error(str(exc))
     variants = args.variants.split(",") if args.variants else None
     unknown = [v for v in variants or [] if v not in VARIANTS]
     if unknown:
@@ -468,6 +487,7 @@ def main(argv=None) -> int:
     commit = seal_commit(package_dir)
     log.info("SEAL imported (%s), commit %s", mode, commit or "unknown")
     fixture = {"schema": SCHEMA, "generator": "tools/seal_scoring_fixtures.py", "seed": args.seed,
+               "shape": {"vocab_size": VOCAB_SIZE, "n_docs": N_DOCS, "max_len": MAX_LEN},
                "seal": {"repo": "facebookresearch/SEAL", "commit": commit,
                         "written_against": SEAL_COMMIT_WRITTEN_AGAINST, "import_mode": mode,
                         "function": "seal.keys.aggregate_evidence", "index": "seal.index.FMIndex"}}
@@ -488,8 +508,7 @@ def main(argv=None) -> int:
     fixture.update(build(FMIndex, keys, args.seed, args.detail_docs, args.query_start, args.duplicate_keys,
                          variants, args.n_queries, not args.no_all_ngrams))
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(fixture, separators=(",", ":")) + "\n", encoding="utf-8")
+    write_text(out, json.dumps(fixture, separators=(",", ":")) + "\n")
     log.info("wrote %s (%d bytes)", out, out.stat().st_size)
     return 0
 

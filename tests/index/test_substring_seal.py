@@ -1,5 +1,5 @@
 """The substring index against SEAL's own FM-index (facebookresearch/SEAL's `FMIndex`, via the fixture that
-tools/seal_fm_fixtures.py wrote with SEAL's compiled module: tests/fixtures/seal_parity/fm_index.json).
+tools/seal_fm_fixtures.py wrote with SEAL's compiled module: tests/fixtures/seal_parity/d300_v204/fm_index.json).
 
 Both index the documents as SEAL's build script does (each document followed by EOS). For every one of the
 fixture's n-grams — random, frequent, absent, the empty prefix, and n-grams that cross a document boundary or
@@ -25,7 +25,7 @@ import pytest
 
 from gr_jax.index.substring import SubstringIndex
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "seal_parity" / "fm_index.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "seal_parity" / "d300_v204" / "fm_index.json"
 
 
 @pytest.fixture(scope="module")

@@ -214,7 +214,7 @@ def test_a_cut_seal_fixture_names_the_file_and_line(tmp_path):
     from gr_jax.methods.seal import parity
     from gr_jax.runtime.io_utils import FileFormatError
 
-    src = Path(__file__).resolve().parents[1] / "fixtures" / "seal_parity"
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "seal_parity" / "d300_v204"
     folder = tmp_path / "seal_parity"
     folder.mkdir()
     text = (src / "fm_index.json").read_text()

@@ -1,6 +1,6 @@
 """SEAL against its authors' code (`methods/seal/parity.py`): our document scoring on the keys and unigram
 scores SEAL's `aggregate_evidence` was given, our substring index on the n-grams SEAL's FM-index answered
-(tests/fixtures/seal_parity, written by SEAL's own code). The checks fail for the right reasons: a count off by
+(tests/fixtures/seal_parity/<shape>, written by SEAL's own code). The checks fail for the right reasons: a count off by
 one or two keys' scores swapped move the scores past the tolerance."""
 
 import copy
@@ -14,7 +14,9 @@ import pytest
 from gr_jax.methods.seal import parity
 from gr_jax.methods.seal.ranker import weight
 
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "seal_parity"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "seal_parity"
+SHAPES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+FIXTURE = FIXTURES / "d300_v204"
 # float64 sums of a few dozen terms of magnitude up to ~300: 1e-9 of the magnitude is far above their rounding
 # (~1e-14 measured) and far below what one key's weight moves (≥ 1e-3 of a document's score)
 TOLERANCE = 1e-9
@@ -67,9 +69,11 @@ def test_swapped_key_scores_are_caught(scoring):
 
 
 @pytest.mark.slow  # starts a process
-def test_check_parity_tool():
+@pytest.mark.parametrize("shape", SHAPES)
+def test_check_parity_tool(shape):
     for method in ("seal", "minder"):
-        out = subprocess.run([sys.executable, "tools/check_parity.py", "--method", method, "--fixture", str(FIXTURE),
+        out = subprocess.run([sys.executable, "tools/check_parity.py", "--method", method, "--fixture",
+                              str(FIXTURES / shape),
                               "--tolerance", str(TOLERANCE)], capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parents[3], timeout=600)
         assert out.returncode == 0, out.stderr[-2000:]
@@ -100,3 +104,50 @@ def test_the_device_scorer_against_seals_code(scoring):
     assert device["max_rel_diff_score"] <= 1e-5 and device["queries_in_seal_order"] == device["queries"] == 50
     for figure in ("documents_compared", "seal_only_documents", "our_only_documents"):
         assert device[figure] == host[figure], figure
+
+
+def test_two_shapes_are_stored():
+    shapes = set()
+    for shape in SHAPES:
+        fm = json.loads((FIXTURES / shape / "fm_index.json").read_text())
+        scoring = json.loads((FIXTURES / shape / "scoring.json").read_text())
+        assert (FIXTURES / shape / "minder_scoring.json").is_file()
+        shapes.add((len(fm["corpus"]), scoring["corpus"]["vocab_size"]))
+    assert len(shapes) == len(SHAPES) >= 2
+
+
+def test_minders_repeated_key_counts_its_last_weighing_score():
+    """MINDER's keys.py passes repeated keys and stores a key's weight only when it is not zero: a repeat whose
+    score weighs nothing leaves the earlier score in force (the case d120_v96's query 26 holds)."""
+    minder = json.loads((FIXTURES / "d120_v96" / "minder_scoring.json").read_text())
+    q = minder["queries"][26]
+    scores = [s for g, s in q["ngrams"] if g == [2, 4, 6, 3]]
+    assert len(scores) == 2 and scores[0] > scores[1]
+    n = int(minder["corpus"]["n_tokens"])
+    count = q["seal_counts"][[g for g, _ in q["ngrams"]].index([2, 4, 6, 3])]
+    assert weight(scores[0], count, n) > 0 == weight(scores[1], count, n)
+    result = parity.check_scoring({**minder, "queries": [q]}, variants=("nq_defaults",))["nq_defaults"]
+    assert result["max_rel_diff_score"] <= TOLERANCE and result["queries_in_seal_order"] == 1
+
+
+def test_mutations_of_each_kind_are_caught():
+    names = ["fm_index.docs[0]", "scoring.queries[5].ngram_scores", "scoring.queries[3].unigram_scores",
+             "minder_scoring.queries[22].ngram_scores", "minder_scoring.queries[1].unigram_scores"]
+    assert parity.mutations(FIXTURE, names=names) == {n: True for n in names}
+
+
+def test_a_check_too_loose_to_see_a_mutation_exits_1(capsys):
+    from tests.conftest import mutation_report
+
+    code, report = mutation_report("seal", FIXTURES / "d120_v96", capsys, 30, 4, tolerance=1e9)
+    # a tolerance of 1e9 still sees a changed count or order; a moved score alone is missed
+    assert code == 1 and report["missed"] and report["mutations"] == 30
+
+
+@pytest.mark.slow  # every mutation of both shapes (~40 s each); the counts: docs/results.md
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_mutation_is_caught(shape, capsys):
+    from tests.conftest import mutation_report
+
+    code, report = mutation_report("seal", FIXTURES / shape, capsys, 0, 0)
+    assert code == 0 and report["missed"] == [] and report["mutations"] > 300, report
