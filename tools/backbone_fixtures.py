@@ -99,6 +99,14 @@ def main(argv=None) -> int:
     sizes = {k: v for k, v in vars(args).items() if k not in ("arch", "out", "seed", "spread")}
     if args.t5_version and args.arch != "t5" or args.tied and args.arch != "llama":
         parser.error("--t5_version goes with --arch t5, --tied with --arch llama")
+    read = {"t5": {"vocab", "d_model", "d_kv", "heads", "d_ff", "layers", "decoder_layers"},
+            "bart": {"vocab", "d_model", "heads", "decoder_heads", "d_ff", "decoder_d_ff", "layers", "decoder_layers"},
+            "llama": {"vocab", "d_model", "heads", "kv_heads", "d_ff", "layers"}}[args.arch]
+    unread = [f"--{k}" for k in ("vocab", "d_model", "d_kv", "heads", "decoder_heads", "kv_heads", "d_ff",
+                                 "decoder_d_ff", "layers", "decoder_layers") if getattr(args, k) is not None
+              and k not in read]
+    if unread:
+        parser.error(f"{', '.join(unread)}: --arch {args.arch} has no such size")
     try:
         meta = write_fixture(args.arch, Path(args.out), seed=args.seed, spread=args.spread, **sizes)
     except (ValueError, OSError) as e:

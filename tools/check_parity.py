@@ -97,9 +97,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tolerance", type=cli.positive, default=None,
                         help="default: the method's parity module's (`within`), else 1e-4")
     parser.add_argument("--mutate", action="store_true",
-                        help="--method M: swap two rows of each fixture tensor in turn and list the mutations "
-                             "the check did not catch (exit 1 if any); for methods whose parity module has "
-                             "`mutations`")
+                        help="--method M --fixture F, or --arch A --hf_dir DIR: swap two rows of each tensor in turn "
+                             "and list the mutations the check did not catch (exit 1 if any); for methods whose "
+                             "parity module has `mutations`, and the backbones (by gradients)")
     parser.add_argument("--mutate_sample", type=cli.natural, default=0,
                         help="--mutate: that many tensors, drawn with --seed (0: every tensor)")
     args = parser.parse_args(argv)
@@ -160,10 +160,11 @@ def _backbone_mutations(args) -> bool:
     from gr_jax.evaluation import gradient_parity
 
     tol = {} if args.tolerance is None else {"tolerance": args.tolerance}
-    sizes = dict(batch=args.batch, seed=args.seed)
-    baseline = gradient_parity.check(args.arch, args.hf_dir, **sizes)
+    backbone = gradient_parity.Backbone(args.arch, args.hf_dir, batch=args.batch, encoder_length=args.encoder_length,
+                                        decoder_length=args.decoder_length, seed=args.seed)
+    baseline = backbone.compare(backbone.tensors)
     baseline["within_tolerance"] = gradient_parity.within(baseline, **tol)
-    caught = gradient_parity.mutations(args.arch, args.hf_dir, sample=args.mutate_sample, **sizes, **tol)
+    caught = gradient_parity.mutations(backbone, sample=args.mutate_sample, seed=args.seed, **tol)
     missed = sorted(name for name, seen in caught.items() if not seen)
     sys.stdout.write(json.dumps({**baseline, "mutations": len(caught), "caught": len(caught) - len(missed),
                                  "missed": missed, "inert": gradient_parity.inert(args.hf_dir)}) + "\n")

@@ -33,7 +33,6 @@ import contextlib
 import importlib
 import importlib.machinery
 import json
-import logging
 import sys
 import types
 from collections import defaultdict
@@ -301,6 +300,11 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, sizes=None, feed_forward
             "command": " ".join(["python tools/glen_fixtures.py --glen_repo GLEN", f"--out {out}"]
                                 + [f"--{k} {v}" for k, v in sorted(vars(z).items()) if DEFAULTS.get(k) != v]
                                 + ([f"--feed_forward {feed_forward}"] if feed_forward != "relu" else [])
+                                + ([f"--output_scale {output_scale}"] if output_scale != 8.0 else [])
+                                + ([f"--norm_spread {norm_spread}"] if norm_spread != 0.1 else [])
+                                + ([f"--settings {' '.join(map(str, settings))}"] if list(settings) != [10, 5]
+                                   else [])
+                                + ([f"--commit {commit}"] if commit else [])
                                 + ([f"--seed {seed}"] if seed else []))}
     with atomic_dir(out) as tmp:
         hf.save_pretrained(str(tmp / "model"))
@@ -331,6 +335,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cli.setup_logging()
     sizes = argparse.Namespace(**{k: getattr(args, k) for k in DEFAULTS})
+    problems = [msg for bad, msg in (
+        (args.max_len < 8, "--max_len ≥ 8"), (args.sentinels >= args.vocab - 8, "--sentinels < --vocab − 8"),
+        (args.short_queries > args.queries, "--short_queries ≤ --queries"),
+        (2 * max(args.settings) > args.docs, "every 2 × --settings ≤ --docs")) if bad]
+    if problems:
+        parser.error("; ".join(problems))
     repo = Path(args.glen_repo)
     if not (repo / "src" / "tevatron" / "modeling" / "glen_phase2.py").is_file():
         sys.stderr.write(f"{repo}: not a GLEN checkout (no src/tevatron/modeling/glen_phase2.py; git clone "
@@ -339,8 +349,8 @@ def main(argv=None) -> int:
     try:
         meta = write_fixture(repo, Path(args.out), args.seed, sizes, args.feed_forward, args.output_scale,
                              args.norm_spread, tuple(args.settings), args.commit)
-    except (ValueError, OSError) as e:
-        logging.error("%s", e)
+    except (ValueError, OSError, RuntimeError) as e:
+        sys.stderr.write(f"{e}\n")
         return 2
     sys.stdout.write(json.dumps({"out": args.out, **meta["docid_stats"], **meta["checks"]}) + "\n")
     return 0

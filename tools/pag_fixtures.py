@@ -257,6 +257,10 @@ def write_fixture(repo: Path, out: Path, seed: int = 0, sizes=None, feed_forward
                 "command": " ".join(["python tools/pag_fixtures.py --pag_repo PAG", f"--out {out}"]
                                     + [f"--{k} {v}" for k, v in sorted(vars(z).items()) if DEFAULTS.get(k) != v]
                                     + ([f"--feed_forward {feed_forward}"] if feed_forward != "relu" else [])
+                                    + ([f"--docid_scale {docid_scale}"] if docid_scale != 0.25 else [])
+                                    + ([f"--norm_spread {norm_spread}"] if norm_spread != 0.1 else [])
+                                    + ([f"--beams {' '.join(map(str, beams))}"] if list(beams) != [4, 16] else [])
+                                    + ([f"--commit {commit}"] if commit else [])
                                     + ([f"--seed {seed}"] if seed else []))}
         np.savez(tmp / "inputs.npz", query_input_ids=q_ids, query_attention_mask=q_mask, query_gold_doc=gold,
                  doc_input_ids=d_ids, doc_attention_mask=d_mask, rq_codes=codes, docid_token_ids=docid_tokens,
@@ -293,6 +297,14 @@ def main(argv=None) -> int:
         parser.add_argument(f"--{name}", type=kind, default=default)
     args = parser.parse_args(argv)
     cli.setup_logging()
+    problems = [msg for bad, msg in (
+        (args.planning > args.docs, "--planning ≤ --docs"), (args.m >= args.base_vocab - args.sentinels - 3,
+                                                              "--m < the regular tokens (--base_vocab − --sentinels − 3)"),
+        (args.doc_max < 6, "--doc_max ≥ 6"), (args.collisions * 2 > args.docs, "--collisions ≤ --docs / 2"),
+        (args.short_queries > args.queries, "--short_queries ≤ --queries"),
+        (max(args.beams) > args.planning, "every --beams ≤ --planning")) if bad]
+    if problems:
+        parser.error("; ".join(problems))
     repo = Path(args.pag_repo)
     if not (repo / "t5_pretrainer" / "modeling" / "t5_generative_retriever.py").is_file():
         sys.stderr.write(f"{repo}: not a PAG checkout (no t5_pretrainer/modeling/t5_generative_retriever.py; git "
@@ -302,7 +314,7 @@ def main(argv=None) -> int:
     try:
         meta = write_fixture(repo, Path(args.out), args.seed, sizes, args.feed_forward, args.docid_scale,
                              args.norm_spread, tuple(args.beams), args.commit)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, RuntimeError) as e:
         sys.stderr.write(f"{e}\n")
         return 2
     sys.stdout.write(json.dumps({"out": args.out, **meta["checks"], "unique_smtids": meta["unique_smtids"]}) + "\n")

@@ -304,6 +304,8 @@ def parse_args(argv=None):
     p.add_argument("--eos", type=cli.natural, default=2,
                    help="token appended to every document before indexing, as SEAL's "
                         "scripts/build_fm_index.py does (BART eos=2); -1 = append nothing")
+    p.add_argument("--per_doc", type=cli.natural, default=1,
+                   help="n-grams drawn from every document (0: none, the fixtures before 2026-12-05)")
     p.add_argument("--seal-commit", default=None,
                    help="SEAL commit to record (default: `git rev-parse HEAD` of the SEAL checkout)")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -371,6 +373,19 @@ def main(argv=None):
                     if "seal_quirk" in x:
                         new.append(x)
         frontier = new
+    # one n-gram of every document (its own draws, after all the others: the queries above do not change), so that
+    # every document is read by the check (`check_parity --mutate` swaps tokens of each)
+    doc_rng = np.random.default_rng(args.seed + 1000)
+    for d in docs if args.per_doc else []:
+        for _ in range(args.per_doc):
+            k = int(doc_rng.integers(2, min(6, len(d)) + 1)) if len(d) > 1 else 1
+            a = int(doc_rng.integers(0, len(d) - k + 1))
+            ng = d[a:a + k]
+            if tuple(ng) not in seen:
+                seen.add(tuple(ng))
+                e = query_index(index, ng, shift)
+                e["kind"] = "per_document"
+                entries.append(e)
     n_quirk = sum("seal_quirk" in e for e in entries)
     LOG.info("answered %d queries; SEAL's get_range is off by one row for first token(s) %s "
              "(%d entries carry `seal_quirk`)", len(entries), quirk_tokens, n_quirk)
@@ -382,7 +397,7 @@ def main(argv=None):
             "tool": "tools/seal_fm_fixtures.py",
             "args": {"seed": args.seed, "n_docs": args.n_docs, "vocab_lo": args.vocab_lo,
                      "vocab_hi": args.vocab_hi, "min_len": args.min_len,
-                     "max_len": args.max_len, "eos": args.eos},
+                     "max_len": args.max_len, "eos": args.eos, "per_doc": args.per_doc},
             "query_sizes": sizes,
         },
         "seal": {
@@ -450,7 +465,11 @@ def main(argv=None):
         "corpus": docs,
         "queries": entries,
     }
-    write_text(args.out, json.dumps(fixture, separators=(",", ":")) + "\n")
+    try:
+        write_text(args.out, json.dumps(fixture, separators=(",", ":")) + "\n")
+    except OSError as exc:
+        LOG.error("%s", exc)
+        return 2
     LOG.info("wrote %s (%d bytes)", args.out, os.path.getsize(args.out))
     return 0
 

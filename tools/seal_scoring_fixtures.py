@@ -508,7 +508,11 @@ def main(argv=None) -> int:
     fixture.update(build(FMIndex, keys, args.seed, args.detail_docs, args.query_start, args.duplicate_keys,
                          variants, args.n_queries, not args.no_all_ngrams))
     out = Path(args.out)
-    write_text(out, json.dumps(fixture, separators=(",", ":")) + "\n")
+    try:
+        write_text(out, json.dumps(fixture, separators=(",", ":")) + "\n")
+    except OSError as exc:
+        log.error("%s", exc)
+        return 2
     log.info("wrote %s (%d bytes)", out, out.stat().st_size)
     return 0
 

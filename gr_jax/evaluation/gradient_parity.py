@@ -144,7 +144,7 @@ class Backbone:
                 g = g[p]
             d = _rel(g.T if transpose else g, self.ref_grads[key])
             compared.add(key)
-            if d > worst or worst_name is None:
+            if not d <= worst or worst_name is None:  # a NaN is the worst of all
                 worst, worst_name = d, key
         missing = sorted(k for k in set(self.ref_grads) - compared if not k.endswith(INERT))
         if missing:
@@ -156,7 +156,7 @@ class Backbone:
 
 
 def within(result: dict, tolerance: float = TOLERANCE) -> bool:
-    return all(v <= tolerance for k, v in result.items() if k.endswith("_diff"))
+    return all(v <= tolerance for k, v in result.items() if k.endswith("_diff"))  # a NaN fails
 
 
 def check(arch: str, hf_dir, **kwargs) -> dict:
@@ -164,11 +164,10 @@ def check(arch: str, hf_dir, **kwargs) -> dict:
     return bb.compare(bb.tensors)
 
 
-def mutations(arch: str, hf_dir, tolerance: float = TOLERANCE, names=None, sample: int = 0, seed: int = 0,
-              **kwargs) -> dict:
-    """{tensor name: whether the comparison caught two of its rows swapped}, for every tensor of the HF
-    directory (or `names`, or `sample` of them drawn with `seed`)."""
-    bb = Backbone(arch, hf_dir, **kwargs)
+def mutations(backbone: Backbone, tolerance: float = TOLERANCE, names=None, sample: int = 0, seed: int = 0) -> dict:
+    """{tensor name: whether the comparison caught two of its rows swapped}, for every tensor of the backbone's HF
+    directory (or `names`, or `sample` of them drawn with `seed`), on the backbone's own batch."""
+    bb = backbone
     names = [n for n in (bb.tensors if names is None else names) if not n.endswith(INERT)]
     return sweep(bb.tensors, lambda tensors: within(bb.compare(tensors), tolerance), names, sample, seed,
                  mutate=_mutate)

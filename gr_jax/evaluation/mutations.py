@@ -41,8 +41,9 @@ def sweep(tensors: Mapping[str, np.ndarray], passes: Callable[[dict], bool], nam
     """{tensor name: whether `passes(tensors with that tensor's two rows swapped)` is False (the mutation caught)},
     for every tensor (or `names`, or a `sample` of them drawn with `seed`). `mutate(name, value)`: the mutation of a
     tensor where two rows of the whole would change nothing the model computes (a method's parity module says which
-    part is read; default `swapped`). A tensor whose rows are all the same (a norm left at its initial ones) cannot
-    be mutated and counts as missed: the fixture must vary it."""
+    part is read, or how a tensor whose entries are all equal changes; default `swapped`). A tensor whose rows are all
+    the same (a norm left at its initial ones) cannot be swapped and counts as missed, unless `mutate` changes it
+    otherwise (GLEN's and PAG's shared peer fixtures: the first entry negated); a fixture of ours varies it."""
     out = {}
     for name in chosen(tensors if names is None else names, sample, seed):
         try:

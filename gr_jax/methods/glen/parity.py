@@ -6,7 +6,8 @@ inputs (`inputs.npz`), the reference outputs of GLEN's code (`outputs.npz`, `ran
 model through our loader and compares every quantity: step logits and hidden states (queries and documents),
 encoder output, each document's docid (tokens identical, logits), the docid file as read, and for every
 setting (N returned, K = 2N beams) the final beams and the collision-free ranked lists (identical order;
-beam log-probabilities and cosines). Keys ending in `_diff` are max absolute differences.
+beam log-probabilities and cosines). Keys ending in `_diff` are max differences relative to the reference's
+magnitude (log-probabilities: to max(|value|, 1); cosines, in [-1, 1], absolute).
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ def _max_diff(a, b) -> float:
     if a.shape != b.shape:
         raise ValueError(f"shape {a.shape} vs the reference's {b.shape}")
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if a.size else 0.0
+
+
+def _worst(*values) -> float:
+    """The largest difference; NaN if any is NaN (a plain max keeps whichever comes first)."""
+    values = [float(v) for v in values]
+    return float("nan") if any(v != v for v in values) else max(values)
 
 
 class Fixture:
@@ -123,15 +130,15 @@ class Fixture:
                     continue
                 for e, nb, c in zip(ref["ranked"], n[q == b], cos[q == b]):
                     rankings_same &= int(e["beam_rank"]) == int(nb)
-                    logprob_diff = max(logprob_diff, abs(float(e["seq_logprob"]) - float(scores[b, nb]))
+                    logprob_diff = _worst(logprob_diff, abs(float(e["seq_logprob"]) - float(scores[b, nb]))
                                        / max(abs(float(e["seq_logprob"])), 1.0))
                     if e["cosine"] is not None:
-                        cosine_diff = max(cosine_diff, abs(float(e["cosine"]) - float(c)))
+                        cosine_diff = _worst(cosine_diff, abs(float(e["cosine"]) - float(c)))
                 ref_beams = [bm for bm in ref["final_beams"] if bm["logprob"] is not None]
                 my_tokens = [full.tokens[b, k, :M].tolist() for k in range(full.tokens.shape[1]) if full.valid[b, k]]
                 beams_same &= my_tokens == [bm["tokens"] for bm in ref_beams]
                 if my_tokens == [bm["tokens"] for bm in ref_beams]:
-                    beam_diff = max([beam_diff] + [abs(float(bm["logprob"]) - float(full.scores[b, k]))
+                    beam_diff = _worst(*[beam_diff] + [abs(float(bm["logprob"]) - float(full.scores[b, k]))
                                                    / max(abs(float(bm["logprob"])), 1.0)
                                                    for k, bm in enumerate(ref_beams)])
         # log-probabilities relative to their magnitude (at least 1); cosines are in [-1, 1] already
@@ -176,8 +183,9 @@ def _mutate(name: str, value) -> np.ndarray:
 
 def mutations(fixture_dir, tolerance: float = 1e-5, names=None, sample: int = 0, seed: int = 0,
               search: bool = False) -> dict:
-    """{tensor name: whether the comparison caught two of its rows swapped}, for every tensor of the fixture's
-    model (or `names`, or `sample` of them drawn with `seed`). The step tables and the docids see every tensor;
+    """{tensor name: whether the comparison caught two of its rows swapped (a tensor whose entries are all equal:
+    its first entry negated, `_mutate`)}, for every tensor of the fixture's model (or `names`, or `sample` of them
+    drawn with `seed`). The step tables and the docids see every tensor;
     `search` adds the beam search and the ranking (slower)."""
     fx = Fixture(fixture_dir)
     return sweep(fx.tensors, lambda tensors: within(fx.compare(tensors, search=search), tolerance), names, sample,

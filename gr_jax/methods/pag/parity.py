@@ -6,8 +6,9 @@ sequential docid tokens), outputs of their model (`outputs.npz`: lexical represe
 planning set, raw step logits after every docid prefix, the exhaustive sequential score of every document),
 their two `docid_to_tokenids.json` files, `lex_run.json`, `meta.json` and `decoding.json` (per query and beam:
 guided and unguided beam search, final hypotheses and rankings). `check_fixture` loads the model and the
-docid files through our loaders and compares every quantity; keys ending in `_diff` are max absolute
-differences, keys ending in `_identical` identity checks.
+docid files through our loaders and compares every quantity; keys ending in `_diff` are max differences
+relative to the reference's magnitude (scores: to the query's largest, at least 1), keys ending in `_identical`
+identity checks.
 
 Rankings are compared as sequences of tie groups: documents sharing a docid share a score; their code keeps
 them in insertion order, this library orders ties by document id (`decoding.rankers.order`), so within a
@@ -60,6 +61,12 @@ def _groups(ranking) -> list[frozenset]:
             out.append(frozenset({str(doc)}))
         last = score
     return out
+
+
+def _worst(*values) -> float:
+    """The largest difference; NaN if any is NaN (a plain max keeps whichever comes first)."""
+    values = [float(v) for v in values]
+    return float("nan") if any(v != v for v in values) else max(values)
 
 
 class Fixture:
@@ -151,9 +158,11 @@ class Fixture:
                     mine = {tuple(res.tokens[b, k].tolist()): k for k in range(res.tokens.shape[1])
                             if res.valid[b, k]}
                     same["final_hypotheses"] &= set(theirs) == set(mine)
+                    # relative to the query's largest reference score, at least 1: a raw sum near 0 would
+                    # otherwise turn float noise of the other terms into a large relative figure
                     scale = max([1.0] + [abs(h["raw_sum"]) for h in theirs.values()])
                     for t in set(theirs) & set(mine):
-                        raw_diff = max(raw_diff, abs(theirs[t]["raw_sum"] - float(res.scores[b, mine[t]])) / scale)
+                        raw_diff = _worst(raw_diff, abs(theirs[t]["raw_sum"] - float(res.scores[b, mine[t]])) / scale)
                     ours_lex = [(doc_ids[d], sc) for d, sc in with_lex[b]]
                     ours_raw = [(doc_ids[d], sc) for d, sc in raw_only[b]]
                     ref_lex = run["ranking_pag"] if guided else run["ranking_raw_plus_lex"]
@@ -163,7 +172,7 @@ class Fixture:
                         _groups(ours_raw) == _groups(ref_raw)
                     score_of = dict(ours_lex)
                     top = max([1.0] + [abs(sc) for _, sc in ref_lex])
-                    final_diff = max([final_diff] + [abs(sc - score_of[d]) / top for d, sc in ref_lex
+                    final_diff = _worst(*[final_diff] + [abs(sc - score_of[d]) / top for d, sc in ref_lex
                                                      if d in score_of])
         out = {f"{k}_identical": bool(v) for k, v in same.items()}
         out["final_raw_sum_diff"] = raw_diff
@@ -203,8 +212,9 @@ def _mutate(name: str, value) -> np.ndarray:
 
 def mutations(fixture_dir, tolerance: float = 1e-5, names=None, sample: int = 0, seed: int = 0,
               search: bool = False) -> dict:
-    """{tensor name: whether the comparison caught two of its rows swapped}, for every tensor of the fixture's
-    model (or `names`, or `sample` of them drawn with `seed`). The lexical representations and the step logits
+    """{tensor name: whether the comparison caught two of its rows swapped (a tensor whose entries are all equal:
+    its first entry negated, `_mutate`)}, for every tensor of the fixture's model (or `names`, or `sample` of them
+    drawn with `seed`). The lexical representations and the step logits
     after every prefix see every tensor; `search` adds the decoding (slower)."""
     fx = Fixture(fixture_dir)
     return sweep(fx.tensors, lambda tensors: within(fx.compare(tensors, search=search), tolerance), names, sample,

@@ -13,7 +13,8 @@ unigram log-probabilities SEAL was given are ranked by `ranker.rank_documents` o
 (SEAL keeps those in the order its first pass met them; here by row). Where SEAL's index counts a key differently
 from the documents' own text (n-grams across a document boundary; the title of the first document of SEAL's
 reversed text), the key weighs what SEAL's count gives and occurs where the text holds it, and the documents SEAL
-scores only because of such a key are counted apart (`seal_only_documents`), not compared.
+scores only because of such a key are counted apart (`seal_only_documents`), not compared; one that holds a key
+SEAL weighed (of two tokens or more) fails the check (`seal_only_documents_holding_a_key`).
 Variants compared: SEAL's NQ defaults, without unigram scores, and with small cut-offs (max_hits 10,
 fully_score 20, top-k unigrams 50: the first pass decides which documents are scored, where the first-pass
 deviation in `ranker` shows as documents in one ranking only; their count is reported).
@@ -123,8 +124,13 @@ def check_scoring(fixture: dict, rel: float = 1e-9, variants=VARIANTS, device: b
 
 
 def _weighing_keys(query: dict, variant: str) -> list[tuple]:
-    """The n-grams SEAL weighed above zero for the query under the variant (its own record, `all_ngrams`)."""
-    return [tuple(g) for g, sc in query["outputs"][variant].get("all_ngrams", []) if sc > 0 and len(g) > 1]
+    """The keys of two tokens or more SEAL weighed above zero for the query under the variant (its own record,
+    `all_ngrams`). One-token entries are left out: the record lists SEAL's best unigrams too, which nearly every
+    document holds, and a single token cannot span a document boundary, the one way SEAL alone meets a document."""
+    if "all_ngrams" not in query["outputs"][variant]:
+        raise ValueError("a SEAL scoring fixture without `all_ngrams` (written with --no_all_ngrams): the check of "
+                         "the documents only SEAL scored needs SEAL's record of its keys' weights")
+    return [tuple(g) for g, sc in query["outputs"][variant]["all_ngrams"] if sc > 0 and len(g) > 1]
 
 
 def _check_queries(fixture: dict, queries: list, variants, view, scorer=None, rel: float = 1e-9) -> dict:
@@ -256,45 +262,28 @@ def _swap_in_queried(fm: dict, d: int) -> list | None:
     return None
 
 
-def _mutated_query(query: dict, what: str, positions: int, kw: dict, texts: list, query_start=None,
-                   counts=(), unigram_ids=()) -> dict | None:
+def _mutated_query(query: dict, what: str, counts=(), unigram_ids=()) -> dict | None:
     q = dict(query)
-    if what == "ngram_scores":  # two keys' LM scores exchanged (SEAL's input from the model): the key SEAL weighed
-        # highest (its own record, `all_ngrams`) and another whose score changes that weight, the two weights not
-        # merely trading places
-        keys, counts = query["ngrams"], query["seal_counts"]
+    if what == "ngram_scores":  # the score of the key SEAL weighed highest (its own record, `all_ngrams`) lowered
+        # to 2·score − 16: below MINDER's cap point (a view key's log P + 14 is capped at −1), so the key's weight moves
+        # in SEAL's scoring and MINDER's. A swap of two keys' scores can change nothing they compute (two keys of one
+        # document with equal counts trade weights; the cap). Left out: repeated keys (which repeat counts is their
+        # own test's) and keys the fixture made across a document boundary (no document text holds them)
+        keys, kinds = query["ngrams"], query.get("kinds", [""] * len(query["ngrams"]))
         seal_weight = {tuple(g): sc for g, sc in query["outputs"]["nq_defaults"].get("all_ngrams", [])}
-
-        def w(i, score):
-            if query_start is not None and keys[i][0] and keys[i][0][0] == query_start:  # MINDER's view boost
-                score = min(score + MINDER_QUERY_BOOST, -1.0)
-            return weight(score, counts[i], positions, kw["smoothing"], kw["alpha"])
-
-        seen = [tuple(g) for g, _ in keys]  # a repeated key is left out: which repeat counts is its own test's
-        last = [i for i, g in enumerate(seen) if seen.count(g) == 1]
-        ranked = sorted(last, key=lambda i: (-seal_weight.get(tuple(keys[i][0]), 0.0), i))
-        def docs(i):
-            return set(_occurrences(texts, tuple(keys[i][0]))[0].tolist())
-
-        def changes(i, j):  # i's weight changes, and not only in trade with j's in the same documents
-            if w(i, keys[j][1]) == w(i, keys[i][1]):
-                return False
-            if not docs(i) & docs(j):
-                return True
-            return abs(w(i, keys[j][1]) + w(j, keys[i][1]) - w(i, keys[i][1]) - w(j, keys[j][1])) \
-                > 1e-6 * max(w(i, keys[i][1]), 1.0)
-
-        pair = next(((i, j) for i in ranked for j in sorted(last, key=lambda j: (keys[j][1], j))
-                     if j != i and changes(i, j)), None)
+        seen = [tuple(g) for g, _ in keys]
+        weighed = [i for i, g in enumerate(seen) if seen.count(g) == 1 and seal_weight.get(g, 0.0) > 0
+                   and kinds[i] != "cross_boundary"]
         ngrams = [list(k) for k in keys]
-        if pair is not None:
-            i, j = pair
-            ngrams[i][1], ngrams[j][1] = keys[j][1], keys[i][1]
-        else:  # every swap trades weights within the same documents: the best key given the lowest score alone
-            i, low = ranked[0], min(sc for _, sc in keys)
-            if w(i, low) == w(i, keys[i][1]):
+        if weighed:
+            i = min(weighed, key=lambda i: (-seal_weight[seen[i]], i))
+            ngrams[i][1] = 2.0 * keys[i][1] - 16.0
+        else:  # SEAL weighed no key (the unigrams ranked alone): the first key SEAL counted given log P = −0.001
+            i = next((i for i, g in enumerate(seen) if seen.count(g) == 1 and query["seal_counts"][i] > 0
+                      and kinds[i] != "cross_boundary"), None)
+            if i is None:
                 return None
-            ngrams[i][1] = low
+            ngrams[i][1] = -1e-3
         q["ngrams"] = ngrams
     else:  # the query's best and worst unigram log-probabilities exchanged, among the tokens SEAL gives a unigram
         # score (in the corpus; not 0, 1, 2 and not a one-token key)
@@ -314,13 +303,13 @@ def _mutated_query(query: dict, what: str, positions: int, kw: dict, texts: list
 def mutations(folder, tolerance: float = 1e-9, names=None, sample: int = 0, seed: int = 0) -> dict:
     """{mutation: whether the check caught it}. SEAL's fixtures hold no weights: what the check feeds ours is the
     corpus and, per query, the keys' scores and the unigram scores. Mutations: two tokens of one document of the
-    FM-index corpus swapped so that a queried n-gram's occurrences there change (`fm_index.docs[d]`; a document no
-    queried n-gram lies in is not read by the check, and not listed); per query of each scoring file, the scores of
-    the key SEAL weighed highest (its `all_ngrams` record) and of another key exchanged, where that changes a weight
-    and not merely trades two weights within the same documents (else that key alone given the query's lowest
-    score; repeated keys left out) (`<file>.queries[q].ngram_scores`), and the best and worst unigram
-    log-probabilities among the tokens that get one exchanged (`<file>.queries[q].unigram_scores`): that query's
-    comparison alone must fail. `sample`: that many of the sorted names, drawn with `seed`."""
+    FM-index corpus swapped (`fm_index.docs[d]`; where a swap can change a queried n-gram's occurrences in the
+    document, such a swap); per query of each scoring file, the score of the key SEAL weighed highest lowered to
+    2·score − 16, or where SEAL weighed none, the first key it counted given log P −0.001
+    (`<file>.queries[q].ngram_scores`, see `_mutated_query`), and the best and worst unigram log-probabilities among
+    the tokens that get one exchanged (`<file>.queries[q].unigram_scores`): that query's comparison alone must fail.
+    A query with no key SEAL weighed, or fewer than two tokens with a unigram score, counts as missed. `sample`:
+    that many of the sorted names, drawn with `seed`."""
     folder = Path(folder)
     files = {"scoring": "scoring.json", "minder_scoring": "minder_scoring.json"}
     fm = _read(folder, ("fm_index.json",))[0]
@@ -336,17 +325,18 @@ def mutations(folder, tolerance: float = 1e-9, names=None, sample: int = 0, seed
         key, i, what = cases[name]
         if key == "fm":
             doc = _swap_in_queried(fm, i)
-            if doc is None:  # no queried n-gram lies in this document: the check does not read it
+            if doc is None:  # no queried n-gram's occurrences change with a swap here: the plain swap
+                doc = _swap_first_differing(fm["corpus"][i])
+            if doc is None:
+                out[name] = False
                 continue
             corpus = list(fm["corpus"])
             corpus[i] = doc
             out[name] = check_index({**fm, "corpus": corpus})["ngrams_differing"] > 0
             continue
         fixture = scorings[key]
-        query = _mutated_query(fixture["queries"][i], what, int(fixture["corpus"]["n_tokens"]),
-                               fixture["variants"]["nq_defaults"]["kwargs"], views[key][0], fixture.get("query_start"),
-                               views[key][2], fixture["corpus"].get("unigram_ids",
-                                                                    range(len(fixture["queries"][i]["unigram_scores"]))))
+        query = _mutated_query(fixture["queries"][i], what, views[key][2], fixture["corpus"].get(
+            "unigram_ids", range(len(fixture["queries"][i]["unigram_scores"]))))
         if query is None:
             out[name] = False
             continue

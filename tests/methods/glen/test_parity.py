@@ -75,3 +75,13 @@ def test_the_fixture_tool_refuses_a_folder_without_their_code(tmp_path, capsys):
     assert tool("glen_fixtures").main(["--glen_repo", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "not a GLEN checkout" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_the_fixture_tool_refuses_sizes_their_code_cannot_run(tmp_path, capsys):
+    from tests.conftest import tool
+
+    name = "glen_fixtures"
+    with pytest.raises(SystemExit) as exit_:
+        tool(name).main(["--glen_repo", str(tmp_path), "--out", str(tmp_path / "o"), "--settings", "20", "--docs", "30"])
+    assert exit_.value.code == 2 and "2 × --settings ≤ --docs" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -39,13 +39,21 @@ def test_ours_matches_their_code_on_every_shape(shape):
 
 
 def test_mutations_of_each_kind_are_caught():
-    """The shared embedding (the docid rows too), a relative-position table, a cross-attention projection, a
+    """The shared embedding (rows 0 and 1: pad and eos), a relative-position table, a cross-attention projection, a
     feed-forward matrix and a norm: each fails the check (without the decoding, which the slow tier adds)."""
     names = ["shared.weight", "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
              "decoder.block.1.layer.1.EncDecAttention.k.weight", "encoder.block.0.layer.1.DenseReluDense.wo.weight",
              "decoder.block.1.layer.2.layer_norm.weight"]
     caught = parity.mutations(FIXTURES / "l4_k12_relu", TOLERANCE, names=names)
     assert caught == {n: True for n in names}
+
+
+def test_two_docid_token_rows_swapped_are_caught():
+    fx = parity.Fixture(FIXTURES / "l4_k12_relu")
+    base = int(fx.meta["tiny_config"]["base_vocab"])
+    w = fx.tensors["shared.weight"].copy()
+    w[[base, base + 1]] = w[[base + 1, base]]  # the first two codes of level 0
+    assert not parity.within(fx.compare({**fx.tensors, "shared.weight": w}, search=False), TOLERANCE)
 
 
 def test_a_check_too_loose_to_see_a_mutation_exits_1(capsys):
@@ -66,4 +74,14 @@ def test_the_fixture_tool_refuses_a_folder_without_their_code(tmp_path, capsys):
 
     assert tool("pag_fixtures").main(["--pag_repo", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "not a PAG checkout" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_fixture_tool_refuses_sizes_their_code_cannot_run(tmp_path, capsys):
+    from tests.conftest import tool
+
+    name = "pag_fixtures"
+    with pytest.raises(SystemExit) as exit_:
+        tool(name).main(["--pag_repo", str(tmp_path), "--out", str(tmp_path / "o"), "--planning", "40", "--docs", "30"])
+    assert exit_.value.code == 2 and "--planning ≤ --docs" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
