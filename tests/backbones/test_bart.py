@@ -5,6 +5,7 @@ allowlist), the library's id order and the byte-level BPE tokenizer."""
 import argparse
 import json
 
+import chex
 import numpy as np
 import pytest
 
@@ -224,7 +225,7 @@ def test_library_id_order_leaves_the_network_unchanged():
     dec = np.array([[2, 0, 5, 9], [2, 3, 3, 1]])
     _, ref = bart_parity.forward(config, params, ids, mask, dec)
     _, ours = bart_parity.forward(lib_config, lib_params, perm[ids], mask, perm[dec])
-    np.testing.assert_allclose(ours[..., perm], ref, rtol=0, atol=1e-5)
+    chex.assert_trees_all_close(ours[..., perm], ref, rtol=0, atol=1e-5)
     back_config, back = bart_convert.from_library_ids(lib_params, lib_config)
     assert back_config == config
     np.testing.assert_array_equal(back["embedding"], params["embedding"])
@@ -293,3 +294,35 @@ def test_a_bart_checkpoint_starts_a_run_in_the_librarys_ids(hf_dir, unbiased_hf_
         np.testing.assert_array_equal(params["embedding"][3], bart_ids["embedding"][0])  # <s>
         with pytest.raises(ValueError, match="python -m gr_jax.backbones.bart_tokenizer"):
             loader.vocabulary(str(path), None)
+
+
+class TestShapes(chex.TestCase):
+    """Encoder states, teacher-forced logits and one cached step of a tiny random BART, jitted and not: their
+    shapes, finite, and the cached step's logits equal to the teacher-forced logits of the first position."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_encode_decode_step(self):
+        import jax.numpy as jnp
+
+        config = bart.get_config("tiny", dropout_rate=0.0)
+        net = bart.Bart(config)
+        rng = np.random.default_rng(5)
+        B, L, T = 2, 7, 4
+        ids = jnp.asarray(rng.integers(4, config.vocab_size, (B, L)), jnp.int32)
+        mask = jnp.ones((B, L), jnp.int32).at[1, 5:].set(0)
+        dec = jnp.asarray(rng.integers(4, config.vocab_size, (B, T)), jnp.int32).at[:, 0].set(
+            config.decoder_start_token_id)
+        params = bart.init_params(config)
+        encode = self.variant(lambda p, i, m: net.apply({"params": p}, i, m, method="encode"))
+        decode = self.variant(lambda p, e, m, d: net.apply({"params": p}, e, m, d, method="decode"))
+        step = self.variant(lambda p, c, t: net.apply({"params": p}, c, t, method="decode_step"))
+        enc = encode(params, ids, mask)
+        chex.assert_shape(enc, (B, L, config.d_model))
+        logits = decode(params, enc, mask, dec)
+        chex.assert_shape(logits, (B, T, config.vocab_size))
+        cache = net.apply({"params": params}, enc, mask, T, method="init_cache")
+        first, _ = step(params, cache, dec[:, 0])
+        chex.assert_shape(first, (B, config.vocab_size))
+        chex.assert_tree_all_finite((enc, logits, first))
+        # the same float32 computation through the cache: ~1e-6 of the logits' magnitude
+        chex.assert_trees_all_close(first, logits[:, 0], rtol=0, atol=1e-5 * float(jnp.abs(logits).max()))

@@ -1,6 +1,7 @@
 """The decoder-only Llama network: parity with transformers' PyTorch Llama on random tiny configs, the cache
 (left padding, a shared prefix, beam tiling) and generation."""
 
+import chex
 import numpy as np
 import pytest
 
@@ -50,7 +51,7 @@ def test_left_padding_does_not_change_a_prompts_logits(tiny):
     mask = ids != 0
     padded = _logits(model, params, ids, mask)[:, 4:]
     scale = np.abs(alone).max()
-    np.testing.assert_allclose(padded, alone, atol=1e-5 * scale)
+    chex.assert_trees_all_close(padded, alone, rtol=0, atol=1e-5 * scale)
 
 
 @pytest.mark.slow
@@ -63,7 +64,7 @@ def test_shared_prefix_equals_prefilling_the_whole_sequence(tiny):
     cache = model.apply({"params": params}, 2, 3, pre, method=llama.Llama.init_cache)
     assert cache.prefix_k[0].shape[:2] == (1, 5)  # one copy for all rows
     logits, cache = model.apply({"params": params}, cache, jnp.asarray(rest), method=llama.Llama.prefill)
-    np.testing.assert_allclose(np.asarray(logits), whole, atol=1e-5 * np.abs(whole).max())
+    chex.assert_trees_all_close(np.asarray(logits), whole, rtol=0, atol=1e-5 * np.abs(whole).max())
     tiled = cache.repeat(3)
     assert tiled.k[0].shape[0] == 6 and tiled.prefix_k[0].shape[0] == 1
     np.testing.assert_array_equal(np.asarray(tiled.positions), [8, 8, 8, 8, 8, 8])
@@ -104,7 +105,7 @@ def test_packed_prefill_equals_each_prompt_alone(tiny, scan):
     step = jnp.asarray([5, 6, 7])
     a = np.asarray(model.apply({"params": params}, packed, step, method=llama.Llama.decode_step)[0])
     b = np.asarray(model.apply({"params": params}, plain, step, method=llama.Llama.decode_step)[0])
-    np.testing.assert_allclose(a, b, atol=1e-5 * np.abs(b).max())
+    chex.assert_trees_all_close(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
     assert np.abs(b).max() > 1.0  # logits that spread: a model giving ~0 everywhere would pass trivially
     with pytest.raises(ValueError, match="do not fit"):
         llama.Packing.of(mask, real - 1)
@@ -121,7 +122,7 @@ def test_fused_projections_give_the_logits_and_tokens_of_the_separate_ones(tiny)
     ids = np.array([[3, 14, 15, 92, 65, 35], [2, 7, 1, 8, 28, 18]])
     want = _logits(model, params, ids)
     # float32 dot products of the same 32 terms, blocked differently: 1e-5 of the largest logit
-    np.testing.assert_allclose(_logits(model, fused, ids), want, atol=1e-5 * np.abs(want).max())
+    chex.assert_trees_all_close(_logits(model, fused, ids), want, rtol=0, atol=1e-5 * np.abs(want).max())
     assert np.abs(want).max() > 1.0
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
     kw = dict(max_new_tokens=6, stop_ids=[95], prefix=llama.prefix_cache(model, params, np.array([40, 41])))
@@ -174,7 +175,7 @@ def test_shared_rows_equal_the_full_forward_of_each_sample(tiny, scan):
         seq = np.concatenate([prefix, prompts[r // n], own[r]])[None]
         want = _logits(model, params, seq)[0, -steps:]
         # float32 sums over ≤ 13 positions in another order: 1e-5 of the largest logit (logits reach ~10)
-        np.testing.assert_allclose(got[r], want, atol=1e-5 * np.abs(want).max())
+        chex.assert_trees_all_close(got[r], want, rtol=0, atol=1e-5 * np.abs(want).max())
     assert np.abs(got).max() > 1.0  # a degenerate model (all logits ~0) would pass trivially
     with pytest.raises(ValueError, match="already shares"):
         shared.share_rows(2, 1)
@@ -204,7 +205,7 @@ def test_selected_rows_go_on_as_the_full_forward_of_each_sample(tiny):
     for i, r in enumerate(rows):
         want = _logits(model, params, np.concatenate([prefix, prompts[r // n], own[r]])[None])[0, -1]
         # float32 sums over ≤ 12 positions in another order: 1e-5 of the largest logit
-        np.testing.assert_allclose(np.asarray(logits)[i], want, atol=1e-5 * np.abs(want).max())
+        chex.assert_trees_all_close(np.asarray(logits)[i], want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.slow

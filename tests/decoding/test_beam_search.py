@@ -179,6 +179,23 @@ class TestShapes(chex.TestCase):
         assert int(np.asarray(res.valid).sum()) == 3 * B
 
 
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_the_same_beams_jitted_or_not(self):
+        """The search's steps (scoring, pruning, the constraint's step) compiled and eager: the same beams, scores
+        within float32 rounding of their magnitude."""
+        index = TrieIndex.build([[2, 3, EOS], [2, EOS], [4, EOS], [4, 2, EOS]], vocab_size=V, eos_id=EOS)
+        for mode in ("raw", "log_softmax"):
+            def search(c, t, mode=mode):
+                return beam_search(toy_step, c, t, batch_size=B, num_beams=3, score_mode=mode)
+            got = self.variant(search)(toy_cache(), index.device())
+            with jax.disable_jit():
+                want = search(toy_cache(), index.device())
+            chex.assert_trees_all_equal(got.tokens, want.tokens)
+            chex.assert_trees_all_equal(got.valid, want.valid)
+            chex.assert_trees_all_close(jnp.where(got.valid, got.scores, 0.0), jnp.where(want.valid, want.scores, 0.0),
+                                        rtol=1e-6)
+
+
 def test_unknown_score_mode():
     index = TrieIndex.build(np.array([[2, 3]]), vocab_size=V)
     with pytest.raises(ValueError, match="score_mode"):

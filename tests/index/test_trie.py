@@ -2,6 +2,7 @@
 
 import json
 
+import chex
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -228,3 +229,34 @@ def test_layout_equals_the_prefix_oracle_with_several_sort_keys(data):
     a, b = t._arrays(), u._arrays()
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+class TestTrieStepVariants(chex.TestCase):
+    """The trie step the search calls (`index.device.level_candidates`), jitted and not: the children of each node
+    by hand, for a three-docid trie (tokens, leaf ids, validity), and the same arrays on both paths."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_children_by_hand(self):
+        import jax.numpy as jnp
+
+        from gr_jax.index.device import level_candidates
+
+        index = TrieIndex.build([[2, 3, 1], [2, 4, 1], [5, 1]], vocab_size=8, eos_id=1)
+        trie = index.device()
+        seen = {}
+        for d in range(3):  # the docids' length with the end token
+            nodes = jnp.arange(-1, 3, dtype=jnp.int32)  # node −1: no node, nothing valid
+            tokens, child, leaf, valid = self.variant(lambda t, n, d=d: level_candidates(t, d, n))(trie, nodes)
+            chex.assert_equal_shape([child, leaf, valid])
+            chex.assert_rank(child, 2)
+            valid = np.asarray(valid)
+            assert not valid[0].any()
+            toks = (np.broadcast_to(np.arange(child.shape[-1]), child.shape) if tokens is None
+                    else np.asarray(tokens))
+            seen[d] = {int(n): sorted(int(t) for t in toks[i][valid[i]]) for i, n in enumerate(np.asarray(nodes))
+                       if valid[i].any()}
+            leaves = np.asarray(leaf)[valid]
+            assert ((leaves >= -1) & (leaves < 3)).all()
+        assert seen[0] == {0: [2, 5]}
+        assert sorted(seen[1].values()) == [[1], [3, 4]]  # below 2: 3 and 4; below 5: the end token
+        assert sorted(seen[2].values()) == [[1], [1]]

@@ -1,7 +1,9 @@
 """GenerativeRetriever with both docid heads: scores agree with exhaustive teacher forcing, beam search with a
 beam ≥ #docids returns the exact ranking, and the loss trains."""
 
+import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -45,6 +47,33 @@ def test_score_equals_exhaustive_and_beam_equals_ranking(kind):
         np.testing.assert_array_equal(np.asarray(res.leaf_ids[b]), np.argsort(-exact[b], kind="stable"))
     docs = model.predict_documents(params, q, index, num_beams=M)
     assert sorted(d for d, _ in docs[0]) == list(range(M))
+
+
+class TestHeads(chex.TestCase):
+    """Each head's embedding of a decoder input and its logits over a hidden state, jitted and not: the shapes the
+    head declares (codebook: V codes per position; text: the vocabulary), finite, and the same on both paths; the
+    codebook head's logits at position t by hand (the hidden state against level t's codes)."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_embed_and_logits(self):
+        for kind, (head, _) in _tables().items():
+            model = GenerativeRetriever(CONFIG, head)
+            params = model.init_params(2)
+            tokens = jnp.asarray(np.random.default_rng(3).integers(0, 5, (2, 3)), jnp.int32)
+            hidden = jnp.asarray(np.random.default_rng(4).standard_normal((2, 3, CONFIG.d_model)), jnp.float32)
+            emb = self.variant(lambda p, t: head.embed(model.network, p, t))(params, tokens)
+            logits = self.variant(lambda p, h: head.logits(model.network, p, h))(params, hidden)
+            chex.assert_shape(emb, (2, 3, CONFIG.d_model))
+            chex.assert_shape(logits, (2, 3, head.output_size(CONFIG)))
+            chex.assert_tree_all_finite((emb, logits))
+            with jax.disable_jit():
+                chex.assert_trees_all_close(logits, head.logits(model.network, params, hidden), rtol=1e-5)
+            if kind == "codebook":
+                table = np.asarray(params["head"]["codebook"]).reshape(head.length, head.codes, -1)
+                h = np.asarray(hidden) * (CONFIG.d_model ** -0.5 if CONFIG.scale_decoder_outputs else 1.0)
+                want = np.einsum("btd,tvd->btv", h, table[np.arange(3)])
+                # float32 products of d_model terms: ~1e-6 of the magnitude
+                chex.assert_trees_all_close(np.asarray(logits), want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ against a hand computation: the same documents, scores within float32 rounding."
 
 import math
 
+import chex
 import numpy as np
 import pytest
 
@@ -160,3 +161,27 @@ def test_runs_of_one_token():
             want = rank_documents(keys, found, lambda rows: table[where[rows]], positions, max_hits=100, matched=True)
             _same(g, want)
             assert {r: k for r, _, k in g} == {r: k for r, _, k in want}
+
+
+class TestDeviceScorerVariants(chex.TestCase):
+    """SEAL's device scorer's compiled body (`_score_batch`), jitted and not: the hand-worked three documents and a
+    random batch against the host scorer, through the same `DeviceScorer.rank`."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_same_scores_jitted_or_not(self):
+        from unittest import mock
+
+        from gr_jax.methods.seal import device_ranker
+
+        body = self.variant(device_ranker._score_batch.__wrapped__,
+                            static_argnames=("longest", "keep", "num_types", "beta", "bonus"))
+        docs = {0: [7, 8, 5, 6, 7], 1: [6, 7, 8, 6, 7], 2: [9], 4: [6, 7, 9, 9]}
+        keys = [Key(g, lp, len(_found(docs, g)[0])) for g, lp in (((6, 7), math.log(0.5)), ((7, 8), math.log(0.2)),
+                                                                 ((9,), math.log(0.01)))]
+        queries = [(keys, [_found(docs, k.tokens) for k in keys], None),
+                   (keys[1:], [_found(docs, k.tokens) for k in keys[1:]], None)]
+        with mock.patch.object(device_ranker, "_score_batch", body):
+            got = DeviceScorer(*_table(docs)).rank(queries, 995)
+        where, table = _table(docs)
+        for (k, found, _), g in zip(queries, got):
+            _same(g, rank_documents(k, found, lambda rows: table[where[rows]], 995))
