@@ -390,3 +390,36 @@ def test_the_layout_check_can_fail(tmp_path):
         "    b = Path(d, 'config.gin')\n    return a, b, f'{split}.step{step}.run', d / 'other'\n")
     found = _layout_literals(tmp_path)
     assert sorted(f.split(": ", 1)[1] for f in found) == ["'checkpoints'", "'config.gin'", "f'{split}.step{step}.run'"]
+
+
+def _workspace_paths(text: str) -> list[str]:
+    """The paths WORKSPACE.md names: its layout tree's entries (top level from the root, indented under gr_jax/) and
+    every backticked token that looks like a path (no placeholders, nothing outside the repository)."""
+    tree = text[text.index("```\ngr_jax/"):]
+    tree = tree[4: tree.index("\n```", 4)]
+    names = []
+    for line in tree.splitlines():
+        m = re.match(r"^( *)(\S+)", line)
+        if m and len(m.group(1)) in (0, 2) and not line.startswith(" " * 10):
+            names.append(m.group(2) if not m.group(1) else "gr_jax/" + m.group(2))
+    for token in re.findall(r"`([^`\s]+)`", text):
+        token = token.split("::")[0]
+        if ("/" in token or re.search(r"\.(py|md|gin|json)$", token)) and not re.search(r"[<>*={}]|^\.\./|^-", token):
+            names.append(token)
+    return sorted(set(names))
+
+
+def test_workspace_is_short_and_names_only_paths_that_exist():
+    text = (ROOT / "WORKSPACE.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 250
+    paths = _workspace_paths(text)
+    assert len(paths) > 20
+    def exists(p: str) -> bool:  # from the root, or under gr_jax/ (the prose's module paths); `mod.Name` by module
+        p = p.rstrip("/")
+        candidates = [p, "gr_jax/" + p] + ([re.sub(r"\.\w+$", ".py", p), "gr_jax/" + re.sub(r"\.\w+$", ".py", p)]
+                                           if not re.search(r"\.(py|md|gin|json)$", p) else [])
+        return any((ROOT / c).exists() for c in candidates)
+
+    missing = [p for p in paths if not exists(p)]
+    assert missing == [], missing
+    assert "gr_jax/not_a_folder/" in _workspace_paths(text.replace("  runtime/ ", "  not_a_folder/ "))

@@ -11,7 +11,7 @@ Numerics follow HF `LlamaForCausalLM` (parity tests check logits and cached gree
   computed without repeating the keys;
 * SwiGLU MLP: down(silu(gate(x)) · up(x)); bias-free projections; tied or separate output head.
 
-Dimension letters (the project-wide list is in WORKSPACE.md): B batch (rows), T new positions, S cache slots,
+Dimension letters (the project-wide list is in docs/conventions.md): B batch (rows), T new positions, S cache slots,
 P shared-prefix length, D d_model, H query heads, K key/value heads, G = H / K, Q head dim, F d_ff, V vocabulary.
 
 The layers run as one `jax.lax.scan` over their stacked parameters (`layer_stack`; the parameters stay one

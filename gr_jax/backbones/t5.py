@@ -10,7 +10,7 @@ Numerics follow the T5 reference (and so HF `T5ForConditionalGeneration`, which 
 * v1.0: ReLU FFN, logits through the shared embedding with the d_model**-0.5 output scaling;
   v1.1: gated-GELU (tanh approximation) FFN, a separate `lm_head`, no output scaling.
 
-Dimension letters used in array names (the project-wide list is in WORKSPACE.md):
+Dimension letters used in array names (the project-wide list is in docs/conventions.md):
 B batch, L encoder length, T decoder length, S decoder cache length, D d_model, H heads, Q d_kv (per-head
 dim), F d_ff, V vocabulary.
 

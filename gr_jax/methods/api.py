@@ -14,11 +14,11 @@ What a method extends or implements, how an experiment file binds it, and which 
 | decoding constraint | an object with `Constraint`'s members (`TrieIndex`, `SubstringIndex` exist; a docid table's `index_kind` picks one) | the model's `rank` | seal (any n-gram of any document) |
 | ranker | `ranker(docs_BxNxP, valid_BxNxP, beam_scores_BxN) -> (query, document row, score)`; `flat_slots`, `group_starts` | `GenerativeRetriever.ranker = @MyRanker()` | glen, mdgr, seal |
 | decoding hooks | `bonus_fn(level, child_node_ids, query_state)` + `query_state_fn`; a flat search (`beam_search.beam_search_flat`, `Candidates`) | `GenerativeRetriever.bonus_fn` | pag |
-| starting checkpoint | `initial.register(initial.InitialLoader(name, accepts, load, ...))` at import | INITIAL_CHECKPOINT_PATH | glen (refuses its phase-1 checkpoints) |
+| starting checkpoint | `initial.register(initial.InitialLoader(name, accepts, load, ...))` at import | INITIAL_CHECKPOINT_PATH | glen (refuses its phase-1 checkpoints), nci (its released .ckpt) |
 | embedder | an `Embedder` (`trains_on_queries` to be fine-tuned on D0 and its queries first) | `prepare.embedder`, `run_dynamic.embedder` | dpr |
 | trainer hooks | a training loop through `trainer.fit` (checkpoints, exact resume, the NaN guard) | — | dpr, pag (planner alignment) |
-| command | a `Command` in `methods/<name>/command.py` (`python -m gr_jax.methods.<name>.command`) | `runs/<name>.gin` | pag, fewshot, seal |
-| parity | `parity.py` checking against the authors' outputs (`mutations`: `sweep`, for `--mutate`) | `tools/check_parity.py --method <name>` | glen, pag, seal, ripor |
+| command | a `Command` in `methods/<name>/command.py` (`python -m gr_jax.methods.<name>.command`) | `runs/<name>.gin` | pag, fewshot, seal, ripor |
+| parity | `parity.py` checking against the authors' outputs (`mutations`: `sweep`, for `--mutate`) | `tools/check_parity.py --method <name>` | glen, pag, seal, nci, genret, ripor |
 
 The rest of this module is the building blocks methods use: backbones, data and evaluation pieces, the
 runtime's writing, provenance and validation helpers.

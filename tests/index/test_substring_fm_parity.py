@@ -9,7 +9,7 @@ The reference, queried with the same token ids: `fm-index` (PyPI, Rust; `MultiFM
 document): token id t is the character chr(0x100 + t) (clear of the control characters, below the surrogates), so
 a document is a string of its tokens and a character offset is a token offset; documents are indexed separately,
 as here. SEAL's own FM-index is compared in tests/index/test_substring_seal.py, from answers its compiled module
-gave (tests/fixtures/seal_fm_index.json).
+gave (tests/fixtures/seal_parity/<shape>/fm_index.json).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ constrained top-K over a fixed table. Special ids (`masked_ids`: UNK and the sen
   each beam's tokens and the docid table's token weights (`methods.glen.ranker.CollisionFree`: paper Eq. 9).
   `feed="tokens"` is the paper's ablation (token embeddings fed back: a plain seq2seq decoder).
 
-Dimension letters as in WORKSPACE.md: B batch, N beams, M docid length, V vocabulary, D d_model, R = B·N rows.
+Dimension letters as in docs/conventions.md: B batch, N beams, M docid length, V vocabulary, D d_model, R = B·N rows.
 """
 
 from __future__ import annotations
