@@ -25,7 +25,6 @@ H heads, Q head dim, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Optional
 
 import flax.linen as nn
@@ -34,9 +33,10 @@ import jax
 import jax.numpy as jnp
 
 from gr_jax.backbones import random_init
-from gr_jax.backbones.t5 import _ACTIVATIONS, _DTYPES, DecodeCache, attend
+from gr_jax.backbones.encoder_decoder import ConfigMethods, DecodeCache, EncoderDecoder
+from gr_jax.backbones.t5 import _ACTIVATIONS, Dense, attend
 from gr_jax.data.vocab import EOS_ID, PAD_ID
-from gr_jax.runtime.validation import Count, Fraction, Positive, check_fields
+from gr_jax.runtime.validation import Count, Fraction, Positive
 
 Array = jax.Array
 
@@ -44,43 +44,45 @@ ARCHITECTURE = "bart"  # the tag `to_json` writes, which `backbones.seq2seq.conf
 
 
 @dataclasses.dataclass(frozen=True)
-class BartConfig:
+class BartConfig(ConfigMethods):
     """Hyper-parameters of a BART network; field names follow HF's `BartConfig`."""
 
+    # embeddings: learned positions (offset 2, as HF's), scaled by √d_model where `scale_embedding`
     vocab_size: Count = 50265
     d_model: Count = 1024
-    encoder_layers: Count = 12
-    decoder_layers: Count = 12
-    encoder_attention_heads: Count = 16
-    decoder_attention_heads: Count = 16
-    encoder_ffn_dim: Count = 4096
-    decoder_ffn_dim: Count = 4096
-    activation_function: str = "gelu"
     max_position_embeddings: Count = 1024
     scale_embedding: bool = False
-    dropout_rate: Fraction = 0.1  # HF `dropout`
+    # the two stacks (post-norm layers; the decoder's heads and width are what the cache and heads read)
+    encoder_layers: Count = 12
+    encoder_attention_heads: Count = 16
+    encoder_ffn_dim: Count = 4096
+    decoder_layers: Count = 12
+    decoder_attention_heads: Count = 16
+    decoder_ffn_dim: Count = 4096
+    activation_function: str = "gelu"
+    layer_norm_epsilon: Positive = 1e-5
+    # regularisation (HF `dropout` is `dropout_rate`, the name every network here reads)
+    dropout_rate: Fraction = 0.1
     attention_dropout: Fraction = 0.0
     activation_dropout: Fraction = 0.0
-    layer_norm_epsilon: Positive = 1e-5
+    # compute dtype and the special ids (BART starts the decoder with its end-of-sequence token)
     dtype: str = "float32"
     pad_token_id: int = PAD_ID
     eos_token_id: int = EOS_ID
-    decoder_start_token_id: int = EOS_ID  # BART starts the decoder with its end-of-sequence token
+    decoder_start_token_id: int = EOS_ID
+
+    JSON_EXTRA = {"architecture": ARCHITECTURE}
+    DROPOUTS = ("dropout_rate", "attention_dropout", "activation_dropout")
 
     def __post_init__(self):
         if self.activation_function not in _ACTIVATIONS:
             raise ValueError(f"BartConfig.activation_function={self.activation_function!r}: expected one of "
                              f"{sorted(_ACTIVATIONS)}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"BartConfig.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         for heads, name in ((self.encoder_attention_heads, "encoder"), (self.decoder_attention_heads, "decoder")):
             if self.d_model % heads:
                 raise ValueError(f"BartConfig: d_model {self.d_model} is not a multiple of the {name}'s {heads} "
                                  f"attention heads")
-        check_fields(self)
-        for name in ("dropout_rate", "attention_dropout", "activation_dropout"):
-            if getattr(self, name) >= 1:
-                raise ValueError(f"BartConfig.{name} must be < 1, got {getattr(self, name)}")
+        self._check()
 
     # the names the library's T5 callers read (retriever heads, searches, trainers)
     @property
@@ -112,26 +114,9 @@ class BartConfig:
         return False  # BART's logits are the plain projection (CodebookHead reads this)
 
     @property
-    def compute_dtype(self):
-        return _DTYPES[self.dtype]
-
-    @property
     def embed_scale(self) -> float:
         return self.d_model ** 0.5 if self.scale_embedding else 1.0
 
-    def replace(self, **changes) -> "BartConfig":
-        return dataclasses.replace(self, **changes)
-
-    def to_json(self) -> str:
-        return json.dumps({"architecture": ARCHITECTURE, **dataclasses.asdict(self)}, indent=2, sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BartConfig":
-        d = {k: v for k, v in d.items() if k != "architecture"}
-        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown BartConfig fields: {unknown}")
-        return cls(**d)
 
 
 def _bart(d_model, ffn, heads, layers, **kw) -> BartConfig:
@@ -162,22 +147,9 @@ get_config.keyword_fields = BartConfig
 # ----------------------------------------------------------------------------------------------------------
 
 
-class Linear(nn.Module):
-    """x · kernel + bias (kernel [in, out], as HF's weight transposed)."""
-
-    features: int
-    axes: tuple[str, str]
-    std: float
-    dtype: Any
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.normal(self.std), self.axes),
-                            (x.shape[-1], self.features), jnp.float32)
-        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, (self.axes[1],)),
-                          (self.features,), jnp.float32)
-        y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype), preferred_element_type=jnp.float32)
-        return (y + bias).astype(self.dtype)
+def Linear(features: int, axes: tuple[str, str], std: float, dtype: Any, name: Optional[str] = None) -> Dense:
+    """x · kernel + bias (kernel [in, out], as HF's weight transposed): T5's `Dense` with its bias."""
+    return Dense(features, axes, std, dtype, use_bias=True, name=name)
 
 
 class LayerNorm(nn.Module):
@@ -368,7 +340,7 @@ class Decoder(nn.Module):
         return x, cache.replace(index=cache.index + T, self_k=jnp.stack(new_k), self_v=jnp.stack(new_v))
 
 
-class Bart(nn.Module):
+class Bart(EncoderDecoder, nn.Module):
     """The BART network; the methods of `t5.T5` (`encode`, `decode`, `logits`, `token_logits`, `init_cache`,
     `decode_step`, …), so every retriever, head and search that runs a T5 runs it."""
 
@@ -385,15 +357,6 @@ class Bart(nn.Module):
                                             (c.vocab_size,), jnp.float32)
         self.encoder = Encoder(c)
         self.decoder = Decoder(c)
-
-    def embed(self, tokens: Array) -> Array:
-        return jnp.take(self.embedding, tokens, axis=0).astype(self.config.compute_dtype)
-
-    def encode(self, encoder_input_tokens: Array, encoder_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
-        if encoder_mask is None:
-            encoder_mask = encoder_input_tokens != self.config.pad_token_id
-        return self.encoder(self.embed(encoder_input_tokens), encoder_mask.astype(bool), deterministic)
 
     def logits(self, hidden_BxTxD: Array, scale: Optional[bool] = None, vocab_limit: Optional[int] = None) -> Array:
         """hidden · embeddingᵀ + final_logits_bias in float32 (`scale` is accepted for T5's interface: BART's
@@ -417,50 +380,13 @@ class Bart(nn.Module):
                          preferred_element_type=jnp.float32).astype(jnp.float32)
         return out + jnp.take(self.final_logits_bias, tokens_BxNxC)
 
-    def decode_hidden(self, encoded: Array, encoder_mask: Array, decoder_input_tokens: Array,
-                      deterministic: bool = True) -> Array:
-        return self.decoder(self.embed(decoder_input_tokens), encoded, encoder_mask.astype(bool), deterministic)
-
     def decode_hidden_embedded(self, encoded: Array, encoder_mask: Array, x_BxTxD: Array,
                                deterministic: bool = True) -> Array:
         """Decoder over given token embeddings (before positions; docid heads with their own token tables)."""
         return self.decoder(x_BxTxD.astype(self.config.compute_dtype), encoded, encoder_mask.astype(bool),
                             deterministic)
 
-    def decode(self, encoded: Array, encoder_mask: Array, decoder_input_tokens: Array,
-               deterministic: bool = True) -> Array:
-        return self.logits(self.decode_hidden(encoded, encoder_mask, decoder_input_tokens, deterministic))
 
-    def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
-                 encoder_mask: Optional[Array] = None, deterministic: bool = True) -> Array:
-        if encoder_mask is None:
-            encoder_mask = encoder_input_tokens != self.config.pad_token_id
-        encoded = self.encode(encoder_input_tokens, encoder_mask, deterministic)
-        return self.decode(encoded, encoder_mask, decoder_input_tokens, deterministic)
-
-    def init_cache(self, encoded: Array, encoder_mask: Array, max_decode_length: int,
-                   growing: bool = False) -> DecodeCache:
-        c = self.config
-        ck, cv = self.decoder.cross_kv(encoded)
-        zeros = jnp.zeros((c.decoder_layers, encoded.shape[0], 0 if growing else max_decode_length,
-                           c.decoder_attention_heads, c.d_kv), c.compute_dtype)
-        return DecodeCache(index=jnp.zeros((), jnp.int32), self_k=zeros, self_v=zeros, cross_k=ck, cross_v=cv,
-                           encoder_mask=encoder_mask.astype(bool), growing=growing)
-
-    def decode_step_hidden(self, cache: DecodeCache, tokens_B: Array) -> tuple[Array, DecodeCache]:
-        hidden, cache = self.decoder.prefill(self.embed(tokens_B[:, None]), cache)
-        return hidden[:, 0], cache
-
-    def prefill_hidden(self, cache: DecodeCache, tokens_BxT: Array) -> tuple[Array, DecodeCache]:
-        return self.decoder.prefill(self.embed(tokens_BxT), cache)
-
-    def decode_step_embedded(self, cache: DecodeCache, x_BxD: Array) -> tuple[Array, DecodeCache]:
-        hidden, cache = self.decoder.prefill(x_BxD[:, None].astype(self.config.compute_dtype), cache)
-        return hidden[:, 0], cache
-
-    def decode_step(self, cache: DecodeCache, tokens_B: Array) -> tuple[Array, DecodeCache]:
-        hidden, cache = self.decode_step_hidden(cache, tokens_B)
-        return self.logits(hidden), cache
 
 
 def init_params(config: BartConfig, seed: int = 0, encoder_length: int = 8, decoder_length: int = 4) -> dict:

@@ -26,19 +26,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
-import flax.struct
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.backbones import bert, layer_stack, random_init
-from gr_jax.runtime.validation import Count, Fraction, Positive, check_fields
+from gr_jax.backbones.encoder_decoder import DTYPES, ConfigMethods, DecodeCache, EncoderDecoder  # noqa: F401
+from gr_jax.runtime.validation import Count, Fraction, Positive
 from gr_jax.data.vocab import EOS_ID, PAD_ID, WordPieceVocabulary
 
 Array = jax.Array
@@ -51,11 +50,11 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "silu": jax.nn.silu,
     "swish": jax.nn.silu,
 }
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_DTYPES = DTYPES
 
 
 @dataclasses.dataclass(frozen=True)
-class T5Config:
+class T5Config(ConfigMethods):
     """Hyper-parameters of a T5 network; field names follow HF's `T5Config` where one exists."""
 
     vocab_size: Count = 32128
@@ -92,11 +91,7 @@ class T5Config:
 
     def __post_init__(self):
         _ = self.activation  # raises on an unknown feed_forward_proj
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"T5Config.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        check_fields(self)  # the declared ranges, however the config was made (gin override, config.json)
-        if self.dropout_rate >= 1:
-            raise ValueError(f"T5Config.dropout_rate must be < 1 (1 drops every activation), got {self.dropout_rate}")
+        self._check()
 
     @property
     def is_gated(self) -> bool:
@@ -114,23 +109,6 @@ class T5Config:
             )
         return _ACTIVATIONS[name]
 
-    @property
-    def compute_dtype(self):
-        return _DTYPES[self.dtype]
-
-    def replace(self, **changes) -> "T5Config":
-        return dataclasses.replace(self, **changes)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "T5Config":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown T5Config fields: {unknown}")
-        return cls(**d)
 
 
 def _v1_0(d_model, d_ff, heads, layers, **kw) -> T5Config:
@@ -218,19 +196,26 @@ LORA_A, LORA_B, LORA_SCALE = "lora_a", "lora_b", "lora_scale"
 
 
 class Dense(nn.Module):
-    """A bias-free projection with a kernel of shape [in, out] and logical axis names. Where the parameters hold
-    a low-rank adapter beside the kernel (`lora_a`, `lora_b`, `lora_scale`: `training/lora.py`), it adds
-    scale · (x A) B to x W — LoRA unmerged; `merged_kernel` is the same map as one kernel."""
+    """A projection with a kernel of shape [in, out] and logical axis names; bias-free (T5, Llama), or with
+    `use_bias` a bias after a float32-accumulated product (BART's projections, HF's weight transposed). Where the
+    parameters hold a low-rank adapter beside the kernel (`lora_a`, `lora_b`, `lora_scale`: `training/lora.py`),
+    it adds scale · (x A) B to x W — LoRA unmerged; `merged_kernel` is the same map as one kernel."""
 
     features: int
     axes: tuple[str, str]
     std: float
     dtype: Any
+    use_bias: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         kernel = self.param("kernel", nn.with_logical_partitioning(_normal(self.std), self.axes),
                             (x.shape[-1], self.features), jnp.float32)
+        if self.use_bias:
+            bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, (self.axes[1],)),
+                              (self.features,), jnp.float32)
+            y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype), preferred_element_type=jnp.float32)
+            return (y + bias).astype(self.dtype)
         y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
         own = self.variables.get("params", {})
         if LORA_A in own:
@@ -446,83 +431,6 @@ class DecoderLayer(nn.Module):
         return x, (k, v)
 
 
-@flax.struct.dataclass
-class DecodeCache:
-    """Everything incremental decoding needs. Keys/values have the layer axis first (the scan over layers
-    reads them in place), then the rows; the beam search tiles and reorders rows through `tile_rows` /
-    `gather_rows`.
-
-    self_k/self_v: [N, B, S, H, Q] (N decoder layers); cross_k/cross_v: [N, B, L, H, Q] (the projected
-    encoder states, computed once); encoder_mask: [B, L]; index: the next position to write (scalar).
-
-    `growing` (static): S is the number of positions fed so far and every step appends its keys/values (a
-    new shape per step: for loops unrolled per position, as the constrained search's). A step then attends
-    to the positions that exist and beam reordering copies only those, instead of the whole [B, S_max, H, Q]
-    buffer of a fixed cache — at step d, d + 1 slots instead of the docid length.
-    """
-
-    index: Array
-    self_k: Array
-    self_v: Array
-    cross_k: Array
-    cross_v: Array
-    encoder_mask: Array
-    growing: bool = flax.struct.field(pytree_node=False, default=False)
-    regrow: bool = flax.struct.field(pytree_node=False, default=False)  # padded by `to_fixed`: see `to_growing`
-
-    @property
-    def max_length(self) -> int:
-        return self.self_k.shape[2]
-
-    @property
-    def step_index(self) -> Array:
-        """The decoding position (docid heads read it): here the decoder position itself."""
-        return self.index
-
-    def _map_batch(self, fn, rows: Optional[int] = None) -> "DecodeCache":
-        """fn(array, row_axis) on every per-row array (with `rows`: on those that have that many rows)."""
-        def on(a, axis):
-            return fn(a, axis) if rows is None or a.shape[axis] == rows else a
-
-        return self.replace(self_k=on(self.self_k, 1), self_v=on(self.self_v, 1), cross_k=on(self.cross_k, 1),
-                            cross_v=on(self.cross_v, 1), encoder_mask=on(self.encoder_mask, 0))
-
-    def repeat(self, n: int, share_cross: bool = False) -> "DecodeCache":
-        """Repeats every batch row n times (row b becomes rows b*n .. b*n+n-1), e.g. for beams.
-
-        With share_cross, the encoder side (cross keys/values, encoder mask) keeps one row per query and the
-        decoder attends to it from all n rows of that query: less memory, and nothing to reorder per step.
-        """
-        if share_cross:
-            return self.replace(self_k=jnp.repeat(self.self_k, n, axis=1), self_v=jnp.repeat(self.self_v, n, axis=1))
-        return self._map_batch(lambda a, axis: jnp.repeat(a, n, axis=axis))
-
-    def to_fixed(self, steps: int) -> "DecodeCache":
-        """A growing cache as a fixed one with room for `steps` more positions (the fed ones, then empty slots),
-        so that those steps keep its shapes (a search's run of levels in a `lax.scan`, which then calls
-        `to_growing`); a fixed cache as it is."""
-        if not self.growing:
-            return self
-        pad = ((0, 0), (0, 0), (0, steps), (0, 0), (0, 0))
-        return self.replace(self_k=jnp.pad(self.self_k, pad), self_v=jnp.pad(self.self_v, pad), growing=False,
-                            regrow=True)
-
-    def to_growing(self) -> "DecodeCache":
-        """A cache that `to_fixed` padded, growing again once the run that padded it has written every slot."""
-        return self.replace(growing=True, regrow=False) if self.regrow else self
-
-    def gather(self, rows: Array) -> "DecodeCache":
-        """Selects batch rows (beam search's reordering after pruning)."""
-        return self._map_batch(lambda a, axis: jnp.take(a, rows, axis=axis))
-
-    # the beam search's row hooks (`decoding.beam_search.tile_rows` / `gather_rows`): the arrays with `rows` rows
-    def tile_rows(self, n: int, rows: int) -> "DecodeCache":
-        return self._map_batch(lambda a, axis: jnp.repeat(a, n, axis=axis), rows)
-
-    def gather_rows(self, index: Array, rows: int) -> "DecodeCache":
-        return self._map_batch(lambda a, axis: jnp.take(a, index, axis=axis), rows)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Stacks and the full network
 # ----------------------------------------------------------------------------------------------------------
@@ -711,7 +619,7 @@ class Decoder(nn.Module):
         return x, cache.replace(index=index + T, self_k=new_k, self_v=new_v)
 
 
-class T5(nn.Module):
+class T5(EncoderDecoder, nn.Module):
     """The T5 network. Methods (call with `model.apply(params, ..., method=...)`):
 
     `encode`, `decode` (teacher forcing → logits), `__call__` (both), `decode_hidden` and `logits`
@@ -731,9 +639,6 @@ class T5(nn.Module):
         self.decoder = Decoder(c, self.scan_layers)
         if not c.tie_word_embeddings:
             self.lm_head = Dense(c.vocab_size, ("embed", "vocab"), 1.0, c.compute_dtype)
-
-    def embed(self, tokens: Array) -> Array:
-        return jnp.take(self.embedding, tokens, axis=0).astype(self.config.compute_dtype)
 
     def encode(self, encoder_input_tokens: Array, encoder_mask: Optional[Array] = None,
                deterministic: bool = True) -> Array:
@@ -782,10 +687,6 @@ class T5(nn.Module):
         return jnp.einsum("bnd,bncd->bnc", h.astype(dt), rows_BxNxCxD.astype(dt),
                           preferred_element_type=jnp.float32).astype(jnp.float32)
 
-    def decode_hidden(self, encoded: Array, encoder_mask: Array, decoder_input_tokens: Array,
-                      deterministic: bool = True) -> Array:
-        return self.decoder(self.embed(decoder_input_tokens), encoded, encoder_mask.astype(bool), deterministic)
-
     def decode_hidden_embedded(self, encoded: Array, encoder_mask: Array, x_BxTxD: Array,
                                deterministic: bool = True, decoder_mask: Optional[Array] = None) -> Array:
         """Decoder over given input embeddings (docid heads with their own token tables); `decoder_mask` [B, T]:
@@ -793,45 +694,7 @@ class T5(nn.Module):
         return self.decoder(x_BxTxD.astype(self.config.compute_dtype), encoded, encoder_mask.astype(bool),
                             deterministic, decoder_mask)
 
-    def decode(self, encoded: Array, encoder_mask: Array, decoder_input_tokens: Array,
-               deterministic: bool = True) -> Array:
-        return self.logits(self.decode_hidden(encoded, encoder_mask, decoder_input_tokens, deterministic))
 
-    def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
-                 encoder_mask: Optional[Array] = None, deterministic: bool = True) -> Array:
-        if encoder_mask is None:
-            encoder_mask = encoder_input_tokens != self.config.pad_token_id
-        encoded = self.encode(encoder_input_tokens, encoder_mask, deterministic)
-        return self.decode(encoded, encoder_mask, decoder_input_tokens, deterministic)
-
-    def init_cache(self, encoded: Array, encoder_mask: Array, max_decode_length: int,
-                   growing: bool = False) -> DecodeCache:
-        """A cache of `max_decode_length` positions, or with `growing` an empty one that each step extends
-        (`DecodeCache.growing`; `max_decode_length` is then not needed)."""
-        c = self.config
-        B = encoded.shape[0]
-        ck, cv = self.decoder.cross_kv(encoded)
-        zeros = jnp.zeros((c.num_decoder_layers, B, 0 if growing else max_decode_length, c.num_heads, c.d_kv),
-                          c.compute_dtype)
-        return DecodeCache(index=jnp.zeros((), jnp.int32), self_k=zeros, self_v=zeros, cross_k=ck, cross_v=cv,
-                           encoder_mask=encoder_mask.astype(bool), growing=growing)
-
-    def decode_step_hidden(self, cache: DecodeCache, tokens_B: Array) -> tuple[Array, DecodeCache]:
-        hidden, cache = self.decoder.step(self.embed(tokens_B[:, None]), cache)
-        return hidden[:, 0], cache
-
-    def prefill_hidden(self, cache: DecodeCache, tokens_BxT: Array) -> tuple[Array, DecodeCache]:
-        """Feeds T tokens per row at positions cache.index … + T − 1 (`Decoder.prefill`)."""
-        return self.decoder.prefill(self.embed(tokens_BxT), cache)
-
-    def decode_step_embedded(self, cache: DecodeCache, x_BxD: Array) -> tuple[Array, DecodeCache]:
-        hidden, cache = self.decoder.step(x_BxD[:, None].astype(self.config.compute_dtype), cache)
-        return hidden[:, 0], cache
-
-    def decode_step(self, cache: DecodeCache, tokens_B: Array) -> tuple[Array, DecodeCache]:
-        """Feeds one token per row at position cache.index; returns logits [B, V] (float32) and the cache."""
-        hidden, cache = self.decode_step_hidden(cache, tokens_B)
-        return self.logits(hidden), cache
 
 
 # ----------------------------------------------------------------------------------------------------------
