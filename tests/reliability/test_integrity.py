@@ -105,7 +105,7 @@ def test_only_a_checkpoint_from_before_checksums_is_read_unchecked(tmp_path, cap
     m.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(_state(2.0)), meta=ocp.args.JsonSave({})),
            force=True)
     m.wait_until_finished()
-    with caplog.at_level(logging.INFO, logger="gr_jax.training.trainer"):
+    with caplog.at_level(logging.INFO, logger="gr_jax.training.run_state"):
         got = trainer.read_checkpoint(m, 3, "c/3")
     assert float(got["state"]["params"]["w"][0, 0]) == 2.0
     assert "written before checksums were recorded" in caplog.text and "unchecked" in caplog.text
