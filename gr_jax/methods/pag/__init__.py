@@ -4,7 +4,7 @@ search (`model`), the joint objectives (`training`), planner alignment for cross
 Experiments: gin_configs/experiments/*/pag.gin.
 
 Files: docids (sequential RQ + set docids), model_planner (s_simul: dense product, inverted index over key ranks,
-the planning set by key), model_planned (the planning sets' own trie, searched flat), model (PagRetriever: look-
+the planning set by key), model_planned (the planning sets' own trie, searched flat), model_bonus (the look-ahead bonus tables and hooks), model (PagRetriever: look-
 ahead, modes), model_aligned, training (joint objectives), training_align (planner alignment), command
 (`align_planner`), parity
 """
