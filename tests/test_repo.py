@@ -272,12 +272,12 @@ LOW = ("gr_jax.data", "gr_jax.docids", "gr_jax.index", "gr_jax.decoding")
 # below the methods: the core, the composition and the protocols (entry points, which run a method's own
 # command, and the methods themselves are above)
 CORE = LOW + ("gr_jax.backbones", "gr_jax.retriever", "gr_jax.training", "gr_jax.evaluation", "gr_jax.baselines", "gr_jax.compose",
-              "gr_jax.protocols", "gr_jax.runtime.gin_utils", "gr_jax.tasks")
+              "gr_jax.run_setup", "gr_jax.protocols", "gr_jax.runtime.gin_utils", "gr_jax.tasks")
 # the runtime helpers (gr_jax/runtime/) and the token vocabularies: they import nothing else of gr_jax (gin_utils
 # registers the package's configurables by walking it at run time, not by importing it)
 LEAVES = ("gr_jax.runtime", "gr_jax.data.vocab")
 HIGH = ("gr_jax.backbones", "gr_jax.retriever", "gr_jax.training", "gr_jax.evaluation", "gr_jax.baselines", "gr_jax.compose",
-        "gr_jax.methods", "gr_jax.protocols", "gr_jax.runtime.gin_utils", "gr_jax.train", "gr_jax.infer", "gr_jax.eval",
+        "gr_jax.run_setup", "gr_jax.methods", "gr_jax.protocols", "gr_jax.runtime.gin_utils", "gr_jax.train", "gr_jax.infer", "gr_jax.eval",
         "gr_jax.dynamic")
 
 
