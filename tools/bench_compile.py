@@ -18,7 +18,7 @@ compile time and speed do not depend on their values.
   (trace, lowering, XLA) and counts the search's. `--dynamic_baseline <checkout>` runs another checkout's library
   too (e.g. a `git worktree` of an earlier commit), alternating with this one's; each row names its `code`.
 
-    python tools/bench_compile.py                       # all, appends a section to BENCHMARKS.md
+    python tools/bench_compile.py                       # all, replaces its section of BENCHMARKS.md
     python tools/bench_compile.py --only fewshot_bank --no_write
     python tools/bench_compile.py --only levels
     python tools/bench_compile.py --only dynamic --dynamic_baseline ../gr_jax_before   # a worktree of the baseline
@@ -40,6 +40,7 @@ import numpy as np
 
 from gr_jax.runtime import cli
 from gr_jax.runtime.cli import setup_logging
+from gr_jax.evaluation.report import benchmark_writer
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS: list[dict] = []
@@ -271,7 +272,7 @@ def main(argv=None) -> int:
 
         command = ("python tools/bench_compile.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
         header = f"device: {jax.devices()[0].platform.upper()}, {jax.device_count()} device(s); command: `{command}`"
-        with (ROOT / "BENCHMARKS.md").open("a") as f:
+        with benchmark_writer(ROOT / "BENCHMARKS.md", "bench_compile") as f:
             f.write(benchmark_section("bench_compile", header, ROWS))
     return 0
 

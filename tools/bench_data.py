@@ -1,5 +1,5 @@
 """Data-loading benchmark: reads a synthetic MS MARCO `collection.tsv` of the real size (8.8M rows,
-~330 bytes a passage) and reports rows/s and peak memory; appends a section to BENCHMARKS.md.
+~330 bytes a passage) and reports rows/s and peak memory; replaces its section of BENCHMARKS.md.
 
     python tools/bench_data.py            # 8.8M rows (writes a ~3 GB temporary file)
     python tools/bench_data.py --quick    # 200k rows
@@ -21,6 +21,7 @@ import numpy as np
 from gr_jax.runtime import cli
 from gr_jax.runtime.cli import setup_logging
 from gr_jax.data.readers import read_msmarco_collection
+from gr_jax.evaluation.report import benchmark_writer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
            "corpus_mb": (corpus.texts.nbytes + corpus.doc_ids.nbytes) / 2**20}
     sys.stdout.write(json.dumps(row) + "\n")
     if not args.no_write:
-        with (ROOT / "BENCHMARKS.md").open("a") as f:
+        with benchmark_writer(ROOT / "BENCHMARKS.md", "bench_data") as f:
             f.write(f"\n## bench_data — {datetime.date.today().isoformat()}\n\n- command: `python tools/bench_data.py "
                     f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n\n| "
                     + " | ".join(k for k in row if k != "figure") + " |\n|" + "---|" * (len(row) - 1) + "\n| "

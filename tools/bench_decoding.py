@@ -1,4 +1,4 @@
-"""Decoding and index benchmarks; prints one JSON line per figure and appends a section to BENCHMARKS.md.
+"""Decoding and index benchmarks; prints one JSON line per figure and replaces its section of BENCHMARKS.md.
 
     python tools/bench_decoding.py --quick            # small version, under two minutes on 2 CPU cores
     python tools/bench_decoding.py                    # full: tiny + small T5, 100k / 1M / 8.8M docids
@@ -50,6 +50,7 @@ from gr_jax.decoding import beam_search as bs
 from gr_jax.retriever.search import T5Searcher
 from gr_jax.index.trie import TrieIndex
 from gr_jax.backbones import t5, t5_convert
+from gr_jax.evaluation.report import benchmark_writer
 
 log = logging.getLogger("gr_jax.bench_decoding")  # shown by setup_logging
 ROOT = Path(__file__).resolve().parents[1]
@@ -357,7 +358,7 @@ def write_markdown(command: str, path: Path):
         for r in rows:
             lines.append("| " + " | ".join(_fmt(r.get(k)) for k in keys) + " |")
         lines.append("")
-    with path.open("a") as f:
+    with benchmark_writer(path, "bench_decoding") as f:
         f.write("\n".join(lines) + "\n")
 
 

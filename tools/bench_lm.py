@@ -17,7 +17,7 @@ torch pinned to the same number of threads as the machine's cores:
 Ours runs as the entry points run JAX (`--runtime entry`, the default: synchronous CPU dispatch, freed memory
 kept, `host_memory.as_entry_points`) or with JAX's defaults (`--runtime jax`, the rows before 2026-11-27).
 
-    python tools/bench_lm.py                 # appends a section to BENCHMARKS.md
+    python tools/bench_lm.py                 # replaces its section of BENCHMARKS.md
     python tools/bench_lm.py --no_write --quick
     python tools/bench_lm.py --no_generation --no_index --paper_index --index_docs 64
     python tools/bench_lm.py --no_generation --no_index --paper_index --attention_ceiling --index_docs 32
@@ -40,6 +40,7 @@ import numpy as np
 
 from gr_jax.runtime import cli, host_memory
 from gr_jax.runtime.cli import setup_logging
+from gr_jax.evaluation.report import benchmark_writer
 from profile_search import matmul_gflops  # tools/, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -303,7 +304,7 @@ def _main(args, argv) -> int:
         header = (f"device: {jax.devices()[0].platform.upper()}, {threads} CPU threads for both; runtime: "
                   f"{'as the entry points' if args.runtime == 'entry' else 'JAX defaults'}; command: "
                   f"`{command.strip()}`")
-        with (ROOT / "BENCHMARKS.md").open("a") as fh:
+        with benchmark_writer(ROOT / "BENCHMARKS.md", "bench_lm") as fh:
             fh.write(benchmark_section("bench_lm", header, ROWS))
     return 0
 

@@ -1,7 +1,7 @@
 """PAG benchmarks in the shape of Table 4 of 004_pag_lost_in_decoding.txt: set-docid size m × beam k → index
 memory, simultaneous (planner) latency, sequential latency, and effectiveness of Seq-only / SimulOnly / PAG;
 plus the search error of decoding without and with the look-ahead bonus. Prints one JSON line per row and
-appends a section to BENCHMARKS.md.
+replaces its section of BENCHMARKS.md.
 
     python tools/bench_pag.py --model_dir runs/demo_pag          # demo part: the trained demo PAG
     python tools/bench_pag.py --synthetic 1000000                # synthetic index part
@@ -45,6 +45,7 @@ import numpy as np
 
 from gr_jax.runtime import cli, host_memory
 from gr_jax.runtime.cli import setup_logging
+from gr_jax.evaluation.report import benchmark_writer
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG = logging.getLogger("gr_jax.bench_pag")
@@ -306,7 +307,7 @@ def _write(command: str, path: Path, runtime: str):
     how = "as the entry points (synchronous dispatch, freed memory kept)" if runtime == "entry" else "JAX defaults"
     header = (f"device: {jax.devices()[0].platform.upper()}, {jax.device_count()} device(s); runtime: {how}; "
               f"command: `{command}`")
-    with path.open("a") as f:
+    with benchmark_writer(path, "bench_pag") as f:
         f.write(benchmark_section("bench_pag", header, ROWS))
 
 

@@ -10,7 +10,7 @@ Each run trains `--steps` steps from scratch in a fresh MODEL_DIR (no final eval
 `--log_period` steps; a layout's figure is the median of its windows after the first (which holds the compile),
 the best of `--rounds` alternating rounds. On one machine every layout shares the same cores: host devices and
 processes split the CPU, they do not add to it — the ratio is the cost of the layout (collectives, smaller
-per-device matmuls), not a scale-out figure. Appends a section to BENCHMARKS.md.
+per-device matmuls), not a scale-out figure. Replaces its section of BENCHMARKS.md.
 
     python tools/bench_scale.py                       # all four layouts, 2 rounds
     python tools/bench_scale.py --steps 40 --rounds 1 --no_write
@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from gr_jax.runtime import cli
+from gr_jax.evaluation.report import benchmark_writer
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "experiments/demo/dsi_url.gin"
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
                    f"{os.cpu_count()} CPU cores shared by every layout (host devices and processes split them, they "
                    f"do not add to them).\n\n"
                    f"{table}\n")
-        with (ROOT / "BENCHMARKS.md").open("a") as f:
+        with benchmark_writer(ROOT / "BENCHMARKS.md", "bench_scale") as f:
             f.write(section)
     return 0
 

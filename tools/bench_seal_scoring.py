@@ -7,7 +7,7 @@ whether the two agree (the same documents, scores within 1e-5 relative; exit 1 w
     python tools/bench_seal_scoring.py --gin_file=experiments/demo/seal.gin --gin.MODEL_DIR="'runs/demo_seal'" \\
         [--split dev] [--queries 200] [--rounds 3] [--no_write]
 
-Appends a section to BENCHMARKS.md (unless --no_write); exit 2 on bad input.
+Replaces its section of BENCHMARKS.md (unless --no_write); exit 2 on bad input.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 from gr_jax.runtime import cli, gin_utils
 from gr_jax.runtime.cli import setup_logging
 from gr_jax.runtime.command import ON_A_TRAINED_SYSTEM
+from gr_jax.evaluation.report import benchmark_writer
 
 ROOT = Path(__file__).resolve().parents[1]
 RTOL = 1e-5  # the acceptance's bound; float32 sums of a query's keys round near 1e-6 relative
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
 
         header = (f"device: {jax.devices()[0].platform.upper()}, {jax.device_count()} device(s); command: "
                   f"`python tools/bench_seal_scoring.py {' '.join(argv)}`")
-        with (ROOT / "BENCHMARKS.md").open("a") as f:
+        with benchmark_writer(ROOT / "BENCHMARKS.md", "bench_seal_scoring") as f:
             f.write(benchmark_section("bench_seal_scoring", header, [row]))
     return 0 if row["same_documents"] and row["max_rel_diff"] <= RTOL else 1
 

@@ -1,7 +1,7 @@
 """Substring-index benchmarks (SEAL's index, issue "substring-constrained GR"): memory per corpus token, build
 time against pydivsufsort alone, insert 10% against a rebuild, and the constrained search step against the
 unconstrained step of the same model, on one device and split over 2 host devices. Prints one JSON line per
-row and appends a section to BENCHMARKS.md.
+row and replaces its section of BENCHMARKS.md.
 
     python tools/bench_substring.py                          # 10^7 tokens, demo-sized search
     python tools/bench_substring.py --tokens 100000000       # the issue's 10^8 tokens (≈ 3 GB of memory)
@@ -181,7 +181,9 @@ def _write(command: str, path: Path) -> None:
     from gr_jax.evaluation.report import benchmark_section
 
     header = f"device: {jax.devices()[0].platform.upper()}, {jax.device_count()} device(s); command: `{command}`"
-    with path.open("a") as f:
+    from gr_jax.evaluation.report import benchmark_writer
+
+    with benchmark_writer(path, "bench_substring") as f:
         f.write(benchmark_section("bench_substring", header, ROWS))
 
 

@@ -1,6 +1,6 @@
 """The time each system of a `python -m gr_jax.reproduce` run took: training and indexing D0, indexing each of
 D1..D5, searching, and the whole command, read from OUTPUT_DIR (reproduce_status.json and every system's
-dynamic_timing.json); appends a section to BENCHMARKS.md.
+dynamic_timing.json); replaces its section of BENCHMARKS.md.
 
     python tools/bench_systems.py runs/paper [--no_write]
 
@@ -70,7 +70,9 @@ def main(argv=None) -> int:
         quick = recipe.is_file() and json.loads(recipe.read_text()).get("quick")
         header = (f"CPU (2 cores), one process per system; the run in {args.output_dir}"
                   f"{' (--quick)' if quick else ''}; command: `python tools/bench_systems.py {args.output_dir}`")
-        with (ROOT / "BENCHMARKS.md").open("a") as f:
+        from gr_jax.evaluation.report import benchmark_writer
+
+        with benchmark_writer(ROOT / "BENCHMARKS.md", "bench_systems") as f:
             f.write(benchmark_section("bench_systems", header, rows))
     return 0
 

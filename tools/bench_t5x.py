@@ -11,7 +11,7 @@ dispatches synchronously on CPU, which bench_train.py measures. The two steps co
 NaN guard). With `--infer`: retrieval of one batch of 32 dev queries instead — ours is `model.rank` (what
 `python -m gr_jax.infer` runs per batch: the jitted search, the beams' documents fetched, the ranker), t5x's is
 `RetrieverModel.predict_batch_with_aux` partitioned by t5x's `PjitPartitioner` as `t5x.infer` / `t5x.eval` run it
-(the traced search, the ranker through `jax.pure_callback`), results fetched. Appends a section to BENCHMARKS.md.
+(the traced search, the ranker through `jax.pure_callback`), results fetched. Replaces its section of BENCHMARKS.md.
 
     python tools/bench_t5x.py
     python tools/bench_t5x.py --experiment experiments/demo/pag.gin
@@ -177,7 +177,9 @@ def main(argv=None) -> int:
     sys.stdout.write(json.dumps(row) + "\n")
     if not args.no_write:
         keys = list(row)
-        with (ROOT / "BENCHMARKS.md").open("a") as f:
+        from gr_jax.evaluation.report import benchmark_writer
+
+        with benchmark_writer(ROOT / "BENCHMARKS.md", "bench_t5x") as f:
             f.write(f"\n## bench_t5x — {datetime.date.today().isoformat()}\n\n- command: `python tools/bench_t5x.py "
                     f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n\n| " + " | ".join(keys) + " |\n|"
                     + "---|" * len(keys) + "\n| " + " | ".join(str(row[k]) for k in keys) + " |\n")

@@ -318,7 +318,9 @@ def main(argv=None) -> int:
         import importlib.metadata as md
 
         versions = ", ".join(f"{p} {md.version(p)}" for p in ("jax", "torch", "transformers") if _installed(md, p))
-        with (ROOT / "BENCHMARKS.md").open("a") as f:
+        from gr_jax.evaluation.report import benchmark_writer
+
+        with benchmark_writer(ROOT / "BENCHMARKS.md", "bench_train") as f:
             f.write(f"\n## bench_train — {datetime.date.today().isoformat()}\n\n- command: `python tools/bench_train.py "
                     f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n- versions: {versions}\n\n| "
                     + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n"

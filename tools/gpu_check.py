@@ -180,7 +180,9 @@ def main(argv=None) -> int:
     failed = [r["row"] for r in results if r["status"].startswith("failed")]
     if not args.dry_run:
         command = "python tools/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        with (ROOT / "BENCHMARKS.md").open("a") as f:
+        from gr_jax.evaluation.report import benchmark_writer
+
+        with benchmark_writer(ROOT / "BENCHMARKS.md", "gpu_check") as f:
             f.write(summary_section(results, device, command.strip()))
     if failed:
         print(f"gpu_check: rows failed: {', '.join(failed)} (their logs under {args.log_dir})", file=sys.stderr)

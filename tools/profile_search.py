@@ -178,7 +178,9 @@ def main(argv=None) -> int:
         command = ("python tools/profile_search.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
         header = (f"device: {jax.devices()[0].platform.upper()}, {jax.device_count()} device(s), jax {jax.__version__};"
                   f" command: `{command}`")
-        with (ROOT / "BENCHMARKS.md").open("a") as f:
+        from gr_jax.evaluation.report import benchmark_writer
+
+        with benchmark_writer(ROOT / "BENCHMARKS.md", "profile_search") as f:
             f.write(benchmark_section("profile_search", header, ROWS))
     return 0
 

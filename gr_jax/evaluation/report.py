@@ -91,3 +91,48 @@ def benchmark_section(name: str, header: str, rows: Sequence[Mapping]) -> str:
         lines += ["| " + " | ".join(str(r.get(k)) for k in keys) + " |" for r in part]
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def replace_benchmark_section(path, name: str, section: str) -> None:
+    """Writes `section` (a `tools/<name>.py` run's text, its first line a `## ` heading) as BENCHMARKS.md's section
+    of that tool: the heading becomes `## <name> — <date>`, and the section whose heading names the tool (its first
+    word) is replaced, or the section is appended. One section per tool, the current figure; the file goes through
+    the keep-previous path (a different earlier file is kept as `.prev-<n>`)."""
+    import datetime
+    import re
+    from pathlib import Path
+
+    from gr_jax.runtime.io_utils import read_text, write_text
+
+    body = section.strip("\n").split("\n")
+    if not body or not body[0].startswith("## "):
+        raise ValueError(f"a benchmark section starts with a '## ' heading, got {body[:1]}")
+    text = "\n".join([f"## {name} — {datetime.date.today().isoformat()}"] + body[1:]).rstrip() + "\n"
+    path = Path(path)
+    old = read_text(path, "BENCHMARKS.md") if path.exists() else "# Benchmarks\n"
+    parts = re.split(r"(?m)^(?=## )", old)
+    mine = [i for i, p in enumerate(parts) if re.match(rf"## {re.escape(name)}(\s|:|$)", p)]
+    if mine:
+        parts[mine[0]] = text + "\n"
+        parts = [p for i, p in enumerate(parts) if i not in mine[1:]]
+    else:
+        parts.append(("\n" if not parts[-1].endswith("\n\n") else "") + text)
+    write_text(path, "".join(parts).rstrip() + "\n", keep_previous=True)
+
+
+class benchmark_writer:
+    """`with benchmark_writer(path, "bench_x") as f: f.write(section)`: the text written is the tool's section,
+    replaced in place (`replace_benchmark_section`) when the block ends without an error."""
+
+    def __init__(self, path, name: str):
+        import io
+
+        self.path, self.name, self._buf = path, name, io.StringIO()
+
+    def __enter__(self):
+        return self._buf
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            replace_benchmark_section(self.path, self.name, self._buf.getvalue())
+        return False
