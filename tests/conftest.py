@@ -419,3 +419,18 @@ def tiny_hf_llama(tmp_path_factory, tiny_lm):
     folder = built_once(tmp_path_factory, "tiny_hf_llama", build)
     yield folder / "lm"
     check_unchanged(folder)
+
+
+def fixture_tool_refuses(name: str, argv: list, message: str, out, capsys, parser_error: bool = False) -> None:
+    """A fixture tool (`tools/<name>.py`) refuses `argv` with exit code 2 and `message` on stderr, and writes
+    nothing at `out` (a folder that is not the authors' checkout, or sizes their code cannot run)."""
+    import pytest
+
+    if parser_error:
+        with pytest.raises(SystemExit) as exit_:
+            tool(name).main(argv)
+        code = exit_.value.code
+    else:
+        code = tool(name).main(argv)
+    assert code == 2 and message in capsys.readouterr().err
+    assert not Path(out).exists()

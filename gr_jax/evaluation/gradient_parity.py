@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.backbones import bart, bart_convert, bart_parity, llama, llama_io, llama_parity, t5, t5_convert, t5_parity
-from gr_jax.evaluation.mutations import swapped, sweep
+from gr_jax.evaluation.mutations import rel_diff, swapped, sweep
 
 ARCHS = ("t5", "bart", "llama")
 # tensors no output reads: a key projection's bias adds q·b to every score of a query's row, which the softmax
@@ -34,13 +34,6 @@ INERT = (".self_attn.k_proj.bias", ".encoder_attn.k_proj.bias")
 # entry of each tensor (measured: ≤ 3e-6 on every stored shape); a swap of two rows of a tensor moves that tensor's
 # gradient by the order of its own magnitude
 TOLERANCE = 1e-4
-
-
-def _rel(ours, theirs) -> float:
-    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"shape {a.shape} vs the reference's {b.shape}")
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if a.size else 0.0
 
 
 class Backbone:
@@ -134,7 +127,7 @@ class Backbone:
         (_, logits), grads = self._loss_and_grad(self.params(tensors))
         logits, grads = jax.device_get((logits, grads))
         out = {"arch": self.arch, "hf_dir": str(self.hf_dir),
-               "logits_rel_diff": _rel(np.where(self.real, logits, 0), np.where(self.real, self.ref_logits, 0))}
+               "logits_rel_diff": rel_diff(np.where(self.real, logits, 0), np.where(self.real, self.ref_logits, 0))}
         worst, worst_name, compared = 0.0, None, set()
         for key, path, transpose in self._key_map():
             if key not in self.ref_grads or key.endswith(INERT):  # a buffer (BART's final_logits_bias): the
@@ -142,7 +135,7 @@ class Backbone:
             g = grads
             for p in path:
                 g = g[p]
-            d = _rel(g.T if transpose else g, self.ref_grads[key])
+            d = rel_diff(g.T if transpose else g, self.ref_grads[key])
             compared.add(key)
             if not d <= worst or worst_name is None:  # a NaN is the worst of all
                 worst, worst_name = d, key

@@ -1,4 +1,5 @@
-"""Mutation testing of a parity check (`tools/check_parity.py --mutate`): swap two rows of one parameter tensor of
+"""The parity checks' shared pieces: differences relative to the reference's magnitude (`rel_diff`, `worst`), and
+mutation testing of a check (`tools/check_parity.py --mutate`): swap two rows of one parameter tensor of
 a fixture, run the same comparison, and see whether it fails. A check that passes a mutated tensor cannot see that
 tensor. A method's parity module builds on this (`methods/<name>/parity.py`: `mutations(folder, ...)`).
 """
@@ -53,3 +54,33 @@ def sweep(tensors: Mapping[str, np.ndarray], passes: Callable[[dict], bool], nam
             continue
         out[name] = not passes({**tensors, name: mutated})
     return out
+
+
+def rel_diff(ours, theirs, where=None) -> float:
+    """max |ours − theirs| / max |theirs| (over `where`, when given): float32 passes of a tiny model agree to ~1e-6 of
+    the magnitude, which an absolute figure would hide or exaggerate with the model's scale. A shape mismatch is an
+    error."""
+    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shape {a.shape} vs the reference's {b.shape}")
+    if where is not None:
+        a, b = a[where], b[where]
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if a.size else 0.0
+
+
+def worst(*values) -> float:
+    """The largest difference; NaN if any is NaN (a plain max keeps whichever comes first)."""
+    values = [float(v) for v in values]
+    return float("nan") if any(v != v for v in values) else max(values)
+
+
+def swapped_or_negated(name: str, value) -> np.ndarray:
+    """`sweep`'s `mutate` for fixtures that keep some tensors at a constant (HF's norms at one, as the shared peer
+    fixtures do): `swapped`, or for a tensor whose entries are all equal its first entry negated, the one change to
+    it the model computes with."""
+    value = np.asarray(value)
+    if value.size > 1 and np.all(value == value.reshape(-1)[0]):
+        out = value.copy()
+        out.reshape(-1)[0] *= -1
+        return out
+    return swapped(value)

@@ -78,7 +78,7 @@ from gr_jax.baselines.dense import DenseIndex
 from gr_jax.compose import import_checkpoint, restore
 from gr_jax.evaluation import drift
 from gr_jax.evaluation.metrics import evaluate
-from gr_jax.evaluation.mutations import chosen, swapped, sweep
+from gr_jax.evaluation.mutations import chosen, rel_diff, swapped, swapped_or_negated, sweep, worst
 from gr_jax.evaluation.report import markdown_table
 from gr_jax.evaluation.retrieval import evaluation_settings, retrieve
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.methods.api import TrieIndex, load_npz, read_json, sweep, t5_convert
+from gr_jax.methods.api import load_npz, read_json, rel_diff, sweep, t5_convert, TrieIndex
 from gr_jax.methods.genret import model as genret
 from gr_jax.methods.genret import training
 
@@ -36,13 +36,6 @@ def _read(fixture: Path):
     return (read_json(fixture / "meta.json"), load_file(str(fixture / "head.safetensors")),
             load_npz(fixture / "inputs.npz", "parity fixture file"), load_npz(fixture / "outputs.npz",
                                                                               "parity fixture file"))
-
-
-def rel_diff(ours, theirs) -> float:
-    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"shape {a.shape} vs the reference's {b.shape}")
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if a.size else 0.0
 
 
 _LOSSES = jax.jit(training.genret_losses, static_argnames=("t", "sinkhorn", "mask_duplicates"))

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr_jax.methods.glen import docids as glen_docids
-from gr_jax.methods.api import leaf_documents, load_npz, read_json, swapped, sweep, t5_convert
+from gr_jax.methods.api import (leaf_documents, load_npz, read_json, rel_diff, swapped_or_negated, sweep,
+    t5_convert, worst)
 from gr_jax.methods.glen.ranker import collision_free_arrays
 from gr_jax.methods.glen import model as glen
 
@@ -46,20 +47,6 @@ def _piece_to_id(meta: dict):
         return int(m.group(1)) if m else None
 
     return piece_to_id
-
-
-def _max_diff(a, b) -> float:
-    """max |ours − theirs| / max |theirs|: float32 passes of a random tiny T5 agree to ~1e-6 of the magnitude."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"shape {a.shape} vs the reference's {b.shape}")
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if a.size else 0.0
-
-
-def _worst(*values) -> float:
-    """The largest difference; NaN if any is NaN (a plain max keeps whichever comes first)."""
-    values = [float(v) for v in values]
-    return float("nan") if any(v != v for v in values) else max(values)
 
 
 class Fixture:
@@ -94,17 +81,17 @@ class Fixture:
         queries = jnp.asarray(inputs["query_input_ids"], jnp.int32)
         d_logits, d_hidden = model.step_table(params, docs)
         q_logits, q_hidden = model.step_table(params, queries)
-        out["doc_step_logits_diff"] = _max_diff(d_logits, outputs["doc_step_logits"])
-        out["doc_step_hidden_diff"] = _max_diff(d_hidden, outputs["doc_step_hidden"])
-        out["query_step_logits_diff"] = _max_diff(q_logits, outputs["query_step_logits"])
-        out["query_step_hidden_diff"] = _max_diff(q_hidden, outputs["query_step_hidden"])
-        out["query_encoder_output_diff"] = _max_diff(self._encode(params["network"], queries),
+        out["doc_step_logits_diff"] = rel_diff(d_logits, outputs["doc_step_logits"])
+        out["doc_step_hidden_diff"] = rel_diff(d_hidden, outputs["doc_step_hidden"])
+        out["query_step_logits_diff"] = rel_diff(q_logits, outputs["query_step_logits"])
+        out["query_step_hidden_diff"] = rel_diff(q_hidden, outputs["query_step_hidden"])
+        out["query_encoder_output_diff"] = rel_diff(self._encode(params["network"], queries),
                                                      outputs["query_encoder_output"])
         ids, logits = model.decode_docids(params, inputs["doc_input_ids"], batch_size=batch_size)
         out["docids_identical"] = bool(np.array_equal(ids, outputs["doc_docid_tokens"]))
-        out["doc_docid_logits_diff"] = _max_diff(logits, outputs["doc_docid_logit_raw"])
+        out["doc_docid_logits_diff"] = rel_diff(logits, outputs["doc_docid_logit_raw"])
         out["docid_file_identical"] = bool(np.array_equal(tsv.tokens, outputs["doc_docid_tokens"]))
-        out["docid_file_logits_diff"] = _max_diff(tsv.logits, outputs["doc_docid_logit_rounded"])
+        out["docid_file_logits_diff"] = rel_diff(tsv.logits, outputs["doc_docid_logit_rounded"])
         if search:
             out.update(self._search(params, queries, M))
         return out
@@ -130,15 +117,15 @@ class Fixture:
                     continue
                 for e, nb, c in zip(ref["ranked"], n[q == b], cos[q == b]):
                     rankings_same &= int(e["beam_rank"]) == int(nb)
-                    logprob_diff = _worst(logprob_diff, abs(float(e["seq_logprob"]) - float(scores[b, nb]))
+                    logprob_diff = worst(logprob_diff, abs(float(e["seq_logprob"]) - float(scores[b, nb]))
                                        / max(abs(float(e["seq_logprob"])), 1.0))
                     if e["cosine"] is not None:
-                        cosine_diff = _worst(cosine_diff, abs(float(e["cosine"]) - float(c)))
+                        cosine_diff = worst(cosine_diff, abs(float(e["cosine"]) - float(c)))
                 ref_beams = [bm for bm in ref["final_beams"] if bm["logprob"] is not None]
                 my_tokens = [full.tokens[b, k, :M].tolist() for k in range(full.tokens.shape[1]) if full.valid[b, k]]
                 beams_same &= my_tokens == [bm["tokens"] for bm in ref_beams]
                 if my_tokens == [bm["tokens"] for bm in ref_beams]:
-                    beam_diff = _worst(*[beam_diff] + [abs(float(bm["logprob"]) - float(full.scores[b, k]))
+                    beam_diff = worst(*[beam_diff] + [abs(float(bm["logprob"]) - float(full.scores[b, k]))
                                                    / max(abs(float(bm["logprob"])), 1.0)
                                                    for k, bm in enumerate(ref_beams)])
         # log-probabilities relative to their magnitude (at least 1); cosines are in [-1, 1] already
@@ -170,23 +157,12 @@ def within(result: dict, tolerance: float = 1e-5) -> bool:
     return diffs_ok and same_ok
 
 
-def _mutate(name: str, value) -> np.ndarray:
-    """`swapped`; a tensor whose entries are all equal (the shared peer fixture keeps HF's norms at one) has its
-    first entry negated instead, the one change to it that the model computes with."""
-    value = np.asarray(value)
-    if value.size > 1 and np.all(value == value.reshape(-1)[0]):
-        out = value.copy()
-        out.reshape(-1)[0] *= -1
-        return out
-    return swapped(value)
-
-
 def mutations(fixture_dir, tolerance: float = 1e-5, names=None, sample: int = 0, seed: int = 0,
               search: bool = False) -> dict:
     """{tensor name: whether the comparison caught two of its rows swapped (a tensor whose entries are all equal:
-    its first entry negated, `_mutate`)}, for every tensor of the fixture's model (or `names`, or `sample` of them
+    its first entry negated, `swapped_or_negated`)}, for every tensor of the fixture's model (or `names`, or `sample` of them
     drawn with `seed`). The step tables and the docids see every tensor;
     `search` adds the beam search and the ranking (slower)."""
     fx = Fixture(fixture_dir)
     return sweep(fx.tensors, lambda tensors: within(fx.compare(tensors, search=search), tolerance), names, sample,
-                 seed, mutate=_mutate)
+                 seed, mutate=swapped_or_negated)

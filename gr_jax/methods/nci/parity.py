@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.methods.api import TrieIndex, load_npz, read_json, swapped, sweep, t5
+from gr_jax.methods.api import load_npz, read_json, rel_diff, swapped, sweep, t5, TrieIndex
 from gr_jax.methods.nci import model as nci_model
 from gr_jax.methods.nci import released
 
@@ -33,15 +33,6 @@ def _read(fixture: Path):
     return (read_json(fixture / "config.json"), read_json(fixture / "meta.json"),
             load_file(str(fixture / "weights.safetensors")), load_npz(fixture / "inputs.npz", "parity fixture file"),
             load_npz(fixture / "outputs.npz", "parity fixture file"))
-
-
-def rel_diff(ours, theirs, where=None) -> float:
-    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"shape {a.shape} vs the reference's {b.shape}")
-    if where is not None:
-        a, b = a[where], b[where]
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if a.size else 0.0
 
 
 def fixture_model(settings: dict, meta: dict, tensors: dict):

@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.methods.api import leaf_documents, load_npz, rankers, read_json, swapped, sweep, t5_convert
+from gr_jax.methods.api import (leaf_documents, load_npz, rankers, read_json, rel_diff, swapped_or_negated, sweep,
+    t5_convert, worst)
 from gr_jax.methods.pag import docids as pag_docids
 from gr_jax.methods.pag import model as pag
 
@@ -42,15 +43,6 @@ def _read(fixture: Path):
     return meta, inputs, outputs, decoding
 
 
-def _max_diff(a, b) -> float:
-    """max |ours − theirs| / max |theirs|: float32 passes of a random tiny T5 agree to ~1e-6 of the magnitude
-    (logits reach tens)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"shape {a.shape} vs the reference's {b.shape}")
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if a.size else 0.0
-
-
 def _groups(ranking) -> list[frozenset]:
     """[(doc, score), ...] best first → the sequence of sets of documents with equal scores."""
     out, last = [], None
@@ -61,12 +53,6 @@ def _groups(ranking) -> list[frozenset]:
             out.append(frozenset({str(doc)}))
         last = score
     return out
-
-
-def _worst(*values) -> float:
-    """The largest difference; NaN if any is NaN (a plain max keeps whichever comes first)."""
-    values = [float(v) for v in values]
-    return float("nan") if any(v != v for v in values) else max(values)
 
 
 class Fixture:
@@ -105,32 +91,32 @@ class Fixture:
         # planner
         rep_q = model.lexical_rep(params, queries)
         rep_d = model.lexical_rep(params, docs)
-        out["query_lex_rep_diff"] = _max_diff(rep_q, outputs["query_lex_rep"])
-        out["doc_lex_rep_diff"] = _max_diff(rep_d, outputs["doc_lex_rep"])
+        out["query_lex_rep_diff"] = rel_diff(rep_q, outputs["query_lex_rep"])
+        out["doc_lex_rep_diff"] = rel_diff(rep_d, outputs["doc_lex_rep"])
         set_ids = pag.top_set_ids(rep_d, int(meta["m"]), int(tiny["base_vocab"]))
         out["set_docids_identical"] = bool(np.array_equal(np.asarray(set_ids), outputs["doc_set_ids"]))
         out["set_docid_file_identical"] = bool(np.array_equal(table.extras["set_ids"], outputs["doc_set_ids"]))
         s = pag.simul_scores(rep_q, jnp.asarray(table.extras["set_ids"]))
-        out["s_lex_diff"] = _max_diff(s, outputs["s_lex"])
+        out["s_lex_diff"] = rel_diff(s, outputs["s_lex"])
         rows, planned = jax.device_get(model.plan(params, queries))
         out["planning_set_identical"] = bool(np.array_equal(rows, outputs["planning_doc_idx"]))
-        out["planning_scores_diff"] = _max_diff(planned, outputs["planning_scores"])
+        out["planning_scores_diff"] = rel_diff(planned, outputs["planning_scores"])
         lex_run = read_json(self.folder / "lex_run.json")
         ref = np.array([[float(v) for v in lex_run[qid].values()] for qid in sorted(lex_run, key=int)])
         ours = np.array([[float(s[b, int(d)]) for d in lex_run[qid]] for b, qid in enumerate(sorted(lex_run, key=int))])
-        out["lex_run_diff"] = _max_diff(ours, ref)
+        out["lex_run_diff"] = rel_diff(ours, ref)
 
         # sequential scores
         prefixes = jnp.asarray(outputs["prefix_tokens"], jnp.int32)
         lengths = jnp.asarray(outputs["prefix_len"], jnp.int32)
         step = [pag.step_logits_along(model.network, params["network"], queries[b:b + 1], prefixes, lengths)
                 for b in range(queries.shape[0])]
-        out["prefix_logits_diff"] = _max_diff(jnp.stack(step), outputs["prefix_logits"])
+        out["prefix_logits_diff"] = rel_diff(jnp.stack(step), outputs["prefix_logits"])
         D = len(doc_ids)
         seq = model.raw_docid_scores(params, jnp.repeat(queries, D, axis=0),
                                      jnp.tile(jnp.asarray(inputs["docid_token_ids"], jnp.int32),
                                               (queries.shape[0], 1)))
-        out["seq_score_all_docs_diff"] = _max_diff(np.asarray(seq).reshape(-1, D), outputs["seq_score_all_docs"])
+        out["seq_score_all_docs_diff"] = rel_diff(np.asarray(seq).reshape(-1, D), outputs["seq_score_all_docs"])
         if search:
             out.update(self._decoding(params, queries))
         return out
@@ -162,7 +148,7 @@ class Fixture:
                     # otherwise turn float noise of the other terms into a large relative figure
                     scale = max([1.0] + [abs(h["raw_sum"]) for h in theirs.values()])
                     for t in set(theirs) & set(mine):
-                        raw_diff = _worst(raw_diff, abs(theirs[t]["raw_sum"] - float(res.scores[b, mine[t]])) / scale)
+                        raw_diff = worst(raw_diff, abs(theirs[t]["raw_sum"] - float(res.scores[b, mine[t]])) / scale)
                     ours_lex = [(doc_ids[d], sc) for d, sc in with_lex[b]]
                     ours_raw = [(doc_ids[d], sc) for d, sc in raw_only[b]]
                     ref_lex = run["ranking_pag"] if guided else run["ranking_raw_plus_lex"]
@@ -172,7 +158,7 @@ class Fixture:
                         _groups(ours_raw) == _groups(ref_raw)
                     score_of = dict(ours_lex)
                     top = max([1.0] + [abs(sc) for _, sc in ref_lex])
-                    final_diff = _worst(*[final_diff] + [abs(sc - score_of[d]) / top for d, sc in ref_lex
+                    final_diff = worst(*[final_diff] + [abs(sc - score_of[d]) / top for d, sc in ref_lex
                                                      if d in score_of])
         out = {f"{k}_identical": bool(v) for k, v in same.items()}
         out["final_raw_sum_diff"] = raw_diff
@@ -199,23 +185,12 @@ def within(result: dict, tolerance: float = 1e-5) -> bool:
             and all(v for k, v in result.items() if k.endswith("_identical")))
 
 
-def _mutate(name: str, value) -> np.ndarray:
-    """`swapped`; a tensor whose entries are all equal (the shared peer fixture keeps HF's norms at one) has its
-    first entry negated instead, the one change to it that the model computes with."""
-    value = np.asarray(value)
-    if value.size > 1 and np.all(value == value.reshape(-1)[0]):
-        out = value.copy()
-        out.reshape(-1)[0] *= -1
-        return out
-    return swapped(value)
-
-
 def mutations(fixture_dir, tolerance: float = 1e-5, names=None, sample: int = 0, seed: int = 0,
               search: bool = False) -> dict:
     """{tensor name: whether the comparison caught two of its rows swapped (a tensor whose entries are all equal:
-    its first entry negated, `_mutate`)}, for every tensor of the fixture's model (or `names`, or `sample` of them
+    its first entry negated, `swapped_or_negated`)}, for every tensor of the fixture's model (or `names`, or `sample` of them
     drawn with `seed`). The lexical representations and the step logits
     after every prefix see every tensor; `search` adds the decoding (slower)."""
     fx = Fixture(fixture_dir)
     return sweep(fx.tensors, lambda tensors: within(fx.compare(tensors, search=search), tolerance), names, sample,
-                 seed, mutate=_mutate)
+                 seed, mutate=swapped_or_negated)

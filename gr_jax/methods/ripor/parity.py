@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr_jax.methods.api import CodebookHead, TrieIndex, load_npz, read_json, sweep, t5_convert
+from gr_jax.methods.api import CodebookHead, load_npz, read_json, rel_diff, sweep, t5_convert, TrieIndex
 from gr_jax.methods.ripor.docids import pack_codebooks
 from gr_jax.methods.ripor.objectives import MARGIN_UNIT
 from gr_jax.methods.ripor.t5_layout import RiporT5Retriever
@@ -44,14 +44,6 @@ def read_fixture(fixture: Path):
     return (read_json(fixture / "meta.json"), read_json(fixture / "config.json"),
             load_file(str(fixture / "weights.safetensors")), load_npz(fixture / "inputs.npz", "parity fixture file"),
             load_npz(fixture / "outputs.npz", "parity fixture file"))
-
-
-def rel_diff(ours, theirs) -> float:
-    """max |ours − theirs| / max |theirs|: float32 sums of a random tiny T5 agree to ~1e-6 of their magnitude."""
-    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"shape {a.shape} vs the reference's {b.shape}")
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if a.size else 0.0
 
 
 class Fixture:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gr_jax.methods.glen import parity
-from tests.conftest import REPO, mutation_report
+from tests.conftest import REPO, fixture_tool_refuses, mutation_report
 
 FIXTURES = REPO / "tests" / "fixtures" / "glen_parity"
 SHAPES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
@@ -46,7 +46,7 @@ def test_ours_matches_their_code_on_every_shape(shape):
 
 def test_mutations_of_each_kind_are_caught():
     """The shared embedding, a relative-position table, an attention projection, a feed-forward matrix and a norm
-    (at the peer fixture's ones: its first entry negated, `parity._mutate`): each fails the check."""
+    (at the peer fixture's ones: its first entry negated, `swapped_or_negated`): each fails the check."""
     names = ["shared.weight", "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
              "decoder.block.1.layer.1.EncDecAttention.v.weight", "encoder.block.1.layer.1.DenseReluDense.wi.weight",
              "decoder.final_layer_norm.weight"]
@@ -69,19 +69,8 @@ def test_a_sample_of_single_tensor_mutations_is_caught(shape, capsys):
     assert code == 0 and report["missed"] == [] and report["mutations"] == 12, report
 
 
-def test_the_fixture_tool_refuses_a_folder_without_their_code(tmp_path, capsys):
-    from tests.conftest import tool
-
-    assert tool("glen_fixtures").main(["--glen_repo", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
-    assert "not a GLEN checkout" in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
-
-
-def test_the_fixture_tool_refuses_sizes_their_code_cannot_run(tmp_path, capsys):
-    from tests.conftest import tool
-
-    name = "glen_fixtures"
-    with pytest.raises(SystemExit) as exit_:
-        tool(name).main(["--glen_repo", str(tmp_path), "--out", str(tmp_path / "o"), "--settings", "20", "--docs", "30"])
-    assert exit_.value.code == 2 and "2 × --settings ≤ --docs" in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
+def test_the_fixture_tool_refuses_a_folder_without_their_code_or_sizes_it_cannot_run(tmp_path, capsys):
+    name, out = "glen_fixtures", tmp_path / "o"
+    fixture_tool_refuses(name, ["--glen_repo", str(tmp_path), "--out", str(out)], "not a GLEN checkout", out, capsys)
+    fixture_tool_refuses(name, ["--glen_repo", str(tmp_path), "--out", str(out), "--settings", "20", "--docs", "30"], "2 × --settings ≤ --docs", out, capsys,
+                         parser_error=True)

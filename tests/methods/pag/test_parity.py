@@ -6,7 +6,7 @@ import json
 import pytest
 
 from gr_jax.methods.pag import parity
-from tests.conftest import REPO, mutation_report
+from tests.conftest import REPO, fixture_tool_refuses, mutation_report
 
 FIXTURES = REPO / "tests" / "fixtures" / "pag_parity"
 SHAPES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
@@ -69,19 +69,8 @@ def test_a_sample_of_single_tensor_mutations_is_caught(shape, capsys):
     assert code == 0 and report["missed"] == [] and report["mutations"] == 12, report
 
 
-def test_the_fixture_tool_refuses_a_folder_without_their_code(tmp_path, capsys):
-    from tests.conftest import tool
-
-    assert tool("pag_fixtures").main(["--pag_repo", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
-    assert "not a PAG checkout" in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
-
-
-def test_the_fixture_tool_refuses_sizes_their_code_cannot_run(tmp_path, capsys):
-    from tests.conftest import tool
-
-    name = "pag_fixtures"
-    with pytest.raises(SystemExit) as exit_:
-        tool(name).main(["--pag_repo", str(tmp_path), "--out", str(tmp_path / "o"), "--planning", "40", "--docs", "30"])
-    assert exit_.value.code == 2 and "--planning ≤ --docs" in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
+def test_the_fixture_tool_refuses_a_folder_without_their_code_or_sizes_it_cannot_run(tmp_path, capsys):
+    name, out = "pag_fixtures", tmp_path / "o"
+    fixture_tool_refuses(name, ["--pag_repo", str(tmp_path), "--out", str(out)], "not a PAG checkout", out, capsys)
+    fixture_tool_refuses(name, ["--pag_repo", str(tmp_path), "--out", str(out), "--planning", "40", "--docs", "30"], "--planning ≤ --docs", out, capsys,
+                         parser_error=True)
