@@ -30,8 +30,8 @@ def test_several_shapes_are_stored():
     assert any(min(m["query_lengths"]) <= 3 < max(m["query_lengths"]) for m in made)
 
 
-@pytest.mark.slow  # the decoding compiles per beam size (~40 s a shape); the default tier runs the sweep below
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.slow  # the decoding compiles per beam size (~40 s a shape); the peer shape: test_model.py
+@pytest.mark.parametrize("shape", [s for s in SHAPES if not s.startswith("peer")])
 def test_ours_matches_their_code_on_every_shape(shape):
     result = parity.check_fixture(FIXTURES / shape)
     assert parity.within(result, TOLERANCE), result

@@ -144,10 +144,10 @@ def test_a_check_too_loose_to_see_a_mutation_exits_1(capsys):
     assert code == 1 and report["missed"] and report["mutations"] == 30
 
 
-@pytest.mark.slow  # every mutation of both shapes (~40 s each); the counts: docs/results.md
+@pytest.mark.slow  # a seeded sample of 100 mutations a shape (~10 s); every one: docs/results.md
 @pytest.mark.parametrize("shape", SHAPES)
-def test_every_mutation_is_caught(shape, capsys):
+def test_a_sample_of_mutations_is_caught(shape, capsys):
     from tests.conftest import mutation_report
 
-    code, report = mutation_report("seal", FIXTURES / shape, capsys, 0, 0)
-    assert code == 0 and report["missed"] == [] and report["mutations"] > 300, report
+    code, report = mutation_report("seal", FIXTURES / shape, capsys, 100, 78)
+    assert code == 0 and report["missed"] == [] and report["mutations"] == 100, report
