@@ -27,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from gr_jax import compose
-from gr_jax.runtime import gin_checks, gin_utils, validation
+from gr_jax.runtime import gin_checks, gin_utils, provenance, validation
 from gr_jax.runtime.cli import setup_logging
 from gr_jax.runtime.io_utils import abandoned_reads_quiet, orbax_error_line
 from gr_jax.t5x.records import SYSTEM_RECORD, T5xAdapterError, _read_record, empty_paths, t5x_steps, with_empty
@@ -73,7 +73,7 @@ def read_t5x_params(path: Path) -> dict:
 
 
 def _shapes(tree) -> dict[str, tuple]:
-    return {trainer._key(p): (tuple(np.shape(x)), np.dtype(x.dtype).name)
+    return {provenance.key_path(p): (tuple(np.shape(x)), np.dtype(x.dtype).name)
             for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 

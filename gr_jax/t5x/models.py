@@ -60,7 +60,7 @@ from t5x import models as t5x_models
 from t5x import optimizers
 
 from gr_jax import compose
-from gr_jax.runtime import gin_checks, gin_utils, locks
+from gr_jax.runtime import gin_checks, gin_utils, locks, provenance
 from gr_jax.decoding import rankers
 from gr_jax.evaluation.retrieval import EvalConfig
 from gr_jax.runtime.io_utils import json_text, write_text
@@ -355,9 +355,9 @@ class RetrieverModel(t5x_models.BaseModel):
         with (a RestoreCheckpointConfig.dtype cast would change every score)."""
         ours = self.our_params(params)
         want = jax.eval_shape(lambda: self.setup.model.init_params(self.seed))
-        got = {trainer._key(p): x.dtype for p, x in jax.tree_util.tree_flatten_with_path(ours)[0]}
+        got = {provenance.key_path(p): x.dtype for p, x in jax.tree_util.tree_flatten_with_path(ours)[0]}
         for path, x in jax.tree_util.tree_flatten_with_path(want)[0]:
-            key = trainer._key(path)
+            key = provenance.key_path(path)
             if key in got and got[key] != x.dtype:
                 raise T5xAdapterError(f"parameter {key} is {got[key]} but the model holds {x.dtype}: set "
                                       f"utils.RestoreCheckpointConfig.dtype = '{x.dtype}'")

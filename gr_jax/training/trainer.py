@@ -40,6 +40,7 @@ from gr_jax.runtime.progress import bar as progress_bar
 from gr_jax.runtime.run_dir import RunDir
 from gr_jax.training import lora, partitioning
 from gr_jax.training.run_state import (  # noqa: F401  (re-exported: trainer.read_checkpoint, ...)
+    _key,
     CHECKPOINT_FORMAT,
     DamagedCheckpoint,
     ScalarWriter,
