@@ -57,9 +57,10 @@ def test_mutations_of_each_kind_are_caught():
 
 
 def test_a_check_too_loose_to_see_a_mutation_exits_1(capsys):
-    code, report = mutation_report("glen", FIXTURES / "v96_d32_relu", capsys, 0, 0, tolerance=1e9)
-    # a tolerance of 1e9 still sees what changes the docids; the rest is missed
-    assert code == 1 and report["missed"] and report["mutations"] == 47 and report["caught"] < 47
+    code, report = mutation_report("glen", FIXTURES / "v96_d32_relu", capsys, 6, 0, tolerance=1e9)
+    # a tolerance of 1e9 still sees what changes the docids; the rest is missed (this sample holds two such tensors)
+    assert code == 1 and report["mutations"] == 6
+    assert set(report["missed"]) == {"decoder.block.1.layer.0.SelfAttention.k.weight", "decoder.final_layer_norm.weight"}
 
 
 @pytest.mark.slow  # a seeded sample of 12 tensors a shape (~10 s); the full sweep's counts: docs/results.md
